@@ -1,0 +1,10 @@
+"""rsgw: one KServe V2 gRPC endpoint in front of many GPU inference workers."""
+
+from __future__ import annotations
+
+from rsgw._errors import ConfigError as ConfigError
+from rsgw._errors import GatewayWedged as GatewayWedged
+from rsgw._errors import RsgwError as RsgwError
+from rsgw._version import __version__ as __version__
+
+__all__ = ["ConfigError", "GatewayWedged", "RsgwError", "__version__"]

@@ -1,0 +1,95 @@
+"""The admin HTTP server: `/metrics`, `/healthz`, `/readyz` on hypercorn.
+
+A tiny ASGI app (lifespan included, so hypercorn's startup handshake completes)
+that maps exact paths to async endpoint functions. The socket is bound by
+`rsgw._net` like every rsgw listener, so a busy port is one clear line and port 0
+reports the port it got. Hypercorn's own logs go to rsgw's logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from rsgw._net import bind_tcp, bound_port
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
+Endpoint = Callable[[], Awaitable[Reply]]
+_NOT_FOUND = Reply(404, b"not found")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class AdminApp:
+    """ASGI app over exact GET paths (a `?query` is ignored)."""
+
+    def __init__(self, routes: Mapping[str, Endpoint]) -> None:
+        self._routes = dict(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        endpoint = self._routes.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
+        reply = _NOT_FOUND if endpoint is None else await endpoint()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": [
+                    (b"content-type", reply.content_type.encode()),
+                    (b"content-length", str(len(reply.body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply.body})
+
+
+async def serve_admin(
+    app: AdminApp,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `host:port` until cancelled; reports the bound port.
+
+    Raises:
+        ListenError: the address is busy or cannot be bound.
+    """
+    sock = bind_tcp(host, port)
+    config = Config()
+    config.accesslog = None
+    config.errorlog = logger
+    config.graceful_timeout = 1.0
+    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]  # an ASGI callable
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(worker_serve, wrapped, config, sockets=sockets))
+        task_status.started(bound_port(sock))

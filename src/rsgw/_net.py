@@ -1,0 +1,57 @@
+"""Binding listening sockets, with one readable error when it fails.
+
+Every listener in rsgw (gRPC, admin HTTP) binds through here, on exactly the
+configured host, with SO_REUSEADDR (so a restart is not blocked by TIME_WAIT) and
+never SO_REUSEPORT (so a second process cannot silently share a busy port).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from rsgw._errors import ListenError
+
+DEFAULT_BACKLOG = 1024
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """`host:port` (IPv6 in brackets) to its parts; ValueError if malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def bind_tcp(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> socket.socket:
+    """A listening TCP socket on `host:port` (port 0 picks a free port).
+
+    Raises:
+        ListenError: the address cannot be resolved or bound; the message is one
+            line naming the address and the reason ("address already in use").
+    """
+    where = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    family, kind, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(
+            f"cannot listen on {where}: {(exc.strerror or str(exc)).lower()}"
+        ) from exc
+    return sock
+
+
+def bound_port(sock: socket.socket) -> int:
+    """The port a bound socket actually got (the answer to port 0)."""
+    return int(sock.getsockname()[1])

@@ -1,0 +1,177 @@
+"""gRPC over HTTP/2 headers and trailers: parsing, building, `grpc-timeout`.
+
+Pure. Header blocks are tuples of (bytes, bytes) because h2 runs with header
+encoding off: decoding every header name and value into `str` and back costs more
+than the rest of a small call's header handling put together.
+
+Header blocks that never change (the response headers, the OK trailers) are built
+once at import and reused by every call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from rsgw.grpc._status import GrpcError, StatusCode
+
+Header = tuple[bytes, bytes]
+HeaderBlock = tuple[Header, ...]
+
+CONTENT_TYPE = b"application/grpc"
+
+RESPONSE_HEADERS: HeaderBlock = ((b":status", b"200"), (b"content-type", CONTENT_TYPE))
+OK_TRAILERS: HeaderBlock = ((b"grpc-status", b"0"),)
+
+#: Headers that belong to the transport, never passed on as call metadata.
+_RESERVED = frozenset(
+    {
+        b"content-type",
+        b"te",
+        b"grpc-timeout",
+        b"grpc-encoding",
+        b"grpc-accept-encoding",
+        b"user-agent",
+        b"content-length",
+        b"host",
+    }
+)
+
+_TIMEOUT_UNITS: dict[int, float] = {
+    ord("H"): 3600.0,
+    ord("M"): 60.0,
+    ord("S"): 1.0,
+    ord("m"): 1e-3,
+    ord("u"): 1e-6,
+    ord("n"): 1e-9,
+}
+
+#: The gRPC spec allows at most 8 digits in a grpc-timeout value.
+_MAX_TIMEOUT_DIGITS = 99_999_999
+
+
+def parse_timeout(value: bytes) -> float:
+    """Seconds from a `grpc-timeout` value such as b"250m"; GrpcError if malformed."""
+    if 2 <= len(value) <= 9 and value[:-1].isdigit():
+        unit = _TIMEOUT_UNITS.get(value[-1])
+        if unit is not None:
+            return int(value[:-1]) * unit
+    raise GrpcError(StatusCode.INVALID_ARGUMENT, f"malformed grpc-timeout {value!r}")
+
+
+def format_timeout(seconds: float) -> bytes:
+    """A `grpc-timeout` value for a remaining budget, as precise as 8 digits allow.
+
+    Microseconds below 100 s, milliseconds below about 27 hours, then coarser
+    units. The value is rounded up and is at least one unit, so a forwarded
+    budget never expires earlier than the caller's own deadline.
+    """
+    for unit, scale in ((b"u", 1e6), (b"m", 1e3), (b"S", 1.0), (b"M", 1 / 60), (b"H", 1 / 3600)):
+        count = max(1, math.ceil(seconds * scale))
+        if count <= _MAX_TIMEOUT_DIGITS:
+            return str(count).encode() + unit
+    return str(_MAX_TIMEOUT_DIGITS).encode() + b"H"
+
+
+def encode_message(text: str) -> bytes:
+    """Percent-encode a status message for the `grpc-message` trailer."""
+    return quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", encoding="utf-8").encode("ascii")
+
+
+def decode_message(value: bytes) -> str:
+    """The text of a `grpc-message` trailer (percent-decoded, lenient)."""
+    return unquote(value.decode("ascii", "replace"), encoding="utf-8", errors="replace")
+
+
+def status_trailers(code: StatusCode, message: str, extra: HeaderBlock = ()) -> HeaderBlock:
+    """The trailers that end a call with `code`."""
+    if code is StatusCode.OK and not message and not extra:
+        return OK_TRAILERS
+    block: list[Header] = [(b"grpc-status", str(int(code)).encode())]
+    if message:
+        block.append((b"grpc-message", encode_message(message)))
+    block.extend(extra)
+    return tuple(block)
+
+
+def trailers_only(code: StatusCode, message: str, extra: HeaderBlock = ()) -> HeaderBlock:
+    """A complete response in one HEADERS frame: for calls that fail before any reply."""
+    return RESPONSE_HEADERS + status_trailers(code, message, extra)
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """What a server needs from a request's header block."""
+
+    path: bytes
+    timeout: float | None
+    metadata: HeaderBlock
+
+
+def parse_request_headers(headers: list[Header]) -> RequestHead:
+    """Validate a gRPC request header block and pick out what the server uses.
+
+    Raises GrpcError for a request that is HTTP/2 but not a gRPC call we can
+    serve (wrong method or content type, unsupported message encoding, malformed
+    timeout). Unknown headers become call metadata.
+    """
+    method = path = content_type = b""
+    timeout: float | None = None
+    metadata: list[Header] = []
+    for name, value in headers:
+        if name[:1] == b":":
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+            continue
+        if name == b"content-type":
+            content_type = value
+        elif name == b"grpc-timeout":
+            timeout = parse_timeout(value)
+        elif name == b"grpc-encoding":
+            if value != b"identity":
+                raise GrpcError(
+                    StatusCode.UNIMPLEMENTED, f"message encoding {value.decode()!r} not supported"
+                )
+        elif name not in _RESERVED:
+            metadata.append((name, value))
+    if method != b"POST":
+        raise GrpcError(StatusCode.INTERNAL, f"gRPC requires POST, got {method.decode()!r}")
+    if not content_type.startswith(CONTENT_TYPE):
+        raise GrpcError(
+            StatusCode.INTERNAL, f"not a gRPC request (content-type {content_type.decode()!r})"
+        )
+    return RequestHead(path, timeout, tuple(metadata))
+
+
+@dataclass(slots=True)
+class ResponseStatus:
+    """What a client needs from a response's trailers."""
+
+    code: StatusCode
+    message: str
+    trailers: HeaderBlock
+
+
+def parse_status(block: list[Header]) -> ResponseStatus:
+    """The status carried by a trailer block (or a trailers-only header block)."""
+    code = StatusCode.UNKNOWN
+    message = ""
+    seen_status = False
+    extra: list[Header] = []
+    for name, value in block:
+        if name == b"grpc-status":
+            seen_status = True
+            try:
+                code = StatusCode(int(value))
+            except ValueError:
+                code = StatusCode.UNKNOWN
+        elif name == b"grpc-message":
+            message = decode_message(value)
+        elif name[:1] != b":" and name != b"content-type":
+            extra.append((name, value))
+    if not seen_status:
+        message = message or "response ended without a grpc-status"
+    return ResponseStatus(code, message, tuple(extra))

@@ -1,0 +1,158 @@
+"""The worker's Prometheus series (REFERENCE.md §6.4), labelled `worker` and `gpu`.
+
+Per-model state (dispatches, compute, queue depth, residency) is read from the
+device when scraped, so the dispatch loop updates plain integers and never a
+metric. Only the per-request outcome (`worker_requests_total`, latency) is counted
+as it happens. Every series carries `worker` and `gpu` first, so a node-wide
+scrape through the gateway needs no relabelling.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rsgw._exposition import LATENCY_BUCKETS, render_registry
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from rsgw.grpc._status import StatusCode
+    from rsgw.worker._device import Device
+
+
+class AdmissionStats(Protocol):
+    """What the metrics read from the request path's admission control."""
+
+    inflight: int
+    shed_total: int
+    max_concurrent_requests: int
+
+
+class WorkerMetrics:
+    """One worker's registry: request outcomes plus a scrape-time view of the device."""
+
+    def __init__(self, worker: str, gpu: str, device: Device) -> None:
+        self.worker = worker
+        self.gpu = gpu
+        self.device = device
+        self.admission: AdmissionStats | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._requests = Counter(
+            "worker_requests",
+            "ModelInfer requests by model and gRPC status code.",
+            ["worker", "gpu", "model", "status"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "worker_request_latency_seconds",
+            "ModelInfer latency inside the worker, queueing included.",
+            ["worker", "gpu", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_DeviceCollector(self))
+
+    def count_request(self, model: str, code: StatusCode, seconds: float) -> None:
+        self._requests.labels(self.worker, self.gpu, model, code.name).inc()
+        if seconds > 0:
+            self._latency.labels(self.worker, self.gpu, model).observe(seconds)
+
+    def render(self) -> bytes:
+        return render_registry(self.registry)
+
+
+class _DeviceCollector(Collector):
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        device = m.device
+        base = [m.worker, m.gpu]
+        per_model = ["worker", "gpu", "model"]
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=per_model)
+
+        def gauge(name: str, doc: str, labels: list[str] = per_model) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        dispatch = counter("worker_dispatch", "Batches dispatched to the device.")
+        compute = counter("worker_compute_seconds", "Device seconds spent executing batches.")
+        served = counter("worker_requests_served", "Requests completed in dispatched batches.")
+        rows = counter("worker_rows_served", "Batch-axis rows completed (padding excluded).")
+        depth = gauge("worker_queue_depth", "Requests waiting for the device.")
+        wait = gauge(
+            "worker_queue_wait_seconds",
+            "Recent queue wait before dispatch.",
+            ["worker", "gpu", "model", "quantile"],
+        )
+        resident = gauge("worker_model_resident", "1 if the model's weights are on the device.")
+        pinned = gauge("worker_model_pinned", "1 if the model is pinned on the device.")
+        weight = gauge("worker_model_weight_bytes", "Weight footprint of the model.")
+        max_batch = gauge("worker_model_max_batch_size", "Largest batch the model runs.")
+        total_bytes = 0
+        for spec in device.catalogue.models:
+            c = device.counters[spec.name]
+            labels = [*base, spec.name]
+            dispatch.add_metric(labels, c.dispatch_count)
+            compute.add_metric(labels, c.total_compute_seconds)
+            served.add_metric(labels, c.requests_served)
+            rows.add_metric(labels, c.rows_served)
+            depth.add_metric(labels, device.queue_depth(spec.name))
+            waits = sorted(c.queue_waits)
+            for q, value in (("0.5", _quantile(waits, 0.5)), ("0.99", _quantile(waits, 0.99))):
+                wait.add_metric([*labels, q], value)
+            resident.add_metric(labels, 1)
+            pinned.add_metric(labels, 1)
+            weight.add_metric(labels, spec.weight_bytes)
+            max_batch.add_metric(labels, spec.max_batch_size)
+            total_bytes += spec.weight_bytes
+        yield from (dispatch, compute, depth, wait, resident, pinned, weight, served, rows)
+        yield max_batch
+        models = len(device.catalogue.models)
+        for name, doc, value in (
+            ("worker_models_loaded", "Models compiled and registered.", models),
+            ("worker_models_resident", "Models whose weights are on the device.", models),
+            ("worker_resident_weight_bytes", "Weight bytes on the device.", total_bytes),
+        ):
+            family = gauge(name, doc, ["worker", "gpu"])
+            family.add_metric(base, value)
+            yield family
+        info = gauge(
+            "worker_info",
+            "Constant 1, labelled with how the worker runs.",
+            ["worker", "gpu", "device_ordinal", "control_mode", "discipline", "residency_mode"],
+        )
+        info.add_metric([*base, m.gpu, "none", device.discipline.value, "self_managed"], 1)
+        yield info
+        admission = m.admission
+        if admission is not None:
+            inflight = gauge(
+                "worker_inflight_requests", "ModelInfer calls in flight.", ["worker", "gpu"]
+            )
+            inflight.add_metric(base, admission.inflight)
+            shed = CounterMetricFamily(
+                "worker_requests_shed",
+                "ModelInfer calls shed at the admission cap.",
+                labels=["worker", "gpu"],
+            )
+            shed.add_metric(base, admission.shed_total)
+            cap = gauge(
+                "worker_max_concurrent_requests", "Admission cap (0 = uncapped).", ["worker", "gpu"]
+            )
+            cap.add_metric(base, admission.max_concurrent_requests)
+            yield from (inflight, shed, cap)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[round(q * 100) - 1]

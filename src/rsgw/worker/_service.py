@@ -1,0 +1,387 @@
+"""The worker's KServe V2 data plane and ControlService/ModelControlStatus.
+
+Each RPC is a typed handler over the worker's parts: the catalogue (what models
+exist), the device (queues and execution), the shared-memory registry, and the
+metrics. ModelInfer validates everything it can before queueing, so a bad request
+costs no device time and names its problem: the input, the expected and the got.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from rsgw._errors import InvalidRequest, NotFound, RsgwError
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._version import __version__
+from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw.grpc._typed import typed_unary
+from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
+from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable, Mapping
+
+    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw.worker._catalogue import ModelSpec
+    from rsgw.worker._device import Device
+    from rsgw.worker._metrics import WorkerMetrics
+
+INFERENCE = "/inference.GRPCInferenceService/"
+CONTROL = "/reactant_control.ControlService/"
+
+_SHM_REGION = "shared_memory_region"
+_SHM_OFFSET = "shared_memory_offset"
+_SHM_SIZE = "shared_memory_byte_size"
+#: Relative deadline a ReactantServer client may send as a request parameter.
+_TIMEOUT_NS = "reactant_timeout_ns"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """How this worker names itself in metrics and metadata."""
+
+    name: str
+    gpu: str
+
+
+class WorkerService:
+    """The handlers of one worker, bound to its parts."""
+
+    def __init__(
+        self,
+        identity: WorkerIdentity,
+        device: Device,
+        shm: ShmRegistry,
+        metrics: WorkerMetrics,
+        *,
+        max_concurrent_requests: int = 64,
+    ) -> None:
+        self.identity = identity
+        self.device = device
+        self.catalogue = device.catalogue
+        self.shm = shm
+        self.metrics = metrics
+        self.max_concurrent_requests = max_concurrent_requests
+        self.inflight = 0
+        self.shed_total = 0
+
+    def handlers(self) -> dict[str, UnaryHandler]:
+        return {
+            INFERENCE + "ServerLive": typed_unary(pb.ServerLiveRequest, self.server_live),
+            INFERENCE + "ServerReady": typed_unary(pb.ServerReadyRequest, self.server_ready),
+            INFERENCE + "ModelReady": typed_unary(pb.ModelReadyRequest, self.model_ready),
+            INFERENCE + "ServerMetadata": typed_unary(
+                pb.ServerMetadataRequest, self.server_metadata
+            ),
+            INFERENCE + "ModelMetadata": typed_unary(pb.ModelMetadataRequest, self.model_metadata),
+            INFERENCE + "RepositoryIndex": typed_unary(
+                pb.RepositoryIndexRequest, self.repository_index
+            ),
+            INFERENCE + "ModelInfer": self.model_infer,
+            INFERENCE + "SystemSharedMemoryRegister": typed_unary(
+                pb.SystemSharedMemoryRegisterRequest, self.shm_register
+            ),
+            INFERENCE + "SystemSharedMemoryUnregister": typed_unary(
+                pb.SystemSharedMemoryUnregisterRequest, self.shm_unregister
+            ),
+            INFERENCE + "SystemSharedMemoryStatus": typed_unary(
+                pb.SystemSharedMemoryStatusRequest, self.shm_status
+            ),
+            INFERENCE + "IsSameIPCNamespace": typed_unary(
+                pb.IsSameIPCNamespaceRequest, self.is_same_ipc_namespace
+            ),
+            CONTROL + "ModelControlStatus": typed_unary(
+                cpb.ModelControlStatusRequest, self.model_control_status
+            ),
+        }
+
+    # -- health and metadata ----------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Ready once at least one model is registered (every model is compiled at start)."""
+        return bool(self.catalogue.models)
+
+    async def server_live(self, _: pb.ServerLiveRequest, __: ServerCall) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(
+        self, _: pb.ServerReadyRequest, __: ServerCall
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready)
+
+    async def model_ready(
+        self, request: pb.ModelReadyRequest, _: ServerCall
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.catalogue.get(request.name) is not None)
+
+    async def server_metadata(
+        self, _: pb.ServerMetadataRequest, __: ServerCall
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="rsgw-worker",
+            version=__version__,
+            extensions=["system_shared_memory", "binary_tensor_data", "model_repository"],
+        )
+
+    async def model_metadata(
+        self, request: pb.ModelMetadataRequest, _: ServerCall
+    ) -> pb.ModelMetadataResponse:
+        spec = self._model(request.name)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=spec.name,
+            versions=[spec.version],
+            platform=spec.platform,
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in spec.inputs],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in spec.outputs],
+        )
+
+    async def repository_index(
+        self, _: pb.RepositoryIndexRequest, __: ServerCall
+    ) -> pb.RepositoryIndexResponse:
+        # Every model of the simulated worker is compiled and served on demand, so all
+        # are READY and `ready=true` filters nothing out.
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[index(name=m.name, version="", state="READY") for m in self.catalogue.models]
+        )
+
+    def _model(self, name: str) -> ModelSpec:
+        spec = self.catalogue.get(name)
+        if spec is None:
+            raise NotFound(f"unknown model: {name}")
+        return spec
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
+        """Validate, queue on the device, answer; counts every outcome in metrics."""
+        started = time.perf_counter()
+        model_label = "_unknown_"
+        code = StatusCode.INTERNAL
+        if self.max_concurrent_requests and self.inflight >= self.max_concurrent_requests:
+            self.shed_total += 1
+            self.metrics.count_request(model_label, StatusCode.RESOURCE_EXHAUSTED, 0.0)
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"worker {self.identity.name} is at its limit of "
+                f"{self.max_concurrent_requests} concurrent requests",
+            )
+        self.inflight += 1
+        try:
+            request = _parse_infer_request(body)
+            if not request.model_name:
+                raise InvalidRequest("ModelInferRequest.model_name is empty")
+            spec = self._model(request.model_name)
+            model_label = spec.name
+            inputs, variant = self._decode_inputs(spec, request)
+            batch_rows = 1
+            if spec.batch_axis > 0 and spec.batch_input in inputs:
+                batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
+            deadline = min(call.deadline, _parameter_deadline(request))
+            outputs = await self.device.execute(
+                spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
+            )
+            response = self._encode_response(spec, request, outputs)
+            code = StatusCode.OK
+            return response
+        except GrpcError as exc:
+            code = exc.code
+            raise
+        except RsgwError as exc:
+            code = exc.grpc_status
+            raise
+        except trio.Cancelled:
+            code = (
+                StatusCode.DEADLINE_EXCEEDED
+                if trio.current_time() >= call.deadline
+                else StatusCode.CANCELLED
+            )
+            raise
+        finally:
+            self.inflight -= 1
+            self.metrics.count_request(model_label, code, time.perf_counter() - started)
+
+    def _decode_inputs(
+        self, spec: ModelSpec, request: pb.ModelInferRequest
+    ) -> tuple[dict[str, Tensor], Hashable]:
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidRequest(
+                f"model '{spec.name}': {len(request.inputs)} inputs but "
+                f"{len(raw)} raw_input_contents"
+            )
+        tensors: dict[str, Tensor] = {}
+        variant: list[tuple[str, tuple[int, ...]]] = []
+        for i, tensor in enumerate(request.inputs):
+            declared = spec.input(tensor.name)
+            if declared is None:
+                raise InvalidRequest(
+                    f"unexpected input '{tensor.name}' for model '{spec.name}'; it takes "
+                    + ", ".join(repr(t.name) for t in spec.inputs)
+                )
+            if tensor.name in tensors:
+                raise InvalidRequest(f"input '{tensor.name}' given twice")
+            shape = tuple(tensor.shape)
+            check_input(declared, tensor.datatype, shape, model=spec.name)
+            params = tensor.parameters
+            if _SHM_REGION in params:
+                region = params[_SHM_REGION].string_param
+                offset = params[_SHM_OFFSET].int64_param if _SHM_OFFSET in params else 0
+                if _SHM_SIZE not in params:
+                    raise InvalidRequest(
+                        f"input '{tensor.name}': {_SHM_SIZE} is required with {_SHM_REGION}"
+                    )
+                data = self.shm.read(region, offset, params[_SHM_SIZE].int64_param)
+                value = tensor_from_raw(tensor.name, tensor.datatype, shape, data)
+            elif raw:
+                value = tensor_from_raw(tensor.name, tensor.datatype, shape, raw[i])
+            else:
+                value = tensor_from_contents(tensor.name, tensor.datatype, shape, tensor.contents)
+            tensors[tensor.name] = value
+            if tensor.name == spec.batch_input and 0 < spec.batch_axis <= len(shape):
+                shape = shape[: spec.batch_axis - 1] + shape[spec.batch_axis :]
+            variant.append((tensor.name, shape))
+        missing = [t.name for t in spec.inputs if t.name not in tensors]
+        if missing:
+            raise InvalidRequest(
+                f"missing input '{missing[0]}' for model '{spec.name}'"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
+        variant.sort()
+        return tensors, tuple(variant)
+
+    def _encode_response(
+        self,
+        spec: ModelSpec,
+        request: pb.ModelInferRequest,
+        outputs: tuple[Tensor, ...],
+    ) -> bytes:
+        by_name = {t.name: t for t in outputs}
+        response = pb.ModelInferResponse(
+            model_name=spec.name, model_version=spec.version, id=request.id
+        )
+        wanted = list(request.outputs)
+        selection: list[tuple[Tensor, Mapping[str, pb.InferParameter] | None]] = []
+        if wanted:
+            for requested in wanted:
+                produced = by_name.get(requested.name)
+                if produced is None:
+                    raise InvalidRequest(
+                        f"unexpected requested output '{requested.name}' for model "
+                        f"'{spec.name}'; it produces "
+                        + ", ".join(repr(t.name) for t in spec.outputs)
+                    )
+                selection.append((produced, requested.parameters))
+        else:
+            selection = [(t, None) for t in outputs]
+        raw: list[bytes] = []
+        for tensor, params in selection:
+            out = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
+            out.shape.extend(tensor.shape)
+            if params is not None and _SHM_REGION in params:
+                region = params[_SHM_REGION].string_param
+                offset = params[_SHM_OFFSET].int64_param if _SHM_OFFSET in params else 0
+                slot = params[_SHM_SIZE].int64_param if _SHM_SIZE in params else len(tensor.data)
+                if len(tensor.data) > slot:
+                    raise InvalidRequest(
+                        f"output '{tensor.name}' needs {len(tensor.data)} bytes but its "
+                        f"shared memory slot in '{region}' holds {slot}"
+                    )
+                self.shm.write(region, offset, tensor.data)
+                out.parameters[_SHM_REGION].string_param = region
+                out.parameters[_SHM_OFFSET].int64_param = offset
+                out.parameters[_SHM_SIZE].int64_param = len(tensor.data)
+                raw.append(b"")
+            else:
+                raw.append(tensor.data)
+        # tritonclient indexes raw_output_contents by output position, so a region-backed
+        # output keeps an empty placeholder unless every output went to shared memory.
+        if any(raw):
+            response.raw_output_contents.extend(raw)
+        return response.SerializeToString()
+
+    # -- shared memory ------------------------------------------------------------------
+
+    async def shm_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest, _: ServerCall
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def shm_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, _: ServerCall
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def shm_status(
+        self, request: pb.SystemSharedMemoryStatusRequest, _: ServerCall
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.shm.status(request.name):
+            entry = response.regions[region.name]
+            entry.name = region.name
+            entry.key = region.key
+            entry.offset = region.offset
+            entry.byte_size = region.byte_size
+        return response
+
+    async def is_same_ipc_namespace(
+        self, request: pb.IsSameIPCNamespaceRequest, _: ServerCall
+    ) -> pb.IsSameIPCNamespaceResponse:
+        return pb.IsSameIPCNamespaceResponse(same=same_ipc_namespace(request.name))
+
+    # -- control ------------------------------------------------------------------------
+
+    async def model_control_status(
+        self, _: cpb.ModelControlStatusRequest, __: ServerCall
+    ) -> cpb.ModelControlStatusResponse:
+        response = cpb.ModelControlStatusResponse(
+            residency_mode="self_managed",
+            discipline=self.device.discipline.value,
+            weight_cache_max_bytes=0,
+        )
+        for spec in self.catalogue.models:
+            counters = self.device.counters[spec.name]
+            response.models.add(
+                name=spec.name,
+                # No weight cache yet: every model is loaded at start and stays on device.
+                residency=cpb.PINNED_DEVICE,
+                device_resident=True,
+                host_resident=True,
+                weight_nbytes=spec.weight_bytes,
+                weight=1.0,
+                queue_depth=self.device.queue_depth(spec.name),
+                total_compute_seconds=counters.total_compute_seconds,
+                requests_served=counters.requests_served,
+                dispatch_count=counters.dispatch_count,
+                max_batch_size=spec.max_batch_size,
+                batch_input_name=spec.batch_input,
+                batch_axis=spec.batch_axis,
+                rows_served=counters.rows_served,
+            )
+        return response
+
+
+def _parse_infer_request(body: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(body)
+    except Exception as exc:  # protobuf's DecodeError, or a RuntimeError from upb
+        raise InvalidRequest(f"malformed ModelInferRequest: {exc}") from exc
+
+
+def _parameter_deadline(request: pb.ModelInferRequest) -> float:
+    """The absolute deadline a `reactant_timeout_ns` parameter asks for, or inf."""
+    if _TIMEOUT_NS in request.parameters:
+        budget_ns = request.parameters[_TIMEOUT_NS].int64_param
+        if budget_ns > 0:
+            return trio.current_time() + budget_ns / 1e9
+    return math.inf

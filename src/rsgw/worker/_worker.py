@@ -1,0 +1,144 @@
+"""`serve_worker`: one simulated GPU worker, its gRPC port and its admin port.
+
+The nursery tree: the device's dispatch loop, the gRPC listener (KServe V2 data
+plane plus ControlService), and the admin HTTP server. Each child reports ready
+before the next starts, so `RunningWorker` is handed out only once both ports
+listen.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from rsgw._admin import AdminApp, Reply, serve_admin
+from rsgw._exposition import CONTENT_TYPE
+from rsgw.grpc._server import GrpcServer
+from rsgw.worker._batching import Discipline
+from rsgw.worker._catalogue import Catalogue, builtin_catalogue
+from rsgw.worker._device import Device
+from rsgw.worker._metrics import WorkerMetrics
+from rsgw.worker._service import WorkerIdentity, WorkerService
+from rsgw.worker._shm import ShmRegistry
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+logger = logging.getLogger(__name__)
+
+#: A worker accepts the largest messages the gateway forwards (its 512 MiB default).
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything `rsgw worker` takes on its command line."""
+
+    name: str = "worker0"
+    gpu: str = "0"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: Admin HTTP port; 0 picks a free one, a negative value disables it.
+    metrics_port: int = 9100
+    catalogue: Catalogue = field(default_factory=builtin_catalogue)
+    discipline: Discipline = Discipline.FIFO
+    max_concurrent_requests: int = 64
+    time_scale: float = 1.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RunningWorker:
+    """A live worker: its bound ports, its parts (for tests and metrics), and a stop."""
+
+    config: WorkerConfig
+    grpc_port: int
+    metrics_port: int | None
+    service: WorkerService
+    cancel_scope: trio.CancelScope
+
+    async def aclose(self) -> None:
+        self.cancel_scope.cancel()
+
+
+async def serve_worker(
+    config: WorkerConfig,
+    *,
+    task_status: trio.TaskStatus[RunningWorker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one simulated worker until cancelled.
+
+    Raises:
+        ListenError: a port is busy or cannot be bound.
+    """
+    device = Device(config.catalogue, time_scale=config.time_scale, discipline=config.discipline)
+    metrics = WorkerMetrics(config.name, config.gpu, device)
+    shm = ShmRegistry()
+    service = WorkerService(
+        WorkerIdentity(config.name, config.gpu),
+        device,
+        shm,
+        metrics,
+        max_concurrent_requests=config.max_concurrent_requests,
+    )
+    metrics.admission = service
+    server = GrpcServer(
+        service.handlers(),
+        max_receive_message_bytes=config.max_message_bytes,
+        max_send_message_bytes=config.max_message_bytes,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(device.serve)
+            grpc_port = await nursery.start(server.serve, config.host, config.port)
+            metrics_port: int | None = None
+            if config.metrics_port >= 0:
+                app = _admin_app(service, metrics)
+                metrics_port = await nursery.start(
+                    serve_admin, app, config.host, config.metrics_port
+                )
+            logger.info(
+                "worker serving",
+                extra={
+                    "worker": config.name,
+                    "gpu": config.gpu,
+                    "grpc_port": grpc_port,
+                    "metrics_port": metrics_port,
+                    "models": len(config.catalogue.models),
+                    "discipline": config.discipline.value,
+                    "time_scale": config.time_scale,
+                },
+            )
+            task_status.started(
+                RunningWorker(config, grpc_port, metrics_port, service, nursery.cancel_scope)
+            )
+    finally:
+        shm.close()
+
+
+@asynccontextmanager
+async def open_worker(config: WorkerConfig) -> AsyncIterator[RunningWorker]:
+    """A worker for the duration of the block (tests and embedding)."""
+    async with trio.open_nursery() as nursery:
+        worker: RunningWorker = await nursery.start(serve_worker, config)
+        try:
+            yield worker
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def _admin_app(service: WorkerService, metrics: WorkerMetrics) -> AdminApp:
+    async def metrics_endpoint() -> Reply:
+        return Reply(200, metrics.render(), CONTENT_TYPE)
+
+    async def healthz() -> Reply:
+        return Reply(200, b"ok")
+
+    async def readyz() -> Reply:
+        return Reply(200, b"ok") if service.ready else Reply(503, b"not ready")
+
+    return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})
