@@ -232,8 +232,9 @@ class _Connection:
         self._note_finished()
 
     def _note_finished(self) -> None:
-        if self._going_away and self.active_streams == 0:
-            self.quiet.set()
+        # The writer sets `quiet` once the last answer has actually left.
+        if self._going_away:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_wanted.set()
@@ -245,6 +246,8 @@ class _Connection:
             data = self._h2.data_to_send()
             if data:
                 await self._stream.send_all(data)
+            if self._going_away and self.active_streams == 0:
+                self.quiet.set()
 
     async def run(self) -> None:
         h2conn = self._h2
@@ -301,7 +304,7 @@ class _Connection:
         stream_id = event.stream_id
         headers = event.headers or []
         try:
-            head = parse_request_headers(headers)  # type: ignore[arg-type]  # bytes: header_encoding=None
+            head = parse_request_headers(headers)
             handler = self._server.lookup(head.path)
             if handler is None:
                 raise GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
@@ -409,6 +412,8 @@ class _Connection:
                     code, message, response = error.code, error.message, None
             except GrpcError as exc:
                 code, message = exc.code, exc.message
+                if exc.trailers:
+                    call.trailers = call.trailers + exc.trailers
             except RsgwError as exc:
                 code, message = exc.grpc_status, str(exc)
             except Exception as exc:

@@ -289,13 +289,8 @@ class WorkerService:
             if params is not None and _SHM_REGION in params:
                 region = params[_SHM_REGION].string_param
                 offset = params[_SHM_OFFSET].int64_param if _SHM_OFFSET in params else 0
-                slot = params[_SHM_SIZE].int64_param if _SHM_SIZE in params else len(tensor.data)
-                if len(tensor.data) > slot:
-                    raise InvalidRequest(
-                        f"output '{tensor.name}' needs {len(tensor.data)} bytes but its "
-                        f"shared memory slot in '{region}' holds {slot}"
-                    )
-                self.shm.write(region, offset, tensor.data)
+                slot = params[_SHM_SIZE].int64_param if _SHM_SIZE in params else None
+                self.shm.write(region, offset, tensor.data, byte_size=slot)
                 out.parameters[_SHM_REGION].string_param = region
                 out.parameters[_SHM_OFFSET].int64_param = offset
                 out.parameters[_SHM_SIZE].int64_param = len(tensor.data)

@@ -1,0 +1,471 @@
+"""The simulated worker's model catalogue: what models exist, their tensors and their costs.
+
+Pure: no trio, no sockets, no logging. `load_catalogue` and `builtin_catalogue`
+read one file each, at start-up, the way `load_config` does.
+
+A catalogue is a YAML mapping with a `models:` list (docs/models.md documents
+every key). We parse it into frozen dataclasses once, and check everything a
+worker would otherwise trip over mid-request: datatypes, shapes, the batch axis,
+the costs, and whether the `compute` function can actually run on the declared
+tensors. Unknown keys are errors, so a typo such as `max_bach_size` fails at
+start-up instead of silently leaving a model unbatched. Every `ConfigError`
+names the source, the key path and the bad value, for example
+`models.yaml: models[2].inputs[0].datatype must be one of BOOL, ..., got 'INT3'`.
+
+Shapes are WIRE shapes (row-major, as KServe clients send them); -1 accepts any
+size. `batch_axis` is 1-based into the batch input's wire shape, as the worker's
+ModelControlStatus reports it (REFERENCE.md §8.2).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import itertools
+import math
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from rsgw._errors import ConfigError
+from rsgw.worker._tensors import DATATYPES, INTEGER_DATATYPES, format_shape
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# Cost-model defaults, in milliseconds as the YAML spells them: a launch cost of a
+# millisecond and a tenth of that per row is the order of a small model's kernel
+# launch and per-item work on a GPU, so batching pays off as it does on a device.
+DEFAULT_LAUNCH_MS = 1.0
+DEFAULT_ITEM_MS = 0.1
+# What ModelMetadata reports as the platform of a simulated model.
+DEFAULT_PLATFORM = "rsgw_sim"
+DEFAULT_COMPUTE = "synthetic"
+
+# How each model computes its outputs (implemented in _compute.py).
+COMPUTE_KINDS: tuple[str, ...] = ("add_sub", "add_sub_string", "identity", "synthetic")
+
+# add_sub works on every integer type (with wrap-around) and on FP32/FP64. FP16 is
+# left out because the standard library has no FP16 array arithmetic, and BOOL
+# because a sum of booleans is not a boolean.
+ADD_SUB_DATATYPES: frozenset[str] = INTEGER_DATATYPES | {"FP32", "FP64"}
+
+BUILTIN_CATALOGUE_FILE = "builtin_models.yaml"
+
+_CATALOGUE_KEYS = ("models",)
+_MODEL_KEYS = (
+    "name",
+    "kind",
+    "platform",
+    "inputs",
+    "outputs",
+    "max_batch_size",
+    "batch_input",
+    "batch_axis",
+    "launch_ms",
+    "item_ms",
+    "weight_bytes",
+    "compute",
+)
+_TENSOR_KEYS = ("name", "datatype", "shape")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One declared input or output of a model."""
+
+    name: str
+    # A KServe V2 datatype: BOOL, UINT8 ... UINT64, INT8 ... INT64, FP16, FP32, FP64, BYTES.
+    datatype: str
+    # The WIRE (row-major) shape; -1 accepts any size.
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One simulated model: its tensors, how it batches, what it costs and computes.
+
+    Built by `parse_catalogue`, which checks every invariant below and reports
+    the YAML key path when one fails. The constructor itself does not re-check,
+    so a spec built by hand (in a test) is taken as given.
+    """
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    # 0 = the worker never coalesces this model (one request per dispatch).
+    max_batch_size: int
+    # The input carrying the batch axis; "" = none.
+    batch_input: str
+    # 1-based index into `batch_input`'s WIRE shape, always at a -1 dim; 0 = none.
+    batch_axis: int
+    # The fixed cost of one dispatch, in seconds before --time-scale.
+    launch_seconds: float
+    # The cost added per batch row, in seconds before --time-scale.
+    item_seconds: float
+    weight_bytes: int
+    # One of COMPUTE_KINDS.
+    compute: str
+    platform: str = DEFAULT_PLATFORM
+    version: str = "1"
+
+    def input(self, name: str) -> TensorSpec | None:
+        """The declared input called `name`, or None."""
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def output(self, name: str) -> TensorSpec | None:
+        """The declared output called `name`, or None."""
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def execution_seconds(self, rows: int) -> float:
+        """The unscaled time one dispatch of `rows` batch rows takes on the simulated device."""
+        return self.launch_seconds + self.item_seconds * rows
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    """Every model a simulated worker serves, sorted by name."""
+
+    models: tuple[ModelSpec, ...]
+    _by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Sorted here, not trusted from the caller: RepositoryIndex lists models
+        # in name order and relies on this tuple for it.
+        models = tuple(sorted(self.models, key=lambda m: m.name))
+        by_name = {m.name: m for m in models}
+        if len(by_name) != len(models):
+            # Sorted, so a duplicate sits right after its twin.
+            dup = next(a.name for a, b in itertools.pairwise(models) if a.name == b.name)
+            raise ConfigError(f"duplicate model name {dup!r} in the catalogue")
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "_by_name", by_name)
+
+    def get(self, name: str) -> ModelSpec | None:
+        """The model called `name`, or None."""
+        return self._by_name.get(name)
+
+
+# ---------------------------------------------------------------------------
+# Parsing. Each helper raises ConfigError with a message that starts with the
+# key path; parse_catalogue prefixes the source.
+
+
+def _show(value: object) -> str:
+    """A bad value as messages quote it: its repr, cut short if it is long."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _mapping(value: object, where: str, keys: tuple[str, ...]) -> Mapping[Hashable, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping, got {_show(value)}")
+    for key in value:
+        if key not in keys:
+            raise ConfigError(
+                f"{where} has unknown key {_show(key)} (known keys: {', '.join(keys)})"
+            )
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list, got {_show(value)}")
+    return value
+
+
+def _name(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a non-empty string, got {_show(value)}")
+    return value
+
+
+def _int(m: Mapping[Hashable, Any], key: str, where: str, default: int) -> int:
+    value = m.get(key, default)
+    # bool is an int subclass; `max_batch_size: yes` is a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}.{key} must be an integer >= 0, got {_show(value)}")
+    return value
+
+
+def _ms(m: Mapping[Hashable, Any], key: str, where: str, default: float) -> float:
+    value = m.get(key, default)
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(
+            f"{where}.{key} must be a finite number of milliseconds >= 0, got {_show(value)}"
+        )
+    return float(value) / 1000.0
+
+
+def _parse_tensor(value: object, where: str) -> TensorSpec:
+    m = _mapping(value, where, _TENSOR_KEYS)
+    if "name" not in m:
+        raise ConfigError(f"{where}.name is required")
+    name = _name(m["name"], f"{where}.name")
+    datatype = m.get("datatype")
+    if datatype not in DATATYPES:
+        raise ConfigError(
+            f"{where}.datatype must be one of {', '.join(DATATYPES)}, got {_show(datatype)}"
+        )
+    if "shape" not in m:
+        raise ConfigError(f"{where}.shape is required")
+    dims = _list(m["shape"], f"{where}.shape")
+    for i, d in enumerate(dims):
+        if not isinstance(d, int) or isinstance(d, bool) or (d != -1 and d < 1):
+            raise ConfigError(f"{where}.shape[{i}] must be -1 or an integer >= 1, got {_show(d)}")
+    return TensorSpec(name, datatype, tuple(dims))
+
+
+def _parse_tensors(m: Mapping[Hashable, Any], key: str, where: str) -> tuple[TensorSpec, ...]:
+    path = f"{where}.{key}"
+    if key not in m:
+        raise ConfigError(f"{path} is required")
+    items = _list(m[key], path)
+    if not items:
+        raise ConfigError(f"{path} must declare at least one tensor, got []")
+    specs: list[TensorSpec] = []
+    for i, item in enumerate(items):
+        spec = _parse_tensor(item, f"{path}[{i}]")
+        if any(s.name == spec.name for s in specs):
+            raise ConfigError(f"{path}[{i}].name duplicates an earlier {key[:-1]}: {spec.name!r}")
+        specs.append(spec)
+    return tuple(specs)
+
+
+def _parse_batch(
+    m: Mapping[Hashable, Any], where: str, inputs: tuple[TensorSpec, ...], max_batch_size: int
+) -> tuple[str, int]:
+    """Resolve `batch_input` / `batch_axis`, filling in the documented defaults.
+
+    With neither key, a batched model (max_batch_size > 0) batches along the
+    first -1 of its first input that has one, which is what every Triton-style
+    `[-1, ...]` model means; an unbatched model has no batch axis. An explicit
+    `batch_input: ""` says "no batch axis" for a batched model too.
+    """
+    axis = _int(m, "batch_axis", where, 0) if "batch_axis" in m else None
+    if "batch_input" not in m:
+        if axis:
+            raise ConfigError(f"{where}.batch_axis needs batch_input to be set, got {axis}")
+        if max_batch_size > 0 and axis is None:
+            for spec in inputs:
+                if -1 in spec.shape:
+                    return spec.name, spec.shape.index(-1) + 1
+        return "", 0
+    name = m["batch_input"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.batch_input must be a string, got {_show(name)}")
+    if not name:
+        if axis:
+            raise ConfigError(f"{where}.batch_axis must be 0 when batch_input is '', got {axis}")
+        return "", 0
+    target = next((s for s in inputs if s.name == name), None)
+    if target is None:
+        names = ", ".join(s.name for s in inputs)
+        raise ConfigError(
+            f"{where}.batch_input must name one of the inputs ({names}), got {name!r}"
+        )
+    if axis is None:
+        if -1 not in target.shape:
+            raise ConfigError(
+                f"{where}.batch_input {name!r} has no -1 dim to batch along "
+                f"(shape {format_shape(target.shape)})"
+            )
+        return name, target.shape.index(-1) + 1
+    if not 1 <= axis <= len(target.shape):
+        raise ConfigError(
+            f"{where}.batch_axis must be between 1 and {len(target.shape)} "
+            f"(the rank of {name!r}), got {axis}"
+        )
+    if target.shape[axis - 1] != -1:
+        raise ConfigError(
+            f"{where}.batch_axis {axis} must point at a -1 dim of {name!r} "
+            f"{format_shape(target.shape)}, got dim {target.shape[axis - 1]}"
+        )
+    return name, axis
+
+
+def _check_pair(spec: ModelSpec, where: str, datatypes: frozenset[str]) -> None:
+    """add_sub and add_sub_string: two like inputs and two outputs just like them."""
+    for key, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        if len(tensors) != 2:
+            raise ConfigError(
+                f"{where}.{key}: compute {spec.compute!r} needs exactly 2 {key}, got {len(tensors)}"
+            )
+    first = spec.inputs[0]
+    if first.datatype not in datatypes:
+        allowed = ", ".join(d for d in DATATYPES if d in datatypes)
+        raise ConfigError(
+            f"{where}.inputs[0].datatype must be one of {allowed} for compute "
+            f"{spec.compute!r}, got {first.datatype!r}"
+        )
+    for key, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        for i, t in enumerate(tensors):
+            if t.datatype != first.datatype:
+                raise ConfigError(
+                    f"{where}.{key}[{i}].datatype must be {first.datatype} (as inputs[0]) "
+                    f"for compute {spec.compute!r}, got {t.datatype!r}"
+                )
+            if t.shape != first.shape:
+                raise ConfigError(
+                    f"{where}.{key}[{i}].shape must be {format_shape(first.shape)} (as inputs[0]) "
+                    f"for compute {spec.compute!r}, got {format_shape(t.shape)}"
+                )
+
+
+def _check_compute(spec: ModelSpec, where: str) -> None:
+    """Check that `spec.compute` can produce the declared outputs from the declared inputs."""
+    if spec.compute == "add_sub":
+        _check_pair(spec, where, ADD_SUB_DATATYPES)
+    elif spec.compute == "add_sub_string":
+        _check_pair(spec, where, frozenset({"BYTES"}))
+    elif spec.compute == "identity":
+        if len(spec.outputs) != len(spec.inputs):
+            raise ConfigError(
+                f"{where}.outputs: compute 'identity' needs one output per input "
+                f"({len(spec.inputs)}), got {len(spec.outputs)}"
+            )
+        for i, (inp, out) in enumerate(zip(spec.inputs, spec.outputs, strict=True)):
+            if (out.datatype, out.shape) != (inp.datatype, inp.shape):
+                raise ConfigError(
+                    f"{where}.outputs[{i}] must be {inp.datatype} {format_shape(inp.shape)} "
+                    f"(as inputs[{i}]) for compute 'identity', "
+                    f"got {out.datatype} {format_shape(out.shape)}"
+                )
+
+
+def _parse_model(value: object, where: str) -> ModelSpec:
+    m = _mapping(value, where, _MODEL_KEYS)
+    if "name" not in m:
+        raise ConfigError(f"{where}.name is required")
+    name = _name(m["name"], f"{where}.name")
+    kind = m.get("kind", "model")
+    if kind != "model":
+        # XX TODO: `kind: meta` (a model made of sub-models) arrives with its own issue.
+        raise ConfigError(f"{where}.kind must be 'model', got {_show(kind)}")
+    platform = _name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform")
+    inputs = _parse_tensors(m, "inputs", where)
+    outputs = _parse_tensors(m, "outputs", where)
+    max_batch_size = _int(m, "max_batch_size", where, 0)
+    batch_input, batch_axis = _parse_batch(m, where, inputs, max_batch_size)
+    compute = m.get("compute", DEFAULT_COMPUTE)
+    if compute not in COMPUTE_KINDS:
+        raise ConfigError(
+            f"{where}.compute must be one of {', '.join(COMPUTE_KINDS)}, got {_show(compute)}"
+        )
+    spec = ModelSpec(
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=max_batch_size,
+        batch_input=batch_input,
+        batch_axis=batch_axis,
+        launch_seconds=_ms(m, "launch_ms", where, DEFAULT_LAUNCH_MS),
+        item_seconds=_ms(m, "item_ms", where, DEFAULT_ITEM_MS),
+        weight_bytes=_int(m, "weight_bytes", where, 0),
+        compute=compute,
+        platform=platform,
+    )
+    _check_compute(spec, where)
+    return spec
+
+
+def parse_catalogue(data: object, *, source: str) -> Catalogue:
+    """Build a `Catalogue` from parsed YAML (or any equivalent plain data).
+
+    Args:
+        data: a mapping with a `models` list, as `yaml.safe_load` returns it.
+        source: where `data` came from (a file name), put at the start of errors.
+
+    Raises:
+        ConfigError: anything invalid; the message names the source, the key
+            path and the bad value.
+    """
+    try:
+        m = _mapping(data, "the catalogue", _CATALOGUE_KEYS)
+        if "models" not in m:
+            raise ConfigError("the catalogue must have a 'models' list")
+        items = _list(m["models"], "models")
+        models: list[ModelSpec] = []
+        for i, item in enumerate(items):
+            spec = _parse_model(item, f"models[{i}]")
+            if any(s.name == spec.name for s in models):
+                raise ConfigError(f"models[{i}].name duplicates an earlier model: {spec.name!r}")
+            models.append(spec)
+        return Catalogue(tuple(models))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that rejects a key given twice in one mapping.
+
+    Plain `safe_load` keeps the last of two `name:` keys without a word, which is
+    exactly the kind of slip the unknown-key check exists to catch.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Hashable] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # the base class reports unhashable keys itself
+            if key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> object:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
+
+
+def load_catalogue(path: str | os.PathLike[str]) -> Catalogue:
+    """Read and parse a catalogue YAML file (the `--models FILE` of `rsgw worker`).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or is not a valid
+            catalogue; always one line naming the file.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read model catalogue {source}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text ({exc.reason})") from None
+    return parse_catalogue(_load_yaml(text, source), source=source)
+
+
+@functools.cache
+def builtin_catalogue() -> Catalogue:
+    """The catalogue shipped in the package: the Triton example models, computed for real.
+
+    Cached: it is immutable and every worker of a node asks for it.
+    """
+    resource = importlib.resources.files("rsgw.worker").joinpath(BUILTIN_CATALOGUE_FILE)
+    text = resource.read_text(encoding="utf-8")
+    return parse_catalogue(_load_yaml(text, BUILTIN_CATALOGUE_FILE), source=BUILTIN_CATALOGUE_FILE)

@@ -1,0 +1,195 @@
+"""What a simulated model computes: real results for the Triton examples, zeros for the rest.
+
+Pure: no I/O, no clock, no logging. Time is the scheduler's business (the cost
+model in `ModelSpec.execution_seconds`); this module only turns input tensors
+into output tensors, so Triton's example clients, which check the numbers they
+get back, run against the simulated worker unchanged.
+
+The functions work on one request's tensors. They use the `array` module on the
+raw little-endian bytes: for the 16-element tensors of the examples that costs a
+couple of microseconds, and the worker keeps no numpy dependency.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from typing import TYPE_CHECKING
+
+from rsgw._errors import InvalidRequest
+from rsgw.worker._tensors import (
+    DATATYPE_SIZES,
+    FLOAT_TYPECODES,
+    INT_TYPECODES,
+    Tensor,
+    array_to_le,
+    decode_bytes_elements,
+    element_count,
+    encode_bytes_elements,
+    floats_from_le,
+    format_shape,
+    ints_from_le,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from rsgw.worker._catalogue import ModelSpec
+
+# Signed integers are added as the unsigned type of the same width: two's
+# complement makes the bytes of the wrapped result identical, and one masked
+# Python-int operation then serves every integer type.
+_UNSIGNED_TWIN: dict[str, str] = {
+    "INT8": "UINT8",
+    "INT16": "UINT16",
+    "INT32": "UINT32",
+    "INT64": "UINT64",
+    "UINT8": "UINT8",
+    "UINT16": "UINT16",
+    "UINT32": "UINT32",
+    "UINT64": "UINT64",
+}
+
+# Strictly ASCII digits with an optional sign: `int()` alone would also take
+# whitespace, underscores and non-ASCII digits, which no Triton client sends.
+_DECIMAL = re.compile(rb"[+-]?[0-9]+")
+
+
+def _inputs_in_order(spec: ModelSpec, inputs: Mapping[str, Tensor]) -> list[Tensor]:
+    """The request's tensors in the order the spec declares its inputs."""
+    ordered: list[Tensor] = []
+    for declared in spec.inputs:
+        tensor = inputs.get(declared.name)
+        if tensor is None:
+            raise InvalidRequest(f"model '{spec.name}': missing input '{declared.name}'")
+        ordered.append(tensor)
+    return ordered
+
+
+def _same_shape(spec: ModelSpec, a: Tensor, b: Tensor) -> None:
+    if a.shape != b.shape:
+        raise InvalidRequest(
+            f"model '{spec.name}': input '{b.name}' shape {format_shape(b.shape)} must equal "
+            f"input '{a.name}' shape {format_shape(a.shape)}"
+        )
+
+
+def _add_sub(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, elementwise in the input datatype."""
+    a, b = _inputs_in_order(spec, inputs)
+    _same_shape(spec, a, b)
+    total: array[int] | array[float]
+    diff: array[int] | array[float]
+    twin = _UNSIGNED_TWIN.get(a.datatype)
+    if twin is not None:
+        x = ints_from_le(twin, a.data)
+        y = ints_from_le(twin, b.data)
+        mask = (1 << (8 * DATATYPE_SIZES[twin])) - 1
+        code = INT_TYPECODES[twin]
+        total = array(code, [(p + q) & mask for p, q in zip(x, y, strict=True)])
+        diff = array(code, [(p - q) & mask for p, q in zip(x, y, strict=True)])
+    else:
+        # FP32/FP64: Python adds in double precision and `array('f')` rounds once
+        # to float32; double rounding is harmless for + and - (53 >= 2*24 + 2), so
+        # the results match float32 arithmetic, overflow to inf included.
+        u = floats_from_le(a.datatype, a.data)
+        v = floats_from_le(a.datatype, b.data)
+        fcode = FLOAT_TYPECODES[a.datatype]
+        total = array(fcode, [p + q for p, q in zip(u, v, strict=True)])
+        diff = array(fcode, [p - q for p, q in zip(u, v, strict=True)])
+    out0, out1 = spec.outputs
+    return (
+        Tensor(out0.name, a.datatype, a.shape, array_to_le(total)),
+        Tensor(out1.name, a.datatype, a.shape, array_to_le(diff)),
+    )
+
+
+def _parse_decimals(spec: ModelSpec, tensor: Tensor) -> list[int]:
+    values: list[int] = []
+    for i, item in enumerate(decode_bytes_elements(tensor.data, element_count(tensor.shape))):
+        if _DECIMAL.fullmatch(item) is None:
+            raise InvalidRequest(
+                f"model '{spec.name}' input '{tensor.name}': element {i} must be a decimal "
+                f"integer, got {item[:32]!r}"
+            )
+        try:
+            values.append(int(item))
+        except ValueError as exc:  # more digits than sys.get_int_max_str_digits()
+            raise InvalidRequest(
+                f"model '{spec.name}' input '{tensor.name}': element {i} has too many digits "
+                f"({len(item)})"
+            ) from exc
+    return values
+
+
+def _add_sub_string(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """The add_sub of decimal strings: sum and difference as decimal strings.
+
+    The integers are unbounded (Python ints), so nothing wraps; Triton's
+    example client only sends small numbers, which both agree on.
+    """
+    a, b = _inputs_in_order(spec, inputs)
+    _same_shape(spec, a, b)
+    x = _parse_decimals(spec, a)
+    y = _parse_decimals(spec, b)
+    total = encode_bytes_elements([str(p + q).encode() for p, q in zip(x, y, strict=True)])
+    diff = encode_bytes_elements([str(p - q).encode() for p, q in zip(x, y, strict=True)])
+    out0, out1 = spec.outputs
+    return (
+        Tensor(out0.name, "BYTES", a.shape, total),
+        Tensor(out1.name, "BYTES", a.shape, diff),
+    )
+
+
+def _identity(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """Each output is the input at the same position, shape and bytes unchanged."""
+    ordered = _inputs_in_order(spec, inputs)
+    return tuple(
+        Tensor(out.name, t.datatype, t.shape, t.data)
+        for out, t in zip(spec.outputs, ordered, strict=True)
+    )
+
+
+def _synthetic(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """Zeros (empty strings for BYTES) of the declared shape, every -1 made `rows`.
+
+    The stand-in for GPU-shaped models whose numbers nobody checks: the cost
+    model carries their behaviour, and zeros are the cheapest honest bytes.
+    """
+    outputs: list[Tensor] = []
+    for out in spec.outputs:
+        shape = tuple(rows if d == -1 else d for d in out.shape)
+        count = element_count(shape)
+        if out.datatype == "BYTES":
+            data = encode_bytes_elements([b""]) * count
+        else:
+            data = bytes(count * DATATYPE_SIZES[out.datatype])
+        outputs.append(Tensor(out.name, out.datatype, shape, data))
+    return tuple(outputs)
+
+
+_COMPUTE: dict[str, Callable[[ModelSpec, Mapping[str, Tensor], int], tuple[Tensor, ...]]] = {
+    "add_sub": _add_sub,
+    "add_sub_string": _add_sub_string,
+    "identity": _identity,
+    "synthetic": _synthetic,
+}
+
+
+def run_model(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """Compute one request's outputs, in the order `spec.outputs` declares them.
+
+    The caller has already checked the inputs against the spec (`check_input`);
+    we only re-check what the computation itself needs.
+
+    Args:
+        spec: the model.
+        inputs: the request's tensors by input name.
+        rows: the request's batch rows (`rows(shape, spec.batch_axis)` of its
+            batch input); synthetic outputs use it for every -1 dim.
+
+    Raises:
+        InvalidRequest: a missing input, add_sub inputs of different shapes, or
+            an add_sub_string element that is not a decimal integer.
+    """
+    return _COMPUTE[spec.compute](spec, inputs, rows)

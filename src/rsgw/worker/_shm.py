@@ -1,0 +1,363 @@
+"""The worker's system shared-memory registry (REFERENCE.md §8.1).
+
+Clients (tritonclient, the gateway) create POSIX shared-memory objects, fill them
+with input tensors and register them here under a region name; ModelInfer then
+names the region instead of shipping the bytes, and outputs can be written back
+into a region the same way.
+
+Theory of operation
+-------------------
+
+* A region is an `mmap` of the POSIX object `/dev/shm/<key>`, covering exactly the
+  registered `[offset, offset + byte_size)` window, rounded down to the page
+  boundary that `mmap` insists on. Each mapping remembers that `delta` so region
+  offsets translate to mapping offsets by one addition.
+* The client owns the object. We open it with `os.open` and map it; we never
+  create, resize or unlink it. That is why `multiprocessing.shared_memory` is out:
+  on Python 3.11 its resource tracker unlinks every segment the process attached
+  to when the process exits, which would delete the client's region the moment a
+  worker stops (DECISIONS.md §5).
+* The table maps a name to an immutable `_Mapping`. Registering, replacing and
+  unregistering swap table entries under a lock and only then close the old
+  `mmap`, so the table never holds a closed mapping.
+* Reads and writes do not take the lock: they fetch the mapping, check bounds and
+  copy. A copy that races a replace or an unregister may find its `mmap` already
+  closed; CPython then raises `ValueError`, which we report as the region being
+  unregistered (FAILED_PRECONDITION), the same answer the call would have got a
+  moment later. A copy never outlives the GIL-held slice operation, and we never
+  hand out views into a mapping, so closing never fails on exported buffers.
+
+Not handled: a client that *shrinks* a registered object with `ftruncate` makes
+later accesses past the new end raise SIGBUS and kill the worker. Real Triton
+servers have the same exposure; detecting it would cost an `fstat` per access.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import sys
+import threading
+from dataclasses import dataclass
+
+from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+
+#: Where Linux (glibc's `shm_open`) keeps POSIX shared-memory objects.
+SHM_ROOT = "/dev/shm/"
+
+#: `mmap` offsets must be multiples of this (the page size on Linux).
+_GRANULARITY = mmap.ALLOCATIONGRANULARITY
+
+#: glibc's `shm_open` refuses to follow symlinks; so do we, so that a key cannot
+#: be used to open (read-write!) a file outside the shm filesystem.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """One registered region as SystemSharedMemoryStatus reports it."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Mapping:
+    """A registered region and the `mmap` behind it.
+
+    `mm` starts at the page boundary at or below `status.offset`; region offset 0
+    is mapping offset `delta`.
+    """
+
+    status: RegionStatus
+    mm: mmap.mmap
+    delta: int
+
+
+def _shm_path(key: str) -> str | None:
+    """Return the file behind POSIX shm object `key`, or None if `key` is not a valid name.
+
+    We follow glibc's `shm_open`: leading slashes are dropped (tritonclient sends
+    "/input_simple"), and what remains must be non-empty, contain no further slash
+    and not be "." or "..". Besides matching what a C worker accepts, this keeps a
+    client-chosen key from naming a path outside `/dev/shm`.
+    """
+    name = key.lstrip("/")
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        return None
+    return SHM_ROOT + name
+
+
+def _unregistered(name: str) -> FailedPrecondition:
+    return FailedPrecondition(f"unregistered shared memory region: {name}")
+
+
+def same_ipc_namespace(key: str) -> bool:
+    """Tell whether this process can open POSIX shm object `key` read-only.
+
+    The gateway asks this (IsSameIPCNamespace) to decide whether a client's region
+    can be handed to the worker by key or must be copied: a worker in another IPC
+    namespace (another container) sees a different `/dev/shm`. Opening the object
+    is the honest test; we close it at once and never register anything.
+
+    Args:
+        key: the POSIX shm object name, with or without its leading slash.
+
+    Returns:
+        True iff `key` names a regular shm object we could open; False for "",
+        invalid names, missing objects and permission errors.
+    """
+    path = _shm_path(key)
+    if path is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
+    """Open object `key` read-write and map `[offset, offset + byte_size)` of it.
+
+    Raises:
+        InvalidRequest: the key is invalid or missing, cannot be opened or mapped,
+            or the window does not fit inside the object.
+    """
+    path = _shm_path(key)
+    if path is None:
+        raise InvalidRequest(
+            f"unable to open shared memory object '{key}' for region '{name}': invalid name"
+        )
+    try:
+        fd = os.open(path, os.O_RDWR | _OPEN_FLAGS)
+    except OSError as exc:
+        raise InvalidRequest(
+            f"unable to open shared memory object '{key}' for region '{name}': {exc.strerror}"
+        ) from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidRequest(
+                f"unable to open shared memory object '{key}' for region '{name}': "
+                "not a regular shared memory object"
+            )
+        if offset + byte_size > info.st_size:
+            raise InvalidRequest(
+                f"shared memory region '{name}' (key '{key}'): offset {offset} + byte_size "
+                f"{byte_size} = {offset + byte_size} exceeds the object's size of "
+                f"{info.st_size} bytes"
+            )
+        start = offset - offset % _GRANULARITY
+        delta = offset - start
+        try:
+            if sys.version_info >= (3, 13):
+                # Without trackfd=False the mmap keeps a dup of the fd for its
+                # lifetime: one open file per region, for nothing we use.
+                mm = mmap.mmap(fd, delta + byte_size, offset=start, trackfd=False)
+            else:
+                mm = mmap.mmap(fd, delta + byte_size, offset=start)
+        except (OSError, ValueError) as exc:
+            # ValueError: the object shrank between fstat and mmap.
+            raise InvalidRequest(
+                f"unable to map shared memory object '{key}' for region '{name}' "
+                f"(offset {offset}, byte_size {byte_size}): {exc}"
+            ) from exc
+    finally:
+        os.close(fd)
+    return _Mapping(RegionStatus(name, key, offset, byte_size), mm, delta)
+
+
+def _check_window(region: str, size: int, offset: int, byte_size: int, what: str) -> None:
+    """Raise InvalidRequest unless `[offset, offset + byte_size)` lies within `[0, size)`."""
+    if offset < 0:
+        raise InvalidRequest(
+            f"shared memory region '{region}': {what} offset must be >= 0, got {offset}"
+        )
+    if byte_size < 0:
+        raise InvalidRequest(
+            f"shared memory region '{region}': {what} byte_size must be >= 0, got {byte_size}"
+        )
+    if offset + byte_size > size:
+        raise InvalidRequest(
+            f"shared memory region '{region}': {what} offset {offset} + byte_size "
+            f"{byte_size} = {offset + byte_size} exceeds the region's byte_size {size}"
+        )
+
+
+class ShmRegistry:
+    """Regions registered by clients, each an mmap of a POSIX shm object.
+
+    One registry per worker. Methods are synchronous: registering does a few
+    system calls and reading or writing is a `memcpy`, both far cheaper than a
+    thread hop. They are safe to call from several threads (see the module's
+    theory of operation), so a caller may copy large tensors off the event loop.
+
+    Resource handling: every registered region holds one mapping (and, before
+    Python 3.13, one file descriptor inside it) until it is unregistered, replaced
+    or `close()` runs. Nothing here ever unlinks a client's object.
+    """
+
+    def __init__(self) -> None:
+        self._regions: dict[str, _Mapping] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Attach `[offset, offset + byte_size)` of POSIX object `key` as region `name`.
+
+        Registering a name that is already registered replaces it and detaches the
+        old mapping, as REFERENCE.md §8.1 asks (Triton itself answers
+        ALREADY_EXISTS; the gateway relies on re-registering after a worker
+        restart being harmless). A failed registration leaves any existing region
+        of that name untouched.
+
+        Args:
+            name: the region name clients will put in `shared_memory_region`.
+            key: the POSIX shm object name, as tritonclient sends it ("/input0").
+            offset: where the region starts inside the object; need not be
+                page-aligned.
+            byte_size: the region's length, > 0.
+
+        Raises:
+            InvalidRequest: empty name or key, a negative offset, a byte_size
+                that is not positive, a window past the object's end, or an
+                object that cannot be opened and mapped read-write.
+        """
+        if not name:
+            raise InvalidRequest("shared memory region name must not be empty")
+        if not key:
+            raise InvalidRequest(f"shared memory region '{name}': key must not be empty")
+        if offset < 0:
+            raise InvalidRequest(
+                f"shared memory region '{name}' (key '{key}'): offset must be >= 0, got {offset}"
+            )
+        if byte_size <= 0:
+            raise InvalidRequest(
+                f"shared memory region '{name}' (key '{key}'): byte_size must be > 0, "
+                f"got {byte_size}"
+            )
+        mapping = _map_object(name, key, offset, byte_size)
+        with self._lock:
+            old = self._regions.get(name)
+            self._regions[name] = mapping
+            if old is not None:
+                old.mm.close()
+
+    def unregister(self, name: str) -> None:
+        """Detach region `name`, or every region if `name` is "".
+
+        Idempotent: an unknown name is not an error, so a client can clean up
+        without first asking what is registered.
+        """
+        with self._lock:
+            if name:
+                mapping = self._regions.pop(name, None)
+                dropped = [] if mapping is None else [mapping]
+            else:
+                dropped = list(self._regions.values())
+                self._regions.clear()
+            for mapping in dropped:
+                mapping.mm.close()
+
+    def status(self, name: str = "") -> list[RegionStatus]:
+        """Describe every region (sorted by name), or only region `name`.
+
+        Raises:
+            NotFound: `name` is not registered (Triton answers NOT_FOUND here).
+        """
+        if not name:
+            with self._lock:  # iterating while another thread registers would raise
+                regions = list(self._regions.values())
+            return sorted((m.status for m in regions), key=lambda s: s.name)
+        mapping = self._regions.get(name)
+        if mapping is None:
+            raise NotFound(f"unregistered shared memory region: {name}")
+        return [mapping.status]
+
+    def read(self, region: str, offset: int, byte_size: int) -> bytes:
+        """Return a copy of `byte_size` bytes at `offset` within `region`.
+
+        We copy rather than hand out a view: a view would pin the mapping (a
+        later unregister would fail on the exported buffer) and would see the
+        client's later writes mid-inference.
+
+        Args:
+            region: a registered region name.
+            offset: relative to the region's own registered offset.
+            byte_size: how many bytes to read; 0 gives b"".
+
+        Raises:
+            FailedPrecondition: `region` is not registered, or was detached
+                during the read.
+            InvalidRequest: the window does not lie within the region.
+        """
+        mapping = self._regions.get(region)
+        if mapping is None:
+            raise _unregistered(region)
+        _check_window(region, mapping.status.byte_size, offset, byte_size, "read")
+        start = mapping.delta + offset
+        try:
+            return mapping.mm[start : start + byte_size]
+        except ValueError as exc:  # "mmap closed or invalid": detached under us
+            raise _unregistered(region) from exc
+
+    def write(
+        self,
+        region: str,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        byte_size: int | None = None,
+    ) -> None:
+        """Copy `data` into `region` at `offset`.
+
+        Args:
+            region: a registered region name.
+            offset: relative to the region's own registered offset.
+            data: the bytes to write (any C-contiguous buffer layout is fine).
+            byte_size: the size of the slot the client reserved at `offset`
+                (its `shared_memory_byte_size`); the slot must lie within the
+                region and `data` must fit in it. None means the slot runs to the
+                region's end.
+
+        Raises:
+            FailedPrecondition: `region` is not registered, or was detached
+                during the write.
+            InvalidRequest: the slot does not lie within the region, or `data`
+                is larger than the slot.
+        """
+        mapping = self._regions.get(region)
+        if mapping is None:
+            raise _unregistered(region)
+        view = memoryview(data)
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        view = view.cast("B")
+        size = mapping.status.byte_size
+        if byte_size is None:
+            _check_window(region, size, offset, view.nbytes, "write")
+        else:
+            _check_window(region, size, offset, byte_size, "write slot")
+            if view.nbytes > byte_size:
+                raise InvalidRequest(
+                    f"shared memory region '{region}': {view.nbytes} bytes do not fit "
+                    f"the slot of byte_size {byte_size} at offset {offset}"
+                )
+        start = mapping.delta + offset
+        try:
+            mapping.mm[start : start + view.nbytes] = view
+        except ValueError as exc:  # "mmap closed or invalid": detached under us
+            raise _unregistered(region) from exc
+
+    def close(self) -> None:
+        """Unmap every region; the client's objects stay (we never unlink them).
+
+        The registry stays usable: later registrations work as on a new one.
+        """
+        self.unregister("")

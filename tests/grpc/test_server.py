@@ -1,0 +1,277 @@
+"""The gRPC server shell against grpcio clients, over real loopback sockets.
+
+grpcio is blocking, so every client call runs in a thread (`trio.to_thread`);
+the server runs in the test's own Trio run, so the test can watch its handlers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import trio
+
+import grpc
+from rsgw._errors import ListenError, NotFound
+from rsgw._net import bind_tcp, bound_port
+from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._status import GrpcError, StatusCode
+
+LIMIT = 1024 * 1024
+BIG_LIMIT = 80 * 1024 * 1024
+
+
+class Handlers:
+    """Handlers that tell the test what happened to them."""
+
+    def __init__(self) -> None:
+        self.slow_started = trio.Event()
+        self.slow_cancelled = trio.Event()
+        self.gate = trio.Event()
+        self.gated_started = trio.Event()
+
+    async def echo(self, request: bytes, call: ServerCall) -> bytes:
+        return request
+
+    async def slow(self, request: bytes, call: ServerCall) -> bytes:
+        self.slow_started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.slow_cancelled.set()
+            raise
+        return b""  # pragma: no cover
+
+    async def gated(self, request: bytes, call: ServerCall) -> bytes:
+        self.gated_started.set()
+        await self.gate.wait()
+        return b"opened"
+
+    async def boom(self, request: bytes, call: ServerCall) -> bytes:
+        raise RuntimeError("kaboom")
+
+    async def refuse(self, request: bytes, call: ServerCall) -> bytes:
+        raise GrpcError(StatusCode.FAILED_PRECONDITION, "not now", ((b"x-why", b"because"),))
+
+    async def missing(self, request: bytes, call: ServerCall) -> bytes:
+        raise NotFound("no such thing: " + request.decode())
+
+    async def deadline(self, request: bytes, call: ServerCall) -> bytes:
+        return repr(call.deadline - trio.current_time()).encode()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[int, Handlers]]:
+    handlers = Handlers()
+    routes = {
+        f"/t.Test/{name}": getattr(handlers, name.lower())
+        for name in ("Echo", "Slow", "Gated", "Boom", "Refuse", "Missing", "Deadline")
+    }
+    routes["/t.Test/BigEcho"] = handlers.echo
+    server = GrpcServer(routes, max_receive_message_bytes=LIMIT, max_send_message_bytes=LIMIT)
+    big = GrpcServer(
+        {"/t.Test/BigEcho": handlers.echo},
+        max_receive_message_bytes=BIG_LIMIT,
+        max_send_message_bytes=BIG_LIMIT,
+    )
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, "127.0.0.1", 0)
+        big_port = await nursery.start(big.serve, "127.0.0.1", 0)
+        handlers.big_port = big_port  # type: ignore[attr-defined]  # test-only attribute
+        yield port, handlers
+        nursery.cancel_scope.cancel()
+
+
+def channel(port: int) -> grpc.Channel:
+    return grpc.insecure_channel(
+        f"127.0.0.1:{port}",
+        options=[
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+        ],
+    )
+
+
+def call(port: int, method: str, body: bytes = b"", **kwargs: Any) -> Any:
+    with channel(port) as ch:
+        return ch.unary_unary(f"/t.Test/{method}")(body, **kwargs)
+
+
+async def call_in_thread(port: int, method: str, body: bytes = b"", **kwargs: Any) -> Any:
+    return await trio.to_thread.run_sync(lambda: call(port, method, body, **kwargs))
+
+
+async def expect_error(fn: Callable[[], Any]) -> grpc.RpcError:
+    try:
+        await trio.to_thread.run_sync(fn)
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("the call succeeded")
+
+
+async def test_echo(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    assert await call_in_thread(port, "Echo", b"hello") == b"hello"
+    assert await call_in_thread(port, "Echo", b"") == b""
+
+
+async def test_unknown_method_is_unimplemented(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    err = await expect_error(lambda: call(port, "Nope", b"x"))
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "/t.Test/Nope" in err.details()
+
+
+async def test_oversized_message_fails_only_its_call(served: tuple[int, Handlers]) -> None:
+    port, handlers = served
+
+    def both_on_one_connection() -> tuple[Any, Any]:
+        with channel(port) as ch:
+            gated = ch.unary_unary("/t.Test/Gated").future(b"")
+            big = ch.unary_unary("/t.Test/Echo").future(b"x" * (LIMIT + 1))
+            try:
+                big.result()
+            except grpc.RpcError as exc:
+                big_error = exc
+            trio.from_thread.run_sync(handlers.gate.set)
+            return big_error, gated.result(timeout=10)
+
+    big_error, gated_reply = await trio.to_thread.run_sync(both_on_one_connection)
+    assert big_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"{LIMIT + 1} vs. {LIMIT}" in big_error.details()
+    assert gated_reply == b"opened"
+    assert await call_in_thread(port, "Echo", b"after") == b"after"
+
+
+async def test_oversized_response_is_resource_exhausted(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    # The request fits exactly; the echo handler's answer is the same size, so it fits too.
+    assert len(await call_in_thread(port, "Echo", b"y" * LIMIT)) == LIMIT
+
+
+async def test_64_mib_round_trip(served: tuple[int, Handlers]) -> None:
+    _, handlers = served
+    payload = bytes(range(256)) * (64 * 1024 * 1024 // 256)
+    reply = await call_in_thread(handlers.big_port, "BigEcho", payload)  # type: ignore[attr-defined]
+    assert reply == payload
+
+
+async def test_client_cancel_cancels_the_handler(served: tuple[int, Handlers]) -> None:
+    port, handlers = served
+    ch = channel(port)
+    try:
+        future = ch.unary_unary("/t.Test/Slow").future(b"")
+        with trio.fail_after(10):
+            await handlers.slow_started.wait()
+            future.cancel()  # grpcio sends RST_STREAM
+            await handlers.slow_cancelled.wait()
+        assert future.cancelled()
+    finally:
+        ch.close()
+    assert await call_in_thread(port, "Echo", b"alive") == b"alive"
+
+
+async def test_client_deadline_cancels_the_handler(served: tuple[int, Handlers]) -> None:
+    port, handlers = served
+    err = await expect_error(lambda: call(port, "Slow", timeout=0.3))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with trio.fail_after(10):
+        await handlers.slow_cancelled.wait()
+
+
+async def test_deadline_reaches_the_handler(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    remaining = float(await call_in_thread(port, "Deadline", timeout=30))
+    assert 25 < remaining <= 30
+    assert await call_in_thread(port, "Deadline") == b"inf"
+
+
+async def test_handler_exception_is_internal(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    err = await expect_error(lambda: call(port, "Boom"))
+    assert err.code() == grpc.StatusCode.INTERNAL
+    assert "kaboom" in err.details()
+
+
+async def test_grpc_error_and_rsgw_error_keep_their_status(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+    err = await expect_error(lambda: call(port, "Refuse"))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.details() == "not now"
+    assert ("x-why", "because") in tuple(err.trailing_metadata())
+    err = await expect_error(lambda: call(port, "Missing", b"thing"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert err.details() == "no such thing: thing"
+
+
+async def test_many_concurrent_calls_on_one_connection(served: tuple[int, Handlers]) -> None:
+    port, _ = served
+
+    def burst() -> list[bytes]:
+        with channel(port) as ch:
+            echo = ch.unary_unary("/t.Test/Echo")
+            futures = [echo.future(str(i).encode() * 100) for i in range(200)]
+            return [f.result(timeout=20) for f in futures]
+
+    replies = await trio.to_thread.run_sync(burst)
+    assert replies == [str(i).encode() * 100 for i in range(200)]
+
+
+async def test_graceful_close_lets_calls_finish() -> None:
+    handlers = Handlers()
+    server = GrpcServer({"/t.Test/Gated": handlers.gated, "/t.Test/Echo": handlers.echo})
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, "127.0.0.1", 0)
+        result: list[bytes] = []
+
+        async def client() -> None:
+            result.append(await call_in_thread(port, "Gated"))
+
+        nursery.start_soon(client)
+        with trio.fail_after(10):  # the call is in flight before we close
+            await handlers.gated_started.wait()
+        closer = trio.Event()
+
+        async def close() -> None:
+            await server.aclose(grace=10)
+            closer.set()
+
+        nursery.start_soon(close)
+        handlers.gate.set()
+        with trio.fail_after(10):
+            await closer.wait()
+    assert result == [b"opened"]
+
+
+async def test_busy_port_is_a_listen_error() -> None:
+    sock = bind_tcp("127.0.0.1", 0)
+    try:
+        port = bound_port(sock)
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}: address"):
+            bind_tcp("127.0.0.1", port)
+        server = GrpcServer({})
+        with pytest.raises(ListenError):
+            await server.serve("127.0.0.1", port)
+    finally:
+        sock.close()
+
+
+def test_busy_port_fails_the_worker_with_one_line() -> None:
+    sock = bind_tcp("127.0.0.1", 0)
+    try:
+        port = bound_port(sock)
+        done = subprocess.run(
+            [sys.executable, "-m", "rsgw", "worker", "--port", str(port), "--metrics-port", "-1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        sock.close()
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"rsgw worker: cannot listen on 127.0.0.1:{port}: address already in use"
+    ]

@@ -1,0 +1,16 @@
+"""The public API is exactly the names DECISIONS.md §2 promises so far."""
+
+from __future__ import annotations
+
+import rsgw
+
+
+def test_public_names() -> None:
+    assert set(rsgw.__all__) == {"ConfigError", "GatewayWedged", "RsgwError", "__version__"}
+    for name in rsgw.__all__:
+        assert hasattr(rsgw, name)
+
+
+def test_errors_form_one_family() -> None:
+    assert issubclass(rsgw.ConfigError, rsgw.RsgwError)
+    assert issubclass(rsgw.GatewayWedged, rsgw.RsgwError)
