@@ -28,17 +28,14 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
-import h2.settings
 import trio
 
 from rsgw._errors import RsgwError
 from rsgw._net import bind_tcp, bound_port
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, message_prefix, too_large
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
 from rsgw.grpc._metadata import (
     RESPONSE_HEADERS,
     HeaderBlock,
@@ -47,17 +44,19 @@ from rsgw.grpc._metadata import (
     trailers_only,
 )
 from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw.grpc._transport import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_WINDOW_BYTES,
+    RECEIVE_BYTES,
+    H2Transport,
+    new_h2_connection,
+)
 
 logger = logging.getLogger(__name__)
 
-#: HTTP/2 flow-control windows, stream and connection (the original's 32 MiB).
-DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
-#: Largest DATA frame we accept; big messages then cost few frames and events.
-DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 DEFAULT_MAX_CONCURRENT_STREAMS = 1024
 #: How long a graceful stop lets calls in flight finish.
 DEFAULT_GRACE_SECONDS = 5.0
-_RECEIVE_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -88,7 +87,6 @@ class _Stream:
     #: Set when we have answered (trailers sent) or the client reset the stream.
     finished: bool = False
     reset_by_peer: bool = False
-    window_open: trio.Event | None = None
 
 
 class GrpcServer:
@@ -185,31 +183,20 @@ class GrpcServer:
 
 
 class _Connection:
-    """One HTTP/2 connection: the reader loop, the writer task, the streams."""
+    """One HTTP/2 connection: the reader loop, the streams, and a transport to answer."""
 
     def __init__(self, server: GrpcServer, stream: trio.SocketStream) -> None:
         self._server = server
-        self._stream = stream
-        config = h2.config.H2Configuration(
+        self._h2 = new_h2_connection(
             client_side=False,
-            header_encoding=None,
-            validate_inbound_headers=False,
-            validate_outbound_headers=False,
-            normalize_inbound_headers=False,
-            normalize_outbound_headers=False,
+            window_bytes=server._window_bytes,
+            max_frame_bytes=server._max_frame_bytes,
+            max_concurrent_streams=server._max_concurrent_streams,
         )
-        self._h2 = h2.connection.H2Connection(config=config)
-        self._h2.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: server._window_bytes,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: server._max_frame_bytes,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: server._max_concurrent_streams,
-            },
-        )
-        self._h2.max_inbound_frame_size = server._max_frame_bytes
+        self._transport = H2Transport(self._h2, stream)
+        self._transport.after_write = self._after_write
+        self._stream = stream
         self._streams: dict[int, _Stream] = {}
-        self._flush_wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: Set once GOAWAY was sent and no call is left in flight.
         self.quiet = trio.Event()
@@ -229,36 +216,24 @@ class _Connection:
         self._going_away = True
         self._h2.close_connection()
         self._flush()
-        self._note_finished()
+
+    def _after_write(self) -> None:
+        # `quiet` is set only once the last answer has actually left.
+        if self._going_away and self.active_streams == 0:
+            self.quiet.set()
 
     def _note_finished(self) -> None:
-        # The writer sets `quiet` once the last answer has actually left.
         if self._going_away:
             self._flush()
 
     def _flush(self) -> None:
-        self._flush_wanted.set()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            data = self._h2.data_to_send()
-            if data:
-                await self._stream.send_all(data)
-            if self._going_away and self.active_streams == 0:
-                self.quiet.set()
+        self._transport.flush()
 
     async def run(self) -> None:
-        h2conn = self._h2
-        h2conn.initiate_connection()
-        extra_window = self._server._window_bytes - 65535
-        if extra_window > 0:
-            h2conn.increment_flow_control_window(extra_window)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._writer)
+                nursery.start_soon(self._transport.run_writer)
                 self._flush()
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
@@ -269,7 +244,7 @@ class _Connection:
         h2conn = self._h2
         receive = self._stream.receive_some
         while True:
-            data = await receive(_RECEIVE_BYTES)
+            data = await receive(RECEIVE_BYTES)
             if not data:
                 return
             try:
@@ -290,9 +265,9 @@ class _Connection:
                 elif isinstance(event, h2.events.StreamReset):
                     self._on_reset(event.stream_id)
                 elif isinstance(event, h2.events.WindowUpdated):
-                    self._on_window(event.stream_id)
+                    self._transport.window_opened(event.stream_id)
                 elif isinstance(event, h2.events.RemoteSettingsChanged):
-                    self._on_window(0)
+                    self._transport.window_opened(0)
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self._flush()
                     return
@@ -358,20 +333,8 @@ class _Connection:
         stream.finished = True
         if stream.scope is not None:
             stream.scope.cancel()
-        if stream.window_open is not None:
-            stream.window_open.set()
+        self._transport.stream_gone(stream_id)
         self._note_finished()
-
-    def _on_window(self, stream_id: int) -> None:
-        if stream_id == 0:
-            waiting = [s for s in self._streams.values() if s.window_open is not None]
-        else:
-            one = self._streams.get(stream_id)
-            waiting = [one] if one is not None and one.window_open is not None else []
-        for stream in waiting:
-            assert stream.window_open is not None
-            stream.window_open.set()
-            stream.window_open = None
 
     # -- answering ----------------------------------------------------------------
 
@@ -427,7 +390,7 @@ class _Connection:
         try:
             if response is not None:
                 self._h2.send_headers(stream.id, RESPONSE_HEADERS)
-                await self._send_message(stream, response)
+                await self._transport.send_message(stream.id, response, end_stream=False)
                 self._h2.send_headers(
                     stream.id, status_trailers(code, message, call.trailers), end_stream=True
                 )
@@ -441,31 +404,3 @@ class _Connection:
             stream.finished = True
             self._flush()
             self._forget_if_closed(stream)
-
-    async def _send_message(self, stream: _Stream, payload: bytes) -> None:
-        """Queue one length-prefixed message, in window- and frame-sized pieces."""
-        h2conn = self._h2
-        sid = stream.id
-        total = len(payload)
-        if total + 5 <= min(h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size):
-            h2conn.send_data(sid, message_prefix(total) + payload)
-            return
-        pending: list[bytes | memoryview] = [message_prefix(total), memoryview(payload)]
-        while pending:
-            window = h2conn.local_flow_control_window(sid)
-            if window <= 0:
-                stream.window_open = trio.Event()
-                self._flush()
-                await stream.window_open.wait()
-                if stream.reset_by_peer:
-                    raise h2.exceptions.StreamClosedError(sid)
-                continue
-            piece = pending[0]
-            size = min(window, h2conn.max_outbound_frame_size, len(piece))
-            h2conn.send_data(sid, piece[:size])
-            if size == len(piece):
-                pending.pop(0)
-            else:
-                pending[0] = piece[size:]
-            if len(pending) and h2conn.local_flow_control_window(sid) <= 0:
-                self._flush()

@@ -1,0 +1,150 @@
+"""What the server and client shells share: one h2 connection on one Trio stream.
+
+`H2Transport` owns the socket's send side through a single writer task (everyone
+else only changes h2 state and calls `flush`), sends length-prefixed messages in
+window- and frame-sized pieces, and parks senders until the peer opens its
+flow-control window again. The shells own the read loop and the stream state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+import h2.exceptions
+import h2.settings
+import trio
+
+from rsgw.grpc._framing import message_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: HTTP/2 flow-control windows, stream and connection (the original's 32 MiB).
+DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
+#: Largest DATA frame we accept; big messages then cost few frames and events.
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+#: Bytes asked of the socket per read.
+RECEIVE_BYTES = 256 * 1024
+#: The window every HTTP/2 connection starts with (RFC 9113 §6.9.2).
+_INITIAL_WINDOW = 65535
+
+
+def new_h2_connection(
+    *,
+    client_side: bool,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    max_concurrent_streams: int | None = None,
+) -> h2.connection.H2Connection:
+    """An h2 connection configured for gRPC and already initiated.
+
+    Header encoding, validation and normalisation are off: header blocks stay bytes
+    and gRPC's fixed blocks need no checking on every call, which is most of h2's
+    per-request cost. Our settings (windows, frame size, stream limit) apply from
+    the first frame, and the connection window is opened to match the stream window.
+    """
+    config = h2.config.H2Configuration(
+        client_side=client_side,
+        header_encoding=None,
+        validate_inbound_headers=False,
+        validate_outbound_headers=False,
+        normalize_inbound_headers=False,
+        normalize_outbound_headers=False,
+    )
+    conn = h2.connection.H2Connection(config=config)
+    settings: dict[h2.settings.SettingCodes | int, int] = {
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window_bytes,
+        h2.settings.SettingCodes.MAX_FRAME_SIZE: max_frame_bytes,
+    }
+    if max_concurrent_streams is not None:
+        settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = max_concurrent_streams
+    if client_side:
+        settings[h2.settings.SettingCodes.ENABLE_PUSH] = 0
+    conn.local_settings = h2.settings.Settings(client=client_side, initial_values=settings)  # type: ignore[arg-type]  # h2's annotation is narrower than what it accepts
+    conn.max_inbound_frame_size = max_frame_bytes
+    conn.initiate_connection()
+    if window_bytes > _INITIAL_WINDOW:
+        conn.increment_flow_control_window(window_bytes - _INITIAL_WINDOW)
+    return conn
+
+
+class H2Transport:
+    """The send side of one HTTP/2 connection, shared by the server and the client."""
+
+    def __init__(self, conn: h2.connection.H2Connection, stream: trio.abc.Stream) -> None:
+        self.h2 = conn
+        self.stream = stream
+        self._flush_wanted = trio.Event()
+        self._window_waiters: dict[int, trio.Event] = {}
+        #: Called after each write, e.g. to notice that a draining connection went quiet.
+        self.after_write: Callable[[], None] | None = None
+
+    def flush(self) -> None:
+        """Ask the writer task to send whatever h2 has queued."""
+        self._flush_wanted.set()
+
+    async def run_writer(self) -> None:
+        """The only task that writes to the socket; runs until cancelled or broken."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            data = self.h2.data_to_send()
+            if data:
+                await self.stream.send_all(data)
+            if self.after_write is not None:
+                self.after_write()
+
+    def window_opened(self, stream_id: int) -> None:
+        """The peer sent WINDOW_UPDATE (stream 0: the connection, so wake everyone)."""
+        if stream_id == 0:
+            waiters = list(self._window_waiters.values())
+            self._window_waiters.clear()
+        else:
+            one = self._window_waiters.pop(stream_id, None)
+            waiters = [] if one is None else [one]
+        for event in waiters:
+            event.set()
+
+    def stream_gone(self, stream_id: int) -> None:
+        """Wake a sender parked on a stream that was reset; it will find it closed."""
+        event = self._window_waiters.pop(stream_id, None)
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        """Wake every parked sender (the connection is going away)."""
+        self.window_opened(0)
+
+    async def send_message(self, stream_id: int, payload: bytes, *, end_stream: bool) -> None:
+        """Queue one length-prefixed message on `stream_id`, waiting for window as needed.
+
+        Raises:
+            h2.exceptions.StreamClosedError: the stream was reset while we waited.
+        """
+        h2conn = self.h2
+        total = len(payload)
+        if total + 5 <= min(
+            h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size
+        ):
+            h2conn.send_data(stream_id, message_prefix(total) + payload, end_stream=end_stream)
+            return
+        pending: list[bytes | memoryview] = [message_prefix(total), memoryview(payload)]
+        while pending:
+            window = h2conn.local_flow_control_window(stream_id)
+            if window <= 0:
+                event = self._window_waiters[stream_id] = trio.Event()
+                self.flush()
+                await event.wait()
+                continue
+            piece = pending[0]
+            size = min(window, h2conn.max_outbound_frame_size, len(piece))
+            last = size == len(piece) and len(pending) == 1
+            h2conn.send_data(stream_id, piece[:size], end_stream=end_stream and last)
+            if size == len(piece):
+                pending.pop(0)
+            else:
+                pending[0] = piece[size:]
+            if pending and h2conn.local_flow_control_window(stream_id) <= 0:
+                self.flush()
