@@ -8,14 +8,13 @@ so embedding rsgw never changes the host application's own metrics.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from prometheus_client.core import Metric
 
 #: Media type of the text exposition format.
@@ -41,3 +40,53 @@ class _WithoutCreated(Collector):
 def render_registry(registry: CollectorRegistry) -> bytes:
     """The text exposition of `registry`, without `_created` series."""
     return generate_latest(_WithoutCreated(registry))
+
+
+def merge_expositions(texts: Sequence[str]) -> str:
+    """Merge exposition texts so that each family has one HELP/TYPE pair.
+
+    The gateway's own text comes first, then every worker's, in order. Families
+    keep their first-seen order and their first HELP and TYPE lines; samples of
+    one family from every text are grouped under it, in arrival order. A sample
+    belongs to the current family when its name is the family's or extends it
+    with `_` (histogram and summary series); otherwise its own name is a family.
+    Comments other than HELP and TYPE are dropped. (REFERENCE.md §6.3.)
+    """
+    order: list[str] = []
+    helps: dict[str, str] = {}
+    types: dict[str, str] = {}
+    samples: dict[str, list[str]] = {}
+
+    def family(name: str) -> list[str]:
+        found = samples.get(name)
+        if found is None:
+            found = samples[name] = []
+            order.append(name)
+        return found
+
+    for text in texts:
+        current: str | None = None
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                    current = parts[2]
+                    family(current)
+                    seen = helps if parts[1] == "HELP" else types
+                    seen.setdefault(current, line)
+                continue
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if current is not None and (name == current or name.startswith(current + "_")):
+                family(current).append(line)
+            else:
+                family(name).append(line)
+    out: list[str] = []
+    for name in order:
+        if name in helps:
+            out.append(helps[name])
+        if name in types:
+            out.append(types[name])
+        out.extend(samples[name])
+    return "\n".join(out) + "\n" if out else ""

@@ -1,0 +1,191 @@
+"""Partial decoding of a ModelInferRequest: read what routing needs, touch nothing else.
+
+Pure. The gateway forwards request bodies byte for byte; to route it needs the
+model name (field 1) and the id (field 3), and to size a request in items the
+shape of one named input (field 5's name and shape). This module walks the
+protobuf wire format for exactly those and skips every other field by its wire
+type, so a tensor payload of any size costs one length read.
+
+It agrees with protobuf's own parser on every body that parser accepts (a property
+test checks this): the last occurrence of a singular field wins, a known field
+with an unexpected wire type is an unknown field and skipped, repeated scalars
+accept packed and unpacked encodings, groups are skipped whole, and the strings
+it reads must be valid UTF-8. On any other bytes it returns a value or raises
+`DecodeError`, never another exception. It validates only what it reads: a body
+protobuf would reject for a bad string deep inside a tensor is still forwarded,
+and the worker, which parses the whole request, rejects it.
+"""
+
+from __future__ import annotations
+
+from rsgw._errors import DecodeError
+
+_VARINT, _FIXED64, _LENGTH, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
+_MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode one varint at `pos`; return (value, next position)."""
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise DecodeError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if shift == 63 and byte > 1:
+                raise DecodeError("varint overflows 64 bits")
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise DecodeError("varint longer than 10 bytes")
+
+
+def _tag(buf: bytes, pos: int, end: int) -> tuple[int, int, int]:
+    """Decode a field tag; return (field number, wire type, next position)."""
+    if buf[pos] < 0x80:  # one-byte tag: the common case
+        tag = buf[pos]
+        pos += 1
+    else:
+        tag, pos = _varint(buf, pos, end)
+        if tag > 0xFFFFFFFF:
+            raise DecodeError("field tag out of range")
+    field = tag >> 3
+    if field == 0:
+        raise DecodeError("field number 0")
+    return field, tag & 7, pos
+
+
+def _skip(buf: bytes, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
+    """Skip one field's value; return the position after it."""
+    if wire_type == _VARINT:
+        return _varint(buf, pos, end)[1]
+    if wire_type == _LENGTH:
+        length, pos = _varint(buf, pos, end)
+        pos += length
+    elif wire_type == _FIXED64:
+        pos += 8
+    elif wire_type == _FIXED32:
+        pos += 4
+    elif wire_type == _START_GROUP:
+        if depth >= _MAX_GROUP_DEPTH:
+            raise DecodeError("groups nested too deeply")
+        while True:
+            if pos >= end:
+                raise DecodeError("unterminated group")
+            inner, inner_type, pos = _tag(buf, pos, end)
+            if inner_type == _END_GROUP:
+                if inner != field:
+                    raise DecodeError("mismatched end of group")
+                return pos
+            pos = _skip(buf, pos, end, inner, inner_type, depth + 1)
+    else:
+        raise DecodeError(f"invalid wire type {wire_type}")
+    if pos > end:
+        raise DecodeError("truncated field")
+    return pos
+
+
+def _length_delimited(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start, stop) of a length-delimited value starting at `pos`."""
+    length, pos = _varint(buf, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise DecodeError("truncated length-delimited field")
+    return pos, stop
+
+
+def _utf8(buf: bytes, start: int, stop: int) -> str:
+    try:
+        return buf[start:stop].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError("string field is not valid UTF-8") from exc
+
+
+def peek_header(body: bytes) -> tuple[str, str]:
+    """The request's `model_name` (field 1) and `id` (field 3).
+
+    Raises:
+        DecodeError: the body is not a valid ModelInferRequest encoding.
+    """
+    buf = body
+    end = len(buf)
+    pos = 0
+    name_at = id_at = (0, 0)
+    while pos < end:
+        field, wire_type, pos = _tag(buf, pos, end)
+        if wire_type == _LENGTH:
+            start, pos = _length_delimited(buf, pos, end)
+            if field == 1:
+                name_at = (start, pos)
+            elif field == 3:
+                id_at = (start, pos)
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, end, field, wire_type)
+    return _utf8(buf, *name_at), _utf8(buf, *id_at)
+
+
+def peek_batch_size(body: bytes, input_name: str, axis: int) -> int:
+    """The request's extent along `axis` (1-based) of the input named `input_name`.
+
+    Returns 0 when `input_name` is empty, `axis` < 1, no input has that name, or
+    that input's shape has fewer than `axis` dimensions. The first input with the
+    name decides; inputs are matched by name, never by position.
+
+    Raises:
+        DecodeError: the body (or that input) is not a valid encoding.
+    """
+    if not input_name or axis < 1:
+        return 0
+    wanted = input_name.encode("utf-8")
+    buf = body
+    end = len(buf)
+    pos = 0
+    found: int | None = None
+    while pos < end:
+        field, wire_type, pos = _tag(buf, pos, end)
+        if wire_type == _LENGTH:
+            start, pos = _length_delimited(buf, pos, end)
+            if field == 5:
+                extent = _input_extent(buf, start, pos, wanted, axis)
+                if found is None and extent is not None:
+                    found = extent
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, end, field, wire_type)
+    return found or 0
+
+
+def _input_extent(buf: bytes, start: int, stop: int, wanted: bytes, axis: int) -> int | None:
+    """Within one InferInputTensor: shape[axis] if its name is `wanted` (0 if short)."""
+    pos = start
+    name = b""
+    shape: list[int] = []
+    while pos < stop:
+        field, wire_type, pos = _tag(buf, pos, stop)
+        if field == 1 and wire_type == _LENGTH:
+            s, pos = _length_delimited(buf, pos, stop)
+            name = buf[s:pos]
+        elif field == 3 and wire_type == _LENGTH:  # packed
+            s, pos = _length_delimited(buf, pos, stop)
+            while s < pos:
+                value, s = _varint(buf, s, pos)
+                shape.append(value)
+        elif field == 3 and wire_type == _VARINT:  # unpacked
+            value, pos = _varint(buf, pos, stop)
+            shape.append(value)
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, stop, field, wire_type)
+    if name != wanted:
+        return None
+    if axis > len(shape):
+        return 0
+    value = shape[axis - 1]
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -1,0 +1,156 @@
+"""The partial decoder against protobuf's own encoder and parser."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from rsgw._errors import DecodeError
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.gateway._wire import peek_batch_size, peek_header
+
+names = st.text(max_size=12)
+dims = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5)
+
+
+@st.composite
+def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(
+        model_name=draw(names), model_version=draw(names), id=draw(names)
+    )
+    for _ in range(draw(st.integers(0, 4))):
+        tensor = request.inputs.add(
+            name=draw(st.sampled_from(["a", "b", "INPUT0", "é"])), datatype="INT32"
+        )
+        tensor.shape.extend(draw(dims))
+        if draw(st.booleans()):
+            tensor.contents.int_contents.extend(draw(st.lists(st.integers(-5, 5), max_size=4)))
+        if draw(st.booleans()):
+            tensor.parameters["p"].string_param = draw(names)
+    for key in draw(st.lists(names, max_size=2)):
+        request.parameters[key].int64_param = 7
+    request.outputs.add(name="OUT")
+    for _ in range(draw(st.integers(0, 2))):
+        request.raw_input_contents.append(draw(st.binary(max_size=64)))
+    return request
+
+
+def unpack_shapes(body: bytes) -> bytes:
+    """Re-encode every input's shape unpacked (one varint field per dim)."""
+    request = pb.ModelInferRequest.FromString(body)
+    out = bytearray()
+    header = pb.ModelInferRequest()
+    header.CopyFrom(request)
+    del header.inputs[:]
+    out += header.SerializeToString()
+    for tensor in request.inputs:
+        plain = pb.ModelInferRequest.InferInputTensor()
+        plain.CopyFrom(tensor)
+        del plain.shape[:]
+        inner = bytearray(plain.SerializeToString())
+        for dim in tensor.shape:
+            inner += b"\x18" + _varint(dim & (2**64 - 1))
+        out += b"\x2a" + _varint(len(inner)) + inner
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def expected_extent(request: pb.ModelInferRequest, name: str, axis: int) -> int:
+    if not name or axis < 1:
+        return 0
+    for tensor in request.inputs:
+        if tensor.name == name:
+            return tensor.shape[axis - 1] if axis <= len(tensor.shape) else 0
+    return 0
+
+
+@given(infer_requests(), st.sampled_from(["a", "b", "INPUT0", "é", "", "zz"]), st.integers(-1, 6))
+def test_agrees_with_protobuf(request: pb.ModelInferRequest, name: str, axis: int) -> None:
+    body = request.SerializeToString()
+    assert peek_header(body) == (request.model_name, request.id)
+    assert peek_batch_size(body, name, axis) == expected_extent(request, name, axis)
+    unpacked = unpack_shapes(body)
+    assert pb.ModelInferRequest.FromString(unpacked) == request
+    assert peek_batch_size(unpacked, name, axis) == expected_extent(request, name, axis)
+
+
+@given(st.lists(infer_requests(), min_size=1, max_size=3))
+def test_concatenated_encodings_last_name_wins(requests: list[pb.ModelInferRequest]) -> None:
+    body = b"".join(r.SerializeToString() for r in requests)
+    merged = pb.ModelInferRequest.FromString(body)
+    assert peek_header(body) == (merged.model_name, merged.id)
+    for name in ("a", "INPUT0"):
+        assert peek_batch_size(body, name, 1) == expected_extent(merged, name, 1)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_give_a_value_or_decode_error(body: bytes) -> None:
+    try:
+        parsed: pb.ModelInferRequest | None = pb.ModelInferRequest.FromString(body)
+    except (ProtobufDecodeError, RuntimeError):
+        parsed = None
+    try:
+        header = peek_header(body)
+        extent = peek_batch_size(body, "a", 1)
+    except DecodeError:
+        assume(parsed is None)  # we may only fail where protobuf fails too
+        return
+    if parsed is not None:
+        assert header == (parsed.model_name, parsed.id)
+        assert extent == expected_extent(parsed, "a", 1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x0a\x05abc",  # truncated string
+        b"\x0a",  # missing length
+        b"\x0a\x02\xff\xfe",  # model_name not UTF-8
+        b"\x00\x01",  # field number 0
+        b"\x0f",  # wire type 7
+        b"\x08" + b"\xff" * 11,  # varint too long
+        b"\x0c",  # end group with no start
+        b"\x0b\x10\x01",  # unterminated group
+    ],
+)
+def test_malformed_bodies(body: bytes) -> None:
+    with pytest.raises(DecodeError):
+        peek_header(body)
+    with pytest.raises(ProtobufDecodeError):
+        pb.ModelInferRequest.FromString(body)
+
+
+def test_groups_and_wrong_wire_types_are_skipped_like_protobuf() -> None:
+    body = (
+        b"\x08\x05"  # field 1 as a varint: unknown to protobuf, skipped
+        + b"\x23\x08\x01\x24"  # an unknown group (field 4... as group 4) with a varint inside
+        + b"\x0a\x03abc"
+    )
+    parsed = pb.ModelInferRequest.FromString(body)
+    assert peek_header(body) == (parsed.model_name, parsed.id) == ("abc", "")
+
+
+def test_payload_is_never_read() -> None:
+    request = pb.ModelInferRequest(model_name="m", id="7")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[32, 3])
+    del tensor
+    request.raw_input_contents.append(b"\x00" * (8 * 1024 * 1024))
+    body = request.SerializeToString()
+    assert peek_header(body) == ("m", "7")
+    assert peek_batch_size(body, "x", 1) == 32
+    assert peek_batch_size(body, "x", 2) == 3
+    assert peek_batch_size(body, "x", 3) == 0
+    assert peek_batch_size(body, "y", 1) == 0
