@@ -182,6 +182,7 @@ class WorkerService:
             spec = self._model(request.model_name)
             model_label = spec.name
             inputs, variant = self._decode_inputs(spec, request)
+            self._check_requested_outputs(spec, request)
             batch_rows = 1
             if spec.batch_axis > 0 and spec.batch_input in inputs:
                 batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
@@ -212,15 +213,19 @@ class WorkerService:
     def _decode_inputs(
         self, spec: ModelSpec, request: pb.ModelInferRequest
     ) -> tuple[dict[str, Tensor], Hashable]:
+        # As in Triton, raw_input_contents holds one entry per input that is not read
+        # from shared memory, in input order.
         raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
+        inline = sum(1 for t in request.inputs if _SHM_REGION not in t.parameters)
+        if raw and len(raw) != inline:
             raise InvalidRequest(
-                f"model '{spec.name}': {len(request.inputs)} inputs but "
+                f"model '{spec.name}': {inline} inputs without shared memory but "
                 f"{len(raw)} raw_input_contents"
             )
+        next_raw = iter(raw)
         tensors: dict[str, Tensor] = {}
         variant: list[tuple[str, tuple[int, ...]]] = []
-        for i, tensor in enumerate(request.inputs):
+        for tensor in request.inputs:
             declared = spec.input(tensor.name)
             if declared is None:
                 raise InvalidRequest(
@@ -242,7 +247,7 @@ class WorkerService:
                 data = self.shm.read(region, offset, params[_SHM_SIZE].int64_param)
                 value = tensor_from_raw(tensor.name, tensor.datatype, shape, data)
             elif raw:
-                value = tensor_from_raw(tensor.name, tensor.datatype, shape, raw[i])
+                value = tensor_from_raw(tensor.name, tensor.datatype, shape, next(next_raw))
             else:
                 value = tensor_from_contents(tensor.name, tensor.datatype, shape, tensor.contents)
             tensors[tensor.name] = value
@@ -258,6 +263,17 @@ class WorkerService:
         variant.sort()
         return tensors, tuple(variant)
 
+    def _check_requested_outputs(self, spec: ModelSpec, request: pb.ModelInferRequest) -> None:
+        """Reject bad requested outputs before the request costs any device time."""
+        for requested in request.outputs:
+            if spec.output(requested.name) is None:
+                raise InvalidRequest(
+                    f"unexpected requested output '{requested.name}' for model "
+                    f"'{spec.name}'; it produces " + ", ".join(repr(t.name) for t in spec.outputs)
+                )
+            if _SHM_REGION in requested.parameters:
+                self.shm.require(requested.parameters[_SHM_REGION].string_param)
+
     def _encode_response(
         self,
         spec: ModelSpec,
@@ -268,18 +284,9 @@ class WorkerService:
         response = pb.ModelInferResponse(
             model_name=spec.name, model_version=spec.version, id=request.id
         )
-        wanted = list(request.outputs)
-        selection: list[tuple[Tensor, Mapping[str, pb.InferParameter] | None]] = []
-        if wanted:
-            for requested in wanted:
-                produced = by_name.get(requested.name)
-                if produced is None:
-                    raise InvalidRequest(
-                        f"unexpected requested output '{requested.name}' for model "
-                        f"'{spec.name}'; it produces "
-                        + ", ".join(repr(t.name) for t in spec.outputs)
-                    )
-                selection.append((produced, requested.parameters))
+        selection: list[tuple[Tensor, Mapping[str, pb.InferParameter] | None]]
+        if request.outputs:  # names were checked before execution
+            selection = [(by_name[r.name], r.parameters) for r in request.outputs]
         else:
             selection = [(t, None) for t in outputs]
         raw: list[bytes] = []

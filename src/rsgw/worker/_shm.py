@@ -280,6 +280,15 @@ class ShmRegistry:
             raise NotFound(f"unregistered shared memory region: {name}")
         return [mapping.status]
 
+    def require(self, region: str) -> None:
+        """Check that `region` is registered (before work that will write to it).
+
+        Raises:
+            FailedPrecondition: `region` is not registered.
+        """
+        if region not in self._regions:
+            raise _unregistered(region)
+
     def read(self, region: str, offset: int, byte_size: int) -> bytes:
         """Return a copy of `byte_size` bytes at `offset` within `region`.
 
