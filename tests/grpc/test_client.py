@@ -6,11 +6,11 @@ import math
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 
+import grpc
 import pytest
 import trio
 import trio.testing
 
-import grpc
 from rsgw._errors import WorkerUnavailable
 from rsgw._net import bind_tcp, bound_port
 from rsgw.grpc._client import Channel

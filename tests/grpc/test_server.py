@@ -11,10 +11,10 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 import pytest
 import trio
 
-import grpc
 from rsgw._errors import ListenError, NotFound
 from rsgw._net import bind_tcp, bound_port
 from rsgw.grpc._server import GrpcServer, ServerCall
