@@ -6,7 +6,14 @@ import rsgw
 
 
 def test_public_names() -> None:
-    assert set(rsgw.__all__) == {"ConfigError", "GatewayWedged", "RsgwError", "__version__"}
+    assert set(rsgw.__all__) == {
+        "ConfigError",
+        "GatewayConfig",
+        "GatewayWedged",
+        "RsgwError",
+        "__version__",
+        "load_config",
+    }
     for name in rsgw.__all__:
         assert hasattr(rsgw, name)
 

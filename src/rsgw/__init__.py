@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from rsgw._config import GatewayConfig as GatewayConfig
+from rsgw._config import load_config as load_config
 from rsgw._errors import ConfigError as ConfigError
 from rsgw._errors import GatewayWedged as GatewayWedged
 from rsgw._errors import RsgwError as RsgwError
 from rsgw._version import __version__ as __version__
 
-__all__ = ["ConfigError", "GatewayWedged", "RsgwError", "__version__"]
+__all__ = [
+    "ConfigError",
+    "GatewayConfig",
+    "GatewayWedged",
+    "RsgwError",
+    "__version__",
+    "load_config",
+]
