@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from functools import partial
@@ -98,6 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="multiply every simulated duration by F (default 1.0)",
     )
     _add_logging_flags(worker)
+
+    run = commands.add_parser(
+        "run",
+        help="run the gateway in front of running workers",
+        description="Run the gateway: one KServe V2 endpoint in front of the workers. "
+        "Settings come from gateway.yml (--config, REACTANT_GATEWAY_FILE or "
+        "/etc/reactantserver/gateway.yml), then REACTANT_GATEWAY_* variables, then these "
+        "flags (see docs/configuration.md).",
+    )
+    run.add_argument("--config", metavar="FILE", help="gateway.yml to read")
+    run.add_argument("--workers", metavar="H:P,...", help="worker gRPC endpoints")
+    run.add_argument("--worker-metrics", metavar="H:P,...", help="worker metrics endpoints")
+    run.add_argument("--listen-grpc", metavar="H:P", help="gRPC listen address (0.0.0.0:8001)")
+    run.add_argument(
+        "--listen-metrics", metavar="H:P", help="admin HTTP listen address (0.0.0.0:8002)"
+    )
     return parser
 
 
@@ -126,13 +143,38 @@ def _run_worker(args: argparse.Namespace) -> None:
     trio.run(_until_terminated, partial(serve_worker, config))
 
 
+#: `rsgw run` flags and the environment variables they stand for.
+_RUN_FLAG_ENV = {
+    "workers": "REACTANT_GATEWAY_WORKERS",
+    "worker_metrics": "REACTANT_GATEWAY_WORKER_METRICS",
+    "listen_grpc": "REACTANT_GATEWAY_LISTEN_GRPC",
+    "listen_metrics": "REACTANT_GATEWAY_LISTEN_METRICS",
+}
+
+
+def _run_gateway(args: argparse.Namespace) -> None:
+    from rsgw._config import load_config
+    from rsgw.gateway._gateway import serve_gateway
+
+    env = dict(os.environ)
+    for flag, variable in _RUN_FLAG_ENV.items():
+        value = getattr(args, flag)
+        if value is not None:
+            env[variable] = value
+    config = load_config(args.config, env)
+    configure_logging(config.logging.level, config.logging.format)
+    trio.run(_until_terminated, partial(serve_gateway, config))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rsgw` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
     try:
         if args.command == "worker":
             _run_worker(args)
+        elif args.command == "run":
+            _run_gateway(args)
     except (Exception, KeyboardInterrupt) as exc:
         leaf = _first_leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):

@@ -1,0 +1,212 @@
+"""`serve_gateway`: the gateway's nursery tree, and the handle it hands out.
+
+Started in dependency order, each child reporting ready before the next starts
+(DECISIONS.md §4): the worker channels (lazy, so building them is instant), the
+admin HTTP server, the prober (its first discovery round completes before we go
+on, so the first request already has a routing table), then the gRPC listener.
+`RunningGateway` is handed out only once both ports listen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import trio
+
+from rsgw._admin import AdminApp, Reply, serve_admin
+from rsgw._config import GatewayConfig, SchedulingMode
+from rsgw._errors import ConfigError
+from rsgw._exposition import CONTENT_TYPE, merge_expositions
+from rsgw._net import split_host_port
+from rsgw.gateway._metrics import GatewayMetrics
+from rsgw.gateway._pool import WorkerPool, fan_out
+from rsgw.gateway._prober import Prober
+from rsgw.gateway._service import GatewayService
+from rsgw.grpc._client import Channel
+from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
+
+logger = logging.getLogger(__name__)
+
+#: Connect and read timeout of each worker metrics scrape (REFERENCE.md §6.2).
+SCRAPE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayStatus:
+    """A snapshot of what the gateway knows, for embedding applications and tests."""
+
+    workers: tuple[str, ...]
+    ready: frozenset[str]
+    models: dict[str, tuple[str, ...]]
+    probe_rounds: int
+    inflight: int
+
+
+class RunningGateway:
+    """A live gateway: its bound ports, a status snapshot, and a graceful stop."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        grpc_port: int,
+        admin_port: int,
+        server: GrpcServer,
+        service: GatewayService,
+        cancel_scope: trio.CancelScope,
+    ) -> None:
+        self.config = config
+        self.grpc_port = grpc_port
+        self.admin_port = admin_port
+        self._server = server
+        self._service = service
+        self._cancel_scope = cancel_scope
+
+    @property
+    def prober(self) -> Prober:
+        return self._service.prober
+
+    def status(self) -> GatewayStatus:
+        prober = self._service.prober
+        return GatewayStatus(
+            workers=self._service.pool.urls,
+            ready=prober.ready,
+            models=dict(prober.table.models),
+            probe_rounds=prober.rounds,
+            inflight=self._service.inflight,
+        )
+
+    async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
+        """Stop: GOAWAY to clients, calls in flight get `grace` seconds, then cancel."""
+        await self._server.aclose(grace)
+        self._cancel_scope.cancel()
+
+
+async def serve_gateway(
+    config: GatewayConfig,
+    *,
+    task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the gateway until cancelled (or `RunningGateway.aclose()`).
+
+    Raises:
+        ListenError: the gRPC or admin address is busy or cannot be bound.
+        GatewayWedged: every worker probe hung for `wedge_exit_rounds` rounds.
+        ConfigError: a setting this version cannot serve.
+    """
+    if config.scheduling.mode is not SchedulingMode.ROUND_ROBIN:
+        raise ConfigError(
+            f"scheduling.mode '{config.scheduling.mode}' is not available in this version; "
+            "use 'round_robin'"
+        )
+    for warning in config.warnings:
+        logger.warning(warning)
+    if config.env_overrides:
+        logger.info(
+            "gateway configuration overridden by environment",
+            extra={"variables": list(config.env_overrides)},
+        )
+    grpc_host, grpc_port = split_host_port(config.listen.grpc)
+    admin_host, admin_port = split_host_port(config.listen.metrics)
+    limits = config.grpc
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=SCRAPE_TIMEOUT) as http:
+
+        def channel(url: str) -> Channel:
+            return Channel(
+                url,
+                nursery,
+                max_concurrent_streams=config.worker_client.max_concurrent_streams,
+                max_receive_message_bytes=limits.max_recv_msg_bytes,
+                max_send_message_bytes=limits.max_send_msg_bytes,
+            )
+
+        names = {url: config.worker_label(url) for url in config.endpoints}
+        pool = WorkerPool(config.endpoints, names, channel)
+        metrics = GatewayMetrics(config.worker_label)
+        prober = Prober(
+            pool,
+            metrics,
+            interval=config.health_interval_seconds,
+            probe_timeout=config.probe_timeout_seconds,
+            wedge_rounds=config.wedge_exit_rounds,
+        )
+        service = GatewayService(
+            pool,
+            prober,
+            metrics,
+            request_timeout=config.worker_client.request_timeout_seconds,
+            max_concurrent_requests=config.max_concurrent_requests,
+        )
+        prober.on_swap = service.on_table_swap
+        app = _admin_app(config, metrics, prober, http)
+        bound_admin = await nursery.start(serve_admin, app, admin_host, admin_port)
+        await nursery.start(prober.serve)
+        server = GrpcServer(
+            service.handlers(),
+            max_receive_message_bytes=limits.max_recv_msg_bytes,
+            max_send_message_bytes=limits.max_send_msg_bytes,
+        )
+        bound_grpc = await nursery.start(server.serve, grpc_host, grpc_port)
+        logger.info(
+            "gateway serving",
+            extra={
+                "grpc": f"{grpc_host}:{bound_grpc}",
+                "metrics": f"{admin_host}:{bound_admin}",
+                "grpc_port": bound_grpc,
+                "metrics_port": bound_admin,
+                "endpoints": list(pool.urls),
+                "mode": str(config.scheduling.mode),
+                "max_concurrent_requests": config.max_concurrent_requests,
+                "outbound_streams_per_worker": config.worker_client.max_concurrent_streams,
+            },
+        )
+        task_status.started(
+            RunningGateway(config, bound_grpc, bound_admin, server, service, nursery.cancel_scope)
+        )
+        await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def open_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
+    """A gateway for the duration of the block; stopped gracefully on exit."""
+    async with trio.open_nursery() as nursery:
+        gateway: RunningGateway = await nursery.start(serve_gateway, config)
+        try:
+            yield gateway
+        finally:
+            with trio.CancelScope(shield=True):
+                await gateway.aclose()
+
+
+def _admin_app(
+    config: GatewayConfig, metrics: GatewayMetrics, prober: Prober, http: httpx.AsyncClient
+) -> AdminApp:
+    """`/metrics` merges every worker's scrape into ours; `/readyz` follows the prober."""
+
+    async def scrape(url: str) -> str:
+        response = await http.get(f"http://{url}/metrics")
+        response.raise_for_status()
+        return response.text
+
+    async def metrics_endpoint() -> Reply:
+        texts: list[str] = []
+        scraped: dict[str, str | Exception] = {}
+        if config.metrics_endpoints:
+            scraped = await fan_out(config.metrics_endpoints, scrape)
+            for url in config.metrics_endpoints:
+                up = isinstance(scraped[url], str)
+                metrics.worker_metrics_up.labels(config.worker_label(url)).set(1 if up else 0)
+        texts.append(metrics.render().decode())
+        texts.extend(t for t in scraped.values() if isinstance(t, str))
+        return Reply(200, merge_expositions(texts).encode(), CONTENT_TYPE)
+
+    async def healthz() -> Reply:
+        return Reply(200, b"ok")
+
+    async def readyz() -> Reply:
+        return Reply(200, b"ok") if prober.ready_any else Reply(503, b"not ready")
+
+    return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})

@@ -1,0 +1,101 @@
+"""The worker pool: one client channel per worker, their labels, the SHM register gate.
+
+Workers are identified by URL (`host:port`) everywhere inside the gateway; the
+friendly name (`worker0`) is only a metrics label. The pool is fixed at startup
+(dynamic membership is a later milestone: it will swap a new pool in by reference).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+import trio
+
+from rsgw.grpc._client import Channel
+
+T = TypeVar("T")
+
+
+class RegisterGate:
+    """Holds ModelInfer back from a worker while an SHM register/unregister runs on it.
+
+    A region registered on some workers but not yet on this one must not be used
+    here, so inference waits. Concurrent SHM operations on one worker are counted:
+    the gate opens when the last of them ends (the original let the first finisher
+    open it).
+    """
+
+    def __init__(self) -> None:
+        self._busy: dict[str, tuple[int, trio.Event]] = {}
+
+    def begin(self, url: str) -> None:
+        count, event = self._busy.get(url, (0, trio.Event()))
+        self._busy[url] = (count + 1, event)
+
+    def end(self, url: str) -> None:
+        count, event = self._busy[url]
+        if count == 1:
+            del self._busy[url]
+            event.set()
+        else:
+            self._busy[url] = (count - 1, event)
+
+    def closed(self, url: str) -> bool:
+        return url in self._busy
+
+    async def wait_open(self, url: str) -> None:
+        while (entry := self._busy.get(url)) is not None:
+            await entry[1].wait()
+
+
+class WorkerPool:
+    """The configured workers: channels (in configured order, deduplicated) and names."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        names: Mapping[str, str],
+        make_channel: Callable[[str], Channel],
+    ) -> None:
+        self.urls: tuple[str, ...] = tuple(dict.fromkeys(urls))
+        self._names = dict(names)
+        self.channels: dict[str, Channel] = {url: make_channel(url) for url in self.urls}
+        self.gate = RegisterGate()
+
+    def label(self, url: str) -> str:
+        """The metrics label of a worker: its friendly name, or its URL when unnamed."""
+        return self._names.get(url, url)
+
+    async def aclose(self) -> None:
+        for channel in self.channels.values():
+            await channel.aclose()
+
+
+async def fan_out(
+    urls: Sequence[str],
+    call: Callable[[str], Awaitable[T]],
+    on_done: Callable[[str, float], None] | None = None,
+) -> dict[str, T | Exception]:
+    """Run `call(url)` for every URL concurrently; each result or its exception.
+
+    Errors never escape: a failing worker is one entry in the result, which is what
+    every fan-out rule (all-or-nothing, any-succeeds, AND) needs to decide.
+    `on_done(url, seconds)` observes each call's latency.
+    """
+    results: dict[str, T | Exception] = {}
+
+    async def one(url: str) -> None:
+        started = time.perf_counter()
+        try:
+            results[url] = await call(url)
+        except Exception as exc:
+            results[url] = exc
+        if on_done is not None:
+            on_done(url, time.perf_counter() - started)
+
+    async with trio.open_nursery() as nursery:
+        for url in urls:
+            nursery.start_soon(one, url)
+    return results

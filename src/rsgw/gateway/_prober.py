@@ -1,0 +1,235 @@
+"""The health prober: readiness, model discovery, and the routing-table swap.
+
+Every `interval` seconds (and once at start) the prober asks every worker
+ServerReady and RepositoryIndex(ready=true), each call under its own watchdog,
+builds a new routing table from the READY models and swaps it in by reference.
+Request handlers never wait for it; a request for a model the current table
+lacks asks for an on-demand refresh, single-flight and at most once a second.
+
+Hangs (REFERENCE.md §5.2, §5.4): a ServerReady probe that times out, as opposed
+to failing fast, resets that worker's channel, so a half-open connection stuck
+behind a stopped or wedged worker is dropped instead of stalling every later
+call. If every probe of `wedge_rounds` consecutive rounds times out after the
+fleet was once responsive, our own client stack is the likely culprit: the
+prober raises `GatewayWedged` and `rsgw run` exits so its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from rsgw._errors import GatewayWedged, WorkerUnavailable
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.gateway._metrics import GatewayMetrics
+from rsgw.gateway._pool import WorkerPool, fan_out
+from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw.scheduling._routing import RoutingTable, build_routing_table
+
+logger = logging.getLogger(__name__)
+
+SERVER_READY = b"/inference.GRPCInferenceService/ServerReady"
+REPOSITORY_INDEX = b"/inference.GRPCInferenceService/RepositoryIndex"
+#: Watchdog on each probe call (the original's PROBE_TIMEOUT_SECONDS).
+DEFAULT_PROBE_TIMEOUT = 8.0
+#: gRPC deadline of each probe call, inside the watchdog.
+PROBE_DEADLINE = 5.0
+#: On-demand refreshes run at most this often.
+MIN_REFRESH_INTERVAL = 1.0
+
+_READY_REQUEST = pb.ServerReadyRequest().SerializeToString()
+_INDEX_REQUEST = pb.RepositoryIndexRequest(ready=True).SerializeToString()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One worker's answer to one probe call: a reply, an error, or a hang."""
+
+    reply: bytes | None
+    timed_out: bool
+
+
+class Prober:
+    """Keeps `table` and `ready` current; see the module docstring."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        metrics: GatewayMetrics,
+        *,
+        interval: float = 10.0,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        wedge_rounds: int = 3,
+        on_swap: Callable[[RoutingTable], None] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._metrics = metrics
+        self.interval = interval
+        self.probe_timeout = probe_timeout
+        self.wedge_rounds = wedge_rounds
+        self.on_swap = on_swap
+        #: The current routing table; replaced, never mutated.
+        self.table = RoutingTable()
+        #: Workers whose last ServerReady said ready.
+        self.ready: frozenset[str] = frozenset()
+        #: False until the first probe round has completed (`/readyz` says 503).
+        self.probed = False
+        self.rounds = 0
+        self.channel_resets = 0
+        self._ever_responsive = False
+        self._wedged = 0
+        self._wake = trio.Event()
+        self._refreshing: trio.Event | None = None
+        self._last_refresh = -math.inf
+        self._nursery: trio.Nursery | None = None
+        self._generation = 0
+
+    @property
+    def ready_any(self) -> bool:
+        return bool(self.ready)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Discover once, report started, then probe every interval until cancelled.
+
+        Raises:
+            GatewayWedged: the wedge condition held (see the module docstring).
+        """
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                await self._refresh()
+            except Exception:
+                logger.warning("initial discovery failed", exc_info=True)
+            task_status.started()
+            while True:
+                await self.run_round()
+                with trio.move_on_after(self.interval):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """Run the next round now instead of at the end of the interval."""
+        self._wake.set()
+
+    async def run_round(self) -> None:
+        """One probe round: readiness, channel resets, wedge check, discovery."""
+        pool = self._pool
+        results = await fan_out(
+            pool.urls, lambda url: self._probe(url, SERVER_READY, _READY_REQUEST)
+        )
+        ready: set[str] = set()
+        all_timed_out = bool(pool.urls)
+        for url in pool.urls:
+            result = results[url]
+            assert isinstance(result, ProbeResult)
+            is_ready = (
+                result.reply is not None and pb.ServerReadyResponse.FromString(result.reply).ready
+            )
+            if is_ready:
+                ready.add(url)
+            self._metrics.worker_ready.labels(pool.label(url)).set(1 if is_ready else 0)
+            if result.timed_out:
+                logger.warning(
+                    "ServerReady probe timed out; resetting the worker's channel",
+                    extra={"worker": pool.label(url), "timeout_s": self.probe_timeout},
+                )
+                pool.channels[url].reset("reset after a hung probe")
+                self.channel_resets += 1
+            else:
+                all_timed_out = False
+                self._ever_responsive = True
+        if ready != self.ready:
+            logger.info(
+                "worker readiness changed",
+                extra={"ready": sorted(pool.label(u) for u in ready), "workers": len(pool.urls)},
+            )
+        self.ready = frozenset(ready)
+        self.probed = True
+        self.rounds += 1
+        self._wedged = self._wedged + 1 if all_timed_out else 0
+        if self._ever_responsive and self.wedge_rounds > 0 and self._wedged >= self.wedge_rounds:
+            logger.error(
+                "every worker probe timed out; the gateway is wedged",
+                extra={"rounds": self._wedged},
+            )
+            raise GatewayWedged(
+                f"every worker probe timed out for {self._wedged} consecutive rounds"
+            )
+        await self._refresh()
+
+    async def _probe(self, url: str, path: bytes, request: bytes) -> ProbeResult:
+        """One bounded probe call: a reply, a fast failure, or a hang (timed out)."""
+        channel = self._pool.channels[url]
+        with trio.move_on_after(self.probe_timeout):
+            try:
+                deadline = trio.current_time() + min(PROBE_DEADLINE, self.probe_timeout)
+                return ProbeResult(await channel.unary(path, request, deadline=deadline), False)
+            except GrpcError as exc:
+                return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED)
+            except WorkerUnavailable:
+                return ProbeResult(None, False)
+        return ProbeResult(None, True)
+
+    # -- discovery ----------------------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        done = self._refreshing = trio.Event()
+        try:
+            results = await fan_out(
+                self._pool.urls, lambda url: self._probe(url, REPOSITORY_INDEX, _INDEX_REQUEST)
+            )
+            served: dict[str, list[str]] = {}
+            for url, result in results.items():
+                if isinstance(result, ProbeResult) and result.reply is not None:
+                    index = pb.RepositoryIndexResponse.FromString(result.reply)
+                    served[url] = [m.name for m in index.models if m.state == "READY"]
+                elif isinstance(result, ProbeResult) and result.timed_out:
+                    logger.warning(
+                        "RepositoryIndex discovery timed out",
+                        extra={"worker": self._pool.label(url)},
+                    )
+            self._generation += 1
+            self._swap(build_routing_table(served, self._pool.urls, self._generation))
+        finally:
+            self._last_refresh = trio.current_time()
+            self._refreshing = None
+            done.set()
+
+    def _swap(self, table: RoutingTable) -> None:
+        if dict(table.models) != dict(self.table.models):
+            logger.info(
+                "routing table changed",
+                extra={"models": len(table), "generation": table.generation},
+            )
+        self.table = table
+        self._metrics.routing_table_size.set(len(table))
+        if self.on_swap is not None:
+            self.on_swap(table)
+
+    async def refresh_now(self) -> None:
+        """Rediscover before answering (a request named a model we do not know).
+
+        Single-flight: joins a discovery already running; skips if one finished
+        less than a second ago.
+        """
+        running = self._refreshing
+        if running is not None:
+            await running.wait()
+        elif trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL:
+            try:
+                await self._refresh()
+            except Exception:
+                logger.warning("on-demand discovery failed", exc_info=True)
+
+    def request_refresh(self) -> None:
+        """Rediscover soon, without waiting (a worker said NOT_FOUND)."""
+        if (
+            self._refreshing is None
+            and self._nursery is not None
+            and trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL
+        ):
+            self._nursery.start_soon(self.refresh_now)
