@@ -43,19 +43,22 @@ async def open_fleet(
     count: int = 3,
     *,
     catalogues: list[Catalogue] | None = None,
-    worker_overrides: dict[str, Any] | None = None,
+    worker_overrides: dict[str, Any] | list[dict[str, Any]] | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Fleet]:
     async with trio.open_nursery() as nursery:
         workers: list[RunningWorker] = []
         for i in range(count):
+            extra = worker_overrides or {}
+            if isinstance(extra, list):
+                extra = extra[i]
             config = WorkerConfig(
                 name=f"worker{i}",
                 gpu=str(i),
                 port=0,
                 metrics_port=0,
                 catalogue=catalogues[i] if catalogues else builtin_catalogue(),
-                **(worker_overrides or {}),
+                **extra,
             )
             workers.append(await nursery.start(serve_worker, config))
         gateway = await nursery.start(serve_gateway, gateway_config(workers, **gateway_overrides))

@@ -130,7 +130,9 @@ class GatewayService:
             if not replicas:
                 label = UNKNOWN_MODEL
                 code = StatusCode.NOT_FOUND
-                logger.info("model not found on any worker", extra={"model": model[:200]})
+                # Debug only: the name is client-chosen, and a storm of them must not
+                # become a log storm.
+                logger.debug("model not found on any worker", extra={"model": model[:200]})
                 raise GrpcError(code, f'model "{model}" not found on any worker')
             label = model
             order = self.scheduler.select(model, replicas)

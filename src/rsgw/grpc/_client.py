@@ -252,10 +252,13 @@ class _ClientConnection:
                     nursery.start_soon(self._transport.run_writer)
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            reason = f"failed: {exc}"
-        except h2.exceptions.ProtocolError as exc:
-            reason = f"broke the HTTP/2 protocol: {exc}"
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            reason = f"failed: {group.exceptions[0]}"
+        except* h2.exceptions.ProtocolError as group:
+            reason = f"broke the HTTP/2 protocol: {group.exceptions[0]}"
+        except* Exception as group:  # a bug here must not take the gateway down with it
+            logger.error("client connection failed", exc_info=group)
+            reason = f"failed: {group.exceptions[0]!r}"
         finally:
             self.close(reason)
             with trio.CancelScope(shield=True), trio.move_on_after(1):

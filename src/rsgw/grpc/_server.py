@@ -55,6 +55,8 @@ from rsgw.grpc._transport import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_STREAMS = 1024
+#: How long a graceful stop waits for idle clients to hang up after GOAWAY.
+LINGER_SECONDS = 1.0
 #: How long a graceful stop lets calls in flight finish.
 DEFAULT_GRACE_SECONDS = 5.0
 
@@ -157,10 +159,13 @@ class GrpcServer:
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         connection = _Connection(self, stream)
         self._connections.add(connection)
+        if self._closing:
+            connection.go_away()
         try:
             await connection.run()
         finally:
             connection.quiet.set()
+            connection.ended.set()
             self._connections.discard(connection)
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
@@ -176,6 +181,12 @@ class GrpcServer:
         with trio.move_on_after(grace):
             for connection in list(self._connections):
                 await connection.quiet.wait()
+            # Lingering close: let each client hang up first. Closing a socket with
+            # unread input makes the kernel send a reset, which can destroy the last
+            # answers still on their way to the client.
+            with trio.move_on_after(LINGER_SECONDS):
+                for connection in list(self._connections):
+                    await connection.ended.wait()
         self._closed.set()
 
     def lookup(self, path: bytes) -> UnaryHandler | None:
@@ -200,7 +211,10 @@ class _Connection:
         self._nursery: trio.Nursery | None = None
         #: Set once GOAWAY was sent and no call is left in flight.
         self.quiet = trio.Event()
+        #: Set when the connection is over (the client hung up, or we closed it).
+        self.ended = trio.Event()
         self._going_away = False
+        self._goaway_sent = False
         try:
             peer = stream.socket.getpeername()
             self._peer = f"{peer[0]}:{peer[1]}"
@@ -212,15 +226,25 @@ class _Connection:
         return sum(1 for s in self._streams.values() if not s.finished)
 
     def go_away(self) -> None:
-        """Tell the client to open no new streams; the ones it has may finish."""
+        """Stop taking new calls; once the calls in flight are answered, send GOAWAY.
+
+        h2 treats a sent GOAWAY as the end of the connection and refuses to send
+        anything after it, so we cannot announce it first and then answer: until
+        the last answer has gone out, new streams are refused (REFUSED_STREAM,
+        which clients retry safely elsewhere), and the GOAWAY follows it.
+        """
         self._going_away = True
-        self._h2.close_connection()
         self._flush()
 
     def _after_write(self) -> None:
-        # `quiet` is set only once the last answer has actually left.
-        if self._going_away and self.active_streams == 0:
-            self.quiet.set()
+        if not self._going_away or self.active_streams:
+            return
+        if not self._goaway_sent:
+            self._goaway_sent = True
+            self._h2.close_connection()
+            self._flush()
+        else:
+            self.quiet.set()  # the GOAWAY has left too
 
     def _note_finished(self) -> None:
         if self._going_away:
@@ -237,8 +261,10 @@ class _Connection:
                 self._flush()
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            logger.debug("connection from %s lost: %s", self._peer, exc)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            logger.debug("connection from %s lost: %s", self._peer, group.exceptions[0])
+        except* Exception as group:  # a bug here must not take the listener down with it
+            logger.error("connection from %s failed", self._peer, exc_info=group)
 
     async def _read_loop(self) -> None:
         h2conn = self._h2
@@ -277,6 +303,9 @@ class _Connection:
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        if self._going_away:
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         headers = event.headers or []
         try:
             head = parse_request_headers(headers)

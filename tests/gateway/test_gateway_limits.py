@@ -1,0 +1,224 @@
+"""Limits, bad input, statuses, deadlines and admission through the gateway (items 5-6)."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import numpy as np
+import pytest
+import trio
+import tritonclient.grpc as grpcclient
+
+from rsgw._config import GatewayConfig, GrpcLimits, ListenConfig
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.grpc._metadata import format_timeout, parse_timeout
+from rsgw.grpc._server import GrpcServer, ServerCall
+from tests.gateway.fleet import open_fleet
+from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request, simple_inputs
+
+SLOW = """
+models:
+  - name: slow
+    compute: add_sub
+    max_batch_size: 1
+    launch_ms: 300
+    item_ms: 0
+    inputs:
+      - {name: INPUT0, datatype: INT32, shape: [-1, 16]}
+      - {name: INPUT1, datatype: INT32, shape: [-1, 16]}
+    outputs:
+      - {name: OUTPUT0, datatype: INT32, shape: [-1, 16]}
+      - {name: OUTPUT1, datatype: INT32, shape: [-1, 16]}
+"""
+
+
+def call(target: str, body: bytes, timeout: float = 30) -> bytes:
+    with grpc.insecure_channel(
+        target,
+        options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
+    ) as channel:
+        return channel.unary_unary(MODEL_INFER)(body, timeout=timeout)  # type: ignore[no-any-return]
+
+
+async def rpc_error(fn: object) -> grpc.RpcError:
+    try:
+        await trio.to_thread.run_sync(fn)  # type: ignore[arg-type]
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("the call succeeded")
+
+
+def simple_body(seed: int = 0, model: str = "simple") -> bytes:
+    return infer_request(model, simple_inputs(seed)).SerializeToString()
+
+
+async def test_64_mib_round_trips_byte_exact() -> None:
+    async with open_fleet(2, health_interval_seconds=60) as fleet:
+        payload = np.frombuffer(np.random.default_rng(1).bytes(64 * 1024 * 1024), dtype=np.uint8)
+
+        def identity() -> bytes:
+            client = grpcclient.InferenceServerClient(fleet.target)
+            tensor = grpcclient.InferInput("INPUT0", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[payload.tobytes()]], dtype=np.object_))
+            result = client.infer("simple_identity", [tensor])
+            client.close()
+            return result.as_numpy("OUTPUT0")[0][0]  # type: ignore[no-any-return]
+
+        assert await trio.to_thread.run_sync(identity) == payload.tobytes()
+
+
+async def test_over_the_limit_is_resource_exhausted_and_others_go_on() -> None:
+    limits = GrpcLimits(max_recv_msg_bytes=1024 * 1024, max_send_msg_bytes=1024 * 1024)
+    async with open_fleet(2, health_interval_seconds=60, grpc=limits) as fleet:
+
+        def both() -> tuple[grpc.RpcError, bytes]:
+            with grpc.insecure_channel(
+                fleet.target, options=[("grpc.max_send_message_length", -1)]
+            ) as channel:
+                method = channel.unary_unary(MODEL_INFER)
+                big = method.future(
+                    b"\x0a\x06simple" + b"\x3a" + b"\x80\x80\x80\x01" + b"x" * (2 << 20)
+                )
+                ok = method.future(simple_body(1))
+                try:
+                    big.result()
+                except grpc.RpcError as exc:
+                    return exc, ok.result()
+            raise AssertionError("oversized call succeeded")
+
+        error, body = await trio.to_thread.run_sync(both)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "vs. 1048576" in error.details()
+        assert pb.ModelInferResponse.FromString(body).model_name == "simple"
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"\x0a\x05abc", "malformed ModelInferRequest"),
+        (pb.ModelInferRequest(id="7").SerializeToString(), "model_name is empty"),
+    ],
+)
+async def test_malformed_or_nameless_is_invalid_argument(body: bytes, needle: str) -> None:
+    async with open_fleet(2, health_interval_seconds=60) as fleet:
+        error = await rpc_error(lambda: call(fleet.target, body))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in error.details()
+
+
+async def test_worker_invalid_argument_comes_from_exactly_one_worker() -> None:
+    async with open_fleet(3, health_interval_seconds=60) as fleet:
+        request = infer_request("simple", simple_inputs(0))
+        request.inputs[0].datatype = "FP32"
+        error = await rpc_error(lambda: call(fleet.target, request.SerializeToString()))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("worker 127.0.0.1:")
+        assert "INPUT0" in error.details()
+        rejected = [
+            w.service.metrics._requests.labels(
+                w.config.name, w.config.gpu, "simple", "INVALID_ARGUMENT"
+            )._value.get()
+            for w in fleet.workers
+        ]
+        assert sorted(rejected) == [0, 0, 1]
+
+
+async def test_worker_admission_shed_fails_over() -> None:
+    catalogue = catalogue_from_yaml(SLOW)
+    async with open_fleet(
+        2,
+        catalogues=[catalogue, catalogue],
+        worker_overrides=[{"max_concurrent_requests": 1}, {"max_concurrent_requests": 0}],
+        health_interval_seconds=60,
+    ) as fleet:
+        results: list[bytes] = []
+
+        async def one(seed: int) -> None:
+            body = simple_body(seed, "slow")
+            results.append(await trio.to_thread.run_sync(call, fleet.target, body))
+
+        async with trio.open_nursery() as nursery:
+            for seed in range(3):  # worker0, worker1, then worker0 again: it sheds
+                nursery.start_soon(one, seed)
+                with trio.fail_after(5):
+                    while sum(w.service.inflight for w in fleet.workers) <= seed:
+                        await trio.sleep(0.005)  # noqa: ASYNC110  # a thread's call must land
+        assert len(results) == 3
+        assert [w.service.shed_total for w in fleet.workers] == [1, 0]
+        served = [w.service.device.counters["slow"].requests_served for w in fleet.workers]
+        assert served == [1, 2]
+
+
+async def test_gateway_admission_cap_sheds_and_counts() -> None:
+    catalogue = catalogue_from_yaml(SLOW)
+    limits = GrpcLimits(max_concurrent_requests_per_worker=1)
+    async with open_fleet(
+        2, catalogues=[catalogue, catalogue], grpc=limits, health_interval_seconds=60
+    ) as fleet:
+        outcomes: list[grpc.StatusCode] = []
+
+        async def one(seed: int) -> None:
+            try:
+                await trio.to_thread.run_sync(call, fleet.target, simple_body(seed, "slow"))
+                outcomes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code())
+
+        async with trio.open_nursery() as nursery:
+            for seed in range(3):
+                nursery.start_soon(one, seed)
+                await trio.testing.wait_all_tasks_blocked(0.05)
+        assert sorted(outcomes, key=str).count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1
+        assert fleet.gateway._service.metrics.shed._value.get() == 1
+
+
+async def test_forwarded_deadline_is_at_most_the_clients() -> None:
+    """A recording stand-in worker: the real worker cannot report what it received."""
+    received: list[float] = []
+
+    async def ready(body: bytes, call_: ServerCall) -> bytes:
+        return pb.ServerReadyResponse(ready=True).SerializeToString()
+
+    async def index(body: bytes, call_: ServerCall) -> bytes:
+        response = pb.RepositoryIndexResponse()
+        response.models.add(name="echo", state="READY")
+        return response.SerializeToString()
+
+    async def infer(body: bytes, call_: ServerCall) -> bytes:
+        received.append(call_.deadline - trio.current_time())
+        return pb.ModelInferResponse(model_name="echo").SerializeToString()
+
+    worker = GrpcServer(
+        {
+            "/inference.GRPCInferenceService/ServerReady": ready,
+            "/inference.GRPCInferenceService/RepositoryIndex": index,
+            "/inference.GRPCInferenceService/ModelInfer": infer,
+        }
+    )
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(worker.serve, "127.0.0.1", 0)
+        config = GatewayConfig(
+            endpoints=(f"127.0.0.1:{port}",),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        )
+        gateway: RunningGateway = await nursery.start(serve_gateway, config)
+        body = pb.ModelInferRequest(model_name="echo").SerializeToString()
+        await trio.to_thread.run_sync(lambda: call(f"127.0.0.1:{gateway.grpc_port}", body, 0.3))
+        assert 0 < received[-1] <= 0.3
+        await trio.to_thread.run_sync(lambda: call(f"127.0.0.1:{gateway.grpc_port}", body, 1000))
+        assert 900 < received[-1] <= 60 or 0 < received[-1] <= 60  # request_timeout_seconds caps it
+        nursery.cancel_scope.cancel()
+
+
+def test_timeout_encoder_units_and_digit_limit() -> None:
+    assert format_timeout(0.3) == b"300000u"
+    assert format_timeout(99.999999) == b"99999999u"
+    assert format_timeout(3600.0) == b"3600000m"
+    assert format_timeout(10**9) == b"16666667M"
+    for seconds in (1e-6, 0.3, 59.5, 100.0, 86400.0, 1e8):
+        value = format_timeout(seconds)
+        assert len(value) <= 9  # at most 8 digits and a unit
+        assert parse_timeout(value) >= seconds
+    assert math.isclose(parse_timeout(format_timeout(0.3)), 0.3)

@@ -1,0 +1,126 @@
+"""Shared memory through the gateway with tritonclient (issue 5, item 4)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import trio
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.gateway.fleet import Fleet, open_fleet
+
+BYTES = 64  # one [1,16] INT32 tensor
+
+
+@pytest.fixture
+def regions() -> Iterator[dict[str, tuple[str, object]]]:
+    """An input region (both inputs) and an output region, cleaned up afterwards."""
+    token = uuid.uuid4().hex[:8]
+    made = {
+        "in": (
+            f"/rsgw_in_{token}",
+            shm.create_shared_memory_region(f"in_{token}", f"/rsgw_in_{token}", 2 * BYTES),
+        ),
+        "out": (
+            f"/rsgw_out_{token}",
+            shm.create_shared_memory_region(f"out_{token}", f"/rsgw_out_{token}", 2 * BYTES),
+        ),
+    }
+    yield made
+    for _, handle in made.values():
+        shm.destroy_shared_memory_region(handle)
+
+
+def worker_regions(fleet: Fleet) -> list[set[str]]:
+    return [{r.name for r in w.service.shm.status()} for w in fleet.workers]
+
+
+def infer_through_shm(target: str, regions: dict[str, tuple[str, object]], seed: int) -> None:
+    client = grpcclient.InferenceServerClient(target)
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-100, 100, size=(1, 16), dtype=np.int32)
+    b = rng.integers(-100, 100, size=(1, 16), dtype=np.int32)
+    in_handle, out_handle = regions["in"][1], regions["out"][1]
+    shm.set_shared_memory_region(in_handle, [a, b])
+    inputs = [
+        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_shared_memory("input_region", BYTES, 0)
+    inputs[1].set_shared_memory("input_region", BYTES, BYTES)
+    outputs = [
+        grpcclient.InferRequestedOutput("OUTPUT0"),
+        grpcclient.InferRequestedOutput("OUTPUT1"),
+    ]
+    outputs[0].set_shared_memory("output_region", BYTES, 0)
+    outputs[1].set_shared_memory("output_region", BYTES, BYTES)
+    client.infer("simple", inputs, outputs=outputs)
+    total = shm.get_contents_as_numpy(out_handle, np.int32, [1, 16], offset=0)
+    diff = shm.get_contents_as_numpy(out_handle, np.int32, [1, 16], offset=BYTES)
+    np.testing.assert_array_equal(total, a + b)
+    np.testing.assert_array_equal(diff, a - b)
+    client.close()
+
+
+async def test_register_everywhere_infer_everywhere_unregister_all(
+    regions: dict[str, tuple[str, object]],
+) -> None:
+    async with open_fleet(3, health_interval_seconds=60) as fleet:
+        client = grpcclient.InferenceServerClient(fleet.target)
+        await trio.to_thread.run_sync(
+            lambda: client.register_system_shared_memory(
+                "input_region", regions["in"][0], 2 * BYTES
+            )
+        )
+        await trio.to_thread.run_sync(
+            lambda: client.register_system_shared_memory(
+                "output_region", regions["out"][0], 2 * BYTES
+            )
+        )
+        assert worker_regions(fleet) == [{"input_region", "output_region"}] * 3
+        for seed in range(6):  # round robin: every worker serves two of them
+            await trio.to_thread.run_sync(infer_through_shm, fleet.target, regions, seed)
+        assert [w.service.device.counters["simple"].requests_served for w in fleet.workers] == [
+            2,
+            2,
+            2,
+        ]
+        await trio.to_thread.run_sync(client.unregister_system_shared_memory)
+        assert worker_regions(fleet) == [set(), set(), set()]
+        client.close()
+
+
+async def test_register_with_a_dead_worker_rolls_back(
+    regions: dict[str, tuple[str, object]],
+) -> None:
+    async with open_fleet(3, health_interval_seconds=60) as fleet:
+        await fleet.workers[2].aclose()
+        client = grpcclient.InferenceServerClient(fleet.target)
+
+        def register() -> None:
+            client.register_system_shared_memory("input_region", regions["in"][0], 2 * BYTES)
+
+        with pytest.raises(InferenceServerException) as caught:
+            await trio.to_thread.run_sync(register)
+        assert "FAILED_PRECONDITION" in str(caught.value.status())
+        dead = f"127.0.0.1:{fleet.workers[2].grpc_port}"
+        assert f"SHM register failed on workers: [{dead}]" in caught.value.message()
+        assert worker_regions(fleet)[:2] == [set(), set()]  # rolled back on the live ones
+        client.close()
+
+
+async def test_register_a_missing_key_fails_everywhere() -> None:
+    async with open_fleet(2, health_interval_seconds=60) as fleet:
+        client = grpcclient.InferenceServerClient(fleet.target)
+        with pytest.raises(InferenceServerException) as caught:
+            await trio.to_thread.run_sync(
+                lambda: client.register_system_shared_memory("r", "/rsgw_no_such_key", 64)
+            )
+        assert "FAILED_PRECONDITION" in str(caught.value.status())
+        assert worker_regions(fleet) == [set(), set()]
+        client.close()
