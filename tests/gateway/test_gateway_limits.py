@@ -16,7 +16,13 @@ from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.grpc._metadata import format_timeout, parse_timeout
 from rsgw.grpc._server import GrpcServer, ServerCall
 from tests.gateway.fleet import open_fleet
-from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request, simple_inputs
+from tests.helpers import (
+    MODEL_INFER,
+    catalogue_from_yaml,
+    infer_request,
+    simple_inputs,
+    wait_until_async,
+)
 
 SLOW = """
 models:
@@ -142,9 +148,10 @@ async def test_worker_admission_shed_fails_over() -> None:
         async with trio.open_nursery() as nursery:
             for seed in range(3):  # worker0, worker1, then worker0 again: it sheds
                 nursery.start_soon(one, seed)
-                with trio.fail_after(5):
-                    while sum(w.service.inflight for w in fleet.workers) <= seed:
-                        await trio.sleep(0.005)  # noqa: ASYNC110  # a thread's call must land
+                await wait_until_async(
+                    lambda seed=seed: sum(w.service.inflight for w in fleet.workers) > seed,
+                    what="the call to land on a worker",
+                )
         assert len(results) == 3
         assert [w.service.shed_total for w in fleet.workers] == [1, 0]
         served = [w.service.device.counters["slow"].requests_served for w in fleet.workers]
