@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -136,17 +137,11 @@ class GatewayService:
                 raise GrpcError(code, f'model "{model}" not found on any worker')
             label = model
             order = self.scheduler.select(model, replicas)
-            response, code = await self._forward(model, body, order, call.deadline)
+            response = await self._forward(model, body, order, call.deadline)
+            code = StatusCode.OK
             return response
-        except GrpcError as exc:
-            code = exc.code
-            raise
-        except trio.Cancelled:
-            code = (
-                StatusCode.DEADLINE_EXCEEDED
-                if trio.current_time() >= call.deadline
-                else StatusCode.CANCELLED
-            )
+        except BaseException as exc:
+            code = call.status_for(exc)
             raise
         finally:
             self.inflight -= 1
@@ -155,7 +150,7 @@ class GatewayService:
 
     async def _forward(
         self, model: str, body: bytes, order: tuple[str, ...], client_deadline: float
-    ) -> tuple[bytes, StatusCode]:
+    ) -> bytes:
         """Send `body` to the replicas in `order` until one answers; see module docstring."""
         deadline = min(client_deadline, trio.current_time() + self.request_timeout)
         pool = self.pool
@@ -193,7 +188,7 @@ class GatewayService:
                 last = GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}")
             else:
                 self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
-                return response, StatusCode.OK
+                return response
         assert last is not None
         logger.warning(
             "every replica failed",
@@ -206,70 +201,73 @@ class GatewayService:
     async def shm_register(self, body: bytes, call: ServerCall) -> bytes:
         """Register on every worker, or on none: partial success is rolled back."""
         rpc = "SystemSharedMemoryRegister"
+        return await self._metered(rpc, call, lambda: self._register(body, call))
+
+    async def shm_unregister(self, body: bytes, call: ServerCall) -> bytes:
+        """Unregister everywhere; succeeds if any worker succeeds (empty name = all)."""
+        rpc = "SystemSharedMemoryUnregister"
+        return await self._metered(rpc, call, lambda: self._unregister(body, call))
+
+    async def _metered(
+        self, rpc: str, call: ServerCall, work: Callable[[], Awaitable[bytes]]
+    ) -> bytes:
+        """Admission and metrics around an SHM call (`model=""`: region names are the
+        client's own and would make labels unbounded)."""
         self._admit(rpc)
         started = time.perf_counter()
         code = StatusCode.UNKNOWN
         try:
-            name = _region_name(pb.SystemSharedMemoryRegisterRequest, body)
-            if not name:
-                raise GrpcError(
-                    StatusCode.INVALID_ARGUMENT, "SystemSharedMemoryRegisterRequest.name is empty"
-                )
-            results = await self._shm_fan_out(SHM_REGISTER, body, call.deadline)
-            failed = [url for url, r in results.items() if isinstance(r, Exception)]
-            if failed:
-                succeeded = [url for url in results if url not in failed]
-                await self._roll_back(name, succeeded)
-                logger.warning(
-                    "shm register failed",
-                    extra={
-                        "failed": [self.pool.label(u) for u in failed],
-                        "rolled_back": len(succeeded),
-                    },
-                )
-                raise GrpcError(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"SHM register failed on workers: [{', '.join(failed)}]: "
-                    + "; ".join(str(results[u]) for u in failed),
-                )
-            logger.info("shm region registered", extra={"workers": len(results)})
+            response = await work()
             code = StatusCode.OK
-            return next((r for r in results.values() if isinstance(r, bytes)), b"")
-        except GrpcError as exc:
-            code = exc.code
+            return response
+        except BaseException as exc:
+            code = call.status_for(exc)
             raise
         finally:
             self.inflight -= 1
             self.metrics.observe(rpc, "", code, time.perf_counter() - started)
 
-    async def shm_unregister(self, body: bytes, call: ServerCall) -> bytes:
-        """Unregister everywhere; succeeds if any worker succeeds (empty name = all)."""
-        rpc = "SystemSharedMemoryUnregister"
-        self._admit(rpc)
-        started = time.perf_counter()
-        code = StatusCode.UNKNOWN
-        try:
-            _region_name(pb.SystemSharedMemoryUnregisterRequest, body)
-            results = await self._shm_fan_out(SHM_UNREGISTER, body, call.deadline)
-            failed = [url for url, r in results.items() if isinstance(r, Exception)]
-            if failed and len(failed) == len(results):
-                raise GrpcError(
-                    StatusCode.UNAVAILABLE,
-                    f"SHM unregister failed on all workers: [{', '.join(failed)}]",
-                )
-            if failed:
-                logger.warning(
-                    "shm unregister failed on some workers",
-                    extra={"failed": [self.pool.label(u) for u in failed]},
-                )
-            code = StatusCode.OK
-            return next((r for r in results.values() if isinstance(r, bytes)), b"")
-        except GrpcError as exc:
-            code = exc.code
-            raise
-        finally:
-            self.inflight -= 1
-            self.metrics.observe(rpc, "", code, time.perf_counter() - started)
+    async def _register(self, body: bytes, call: ServerCall) -> bytes:
+        name = _region_name(pb.SystemSharedMemoryRegisterRequest, body)
+        if not name:
+            raise GrpcError(
+                StatusCode.INVALID_ARGUMENT, "SystemSharedMemoryRegisterRequest.name is empty"
+            )
+        results = await self._shm_fan_out(SHM_REGISTER, body, call.deadline)
+        failed = [url for url, r in results.items() if isinstance(r, Exception)]
+        if failed:
+            succeeded = [url for url in results if url not in failed]
+            await self._roll_back(name, succeeded)
+            logger.warning(
+                "shm register failed",
+                extra={
+                    "failed": [self.pool.label(u) for u in failed],
+                    "rolled_back": len(succeeded),
+                },
+            )
+            raise GrpcError(
+                StatusCode.FAILED_PRECONDITION,
+                f"SHM register failed on workers: [{', '.join(failed)}]: "
+                + "; ".join(str(results[u]) for u in failed),
+            )
+        logger.info("shm region registered", extra={"workers": len(results)})
+        return next((r for r in results.values() if isinstance(r, bytes)), b"")
+
+    async def _unregister(self, body: bytes, call: ServerCall) -> bytes:
+        _region_name(pb.SystemSharedMemoryUnregisterRequest, body)
+        results = await self._shm_fan_out(SHM_UNREGISTER, body, call.deadline)
+        failed = [url for url, r in results.items() if isinstance(r, Exception)]
+        if failed and len(failed) == len(results):
+            raise GrpcError(
+                StatusCode.UNAVAILABLE,
+                f"SHM unregister failed on all workers: [{', '.join(failed)}]",
+            )
+        if failed:
+            logger.warning(
+                "shm unregister failed on some workers",
+                extra={"failed": [self.pool.label(u) for u in failed]},
+            )
+        return next((r for r in results.values() if isinstance(r, bytes)), b"")
 
     async def _shm_fan_out(
         self, path: bytes, body: bytes, client_deadline: float
@@ -360,8 +358,8 @@ class GatewayService:
             )
             code = StatusCode.OK
             return cpb.CompactMemoryResponse(reloaded_models=reloaded)
-        except GrpcError as exc:
-            code = exc.code
+        except BaseException as exc:
+            code = call.status_for(exc)
             raise
         finally:
             self.metrics.observe("CompactMemory", "", code, time.perf_counter() - started)

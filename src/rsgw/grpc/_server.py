@@ -74,6 +74,18 @@ class ServerCall:
     #: Extra trailing metadata to send with the status (e.g. relayed from a worker).
     trailers: HeaderBlock = ()
 
+    def status_for(self, exc: BaseException) -> StatusCode:
+        """The status this call ends with when its handler raises `exc` (for metrics)."""
+        if isinstance(exc, GrpcError):
+            return exc.code
+        if isinstance(exc, RsgwError):
+            return exc.grpc_status
+        if isinstance(exc, trio.Cancelled):
+            if trio.current_time() >= self.deadline:
+                return StatusCode.DEADLINE_EXCEEDED
+            return StatusCode.CANCELLED
+        return StatusCode.INTERNAL
+
 
 UnaryHandler = Callable[[bytes, ServerCall], Awaitable[bytes]]
 
