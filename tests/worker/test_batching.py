@@ -1,13 +1,14 @@
-"""The device's queues: model choice, batch plans, expiry, withdrawal."""
+"""The device's queues: model choice under each discipline, batch plans, expiry, withdrawal."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.worker._batching import Pending, RequestQueues
+from rsgw.worker._batching import Discipline, Pending, RequestQueues
 
 
 def req(
@@ -156,3 +157,155 @@ def test_every_request_leaves_exactly_once(
     assert len(seen) == len(set(seen))
     assert set(seen) == {id(p) for p in everything} - withdrawn
     assert len(queues) == 0
+
+
+# ---------------------------------------------------------------------------
+# edf
+
+
+def test_edf_picks_the_model_with_the_sooner_deadline() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.EDF)
+    queues.enqueue(req("late", 1.0, deadline=100))
+    queues.enqueue(req("soon", 2.0, deadline=50))
+    queues.enqueue(req("never", 0.5))
+    order = []
+    while (batch := queues.next_batch({}, now=10)) is not None:
+        order.append(batch.model)
+    assert order == ["soon", "late", "never"]
+
+
+def test_edf_looks_past_the_front_request() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.EDF)
+    queues.enqueue(req("a", 1.0, deadline=100))
+    queues.enqueue(req("b", 2.0, deadline=90))
+    queues.enqueue(req("a", 3.0, deadline=20))  # a's most urgent request is behind its front
+    batch = queues.next_batch({"a": 8, "b": 8}, now=10)
+    assert batch is not None and batch.model == "a" and len(batch.requests) == 2
+
+
+def test_edf_with_uniform_deadlines_is_fifo() -> None:
+    fifo: RequestQueues[str] = RequestQueues(Discipline.FIFO)
+    edf: RequestQueues[str] = RequestQueues(Discipline.EDF)
+    for t, model in enumerate("bacab"):
+        fifo.enqueue(req(model, float(t), deadline=99))
+        edf.enqueue(req(model, float(t), deadline=99))
+    for _ in range(5):
+        a, b = fifo.next_batch({}, now=0), edf.next_batch({}, now=0)
+        assert a is not None and b is not None
+        assert (a.model, [p.enqueued_at for p in a.requests]) == (
+            b.model,
+            [p.enqueued_at for p in b.requests],
+        )
+
+
+def test_edf_drops_requests_that_cannot_finish_within_the_learned_cost() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.EDF)
+    queues.record("m", rows=2, seconds=5.0, now=0)
+    queues.enqueue(req("m", 1.0, deadline=13))  # 10 + 5 > 13: cannot make it
+    queues.enqueue(req("m", 2.0, deadline=16))
+    batch = queues.next_batch({"m": 8}, now=10)
+    assert batch is not None
+    assert [p.enqueued_at for p in batch.expired] == [1.0]
+    assert [p.enqueued_at for p in batch.requests] == [2.0]
+
+
+def test_edf_drops_nothing_before_a_cost_is_learned() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.EDF)
+    queues.enqueue(req("m", 1.0, deadline=10.001))
+    batch = queues.next_batch({"m": 8}, now=10)
+    assert batch is not None and len(batch.requests) == 1 and batch.expired == ()
+
+
+def test_fifo_never_drops_by_laxity() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.FIFO)
+    queues.record("m", rows=1, seconds=5.0, now=0)
+    queues.enqueue(req("m", 1.0, deadline=11))
+    batch = queues.next_batch({"m": 8}, now=10)
+    assert batch is not None and len(batch.requests) == 1
+
+
+# ---------------------------------------------------------------------------
+# fair
+
+
+def _run_fair(
+    queues: RequestQueues[str], cost: dict[str, float], dispatches: int
+) -> dict[str, float]:
+    """Keep every model backlogged; dispatch `dispatches` times on a simulated clock."""
+    used = dict.fromkeys(cost, 0.0)
+    now = 0.0
+    for model in cost:
+        for _ in range(4):
+            queues.enqueue(req(model, now))
+    for _ in range(dispatches):
+        batch = queues.next_batch({}, now)
+        assert batch is not None
+        now += cost[batch.model]
+        queues.record(batch.model, batch.rows, cost[batch.model], now)
+        used[batch.model] += cost[batch.model]
+        queues.enqueue(req(batch.model, now))
+    return used
+
+
+def test_fair_splits_compute_by_weight() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.FAIR)
+    queues.fair.set_weight("a", 3.0)
+    used = _run_fair(queues, {"a": 0.01, "b": 0.01}, dispatches=400)
+    assert used["a"] / (used["a"] + used["b"]) == pytest.approx(0.75, abs=0.01)
+
+
+def test_fair_splits_compute_not_dispatches() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.FAIR)
+    used = _run_fair(queues, {"cheap": 0.002, "dear": 0.02}, dispatches=1000)
+    assert used["cheap"] / (used["cheap"] + used["dear"]) == pytest.approx(0.5, abs=0.02)
+
+
+def test_fair_ties_go_to_the_oldest_request() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.FAIR)
+    queues.enqueue(req("z", 1.0))
+    queues.enqueue(req("a", 2.0))
+    batch = queues.next_batch({}, now=3)
+    assert batch is not None and batch.model == "z"
+
+
+def test_fair_clears_a_model_holding_only_expired_requests() -> None:
+    queues: RequestQueues[str] = RequestQueues(Discipline.FAIR)
+    queues.enqueue(req("gone", 1.0, deadline=2))
+    queues.enqueue(req("live", 3.0))
+    batch = queues.next_batch({}, now=5)
+    assert batch is not None and batch.model == "live"
+    assert [p.model for p in batch.expired] == ["gone"]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abc"),
+            st.integers(1, 8),
+            st.sampled_from([1.0, 3.0, 6.0, math.inf]),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from(list(Discipline)),
+)
+def test_every_discipline_serves_each_request_exactly_once(
+    specs: list[tuple[str, int, float, bool]], discipline: Discipline
+) -> None:
+    queues: RequestQueues[str] = RequestQueues(discipline)
+    queues.record("a", 4, 1.5, now=0)
+    everything = []
+    for t, (model, rows, deadline, withdraw) in enumerate(specs):
+        p = req(model, float(t), rows, deadline=deadline)
+        queues.enqueue(p)
+        if withdraw:
+            queues.withdraw(p)
+        else:
+            everything.append(p)
+    seen: list[int] = []
+    now = 2.0
+    while (batch := queues.next_batch({"a": 8, "b": 4, "c": 0}, now)) is not None:
+        seen.extend(id(p) for p in (*batch.expired, *batch.requests))
+        assert all(p.deadline > now for p in batch.requests)
+        now += 0.5
+    assert sorted(seen) == sorted(id(p) for p in everything)

@@ -54,12 +54,10 @@ def parse_one(model: dict[str, Any]) -> ModelSpec:
 
 def test_builtin_catalogue_has_the_triton_examples() -> None:
     catalogue = builtin_catalogue()
-    assert [m.name for m in catalogue.models] == [
-        "simple",
-        "simple_identity",
-        "simple_int8",
-        "simple_string",
-    ]
+    names = [m.name for m in catalogue.routable]
+    for name in ("simple", "simple_identity", "simple_int8", "simple_string"):
+        assert name in names
+    assert names == sorted(names)
     assert builtin_catalogue() is catalogue
 
 
@@ -282,7 +280,8 @@ MODEL_ERRORS: list[tuple[str, Mutation, tuple[str, ...]]] = [
     ("missing name", deleter("name"), ("models[0].name is required",)),
     ("empty name", setter("name", value=""), ("models[0].name", "got ''")),
     ("int name", setter("name", value=7), ("models[0].name", "got 7")),
-    ("meta kind", setter("kind", value="meta"), ("models[0].kind", "'model'", "got 'meta'")),
+    ("bad kind", setter("kind", value="ensemble"), ("models[0].kind", "model, meta", "'ensemble'")),
+    ("meta keys", setter("kind", value="meta"), ("models[0]", "'max_batch_size'")),
     ("missing inputs", deleter("inputs"), ("models[0].inputs is required",)),
     ("empty outputs", setter("outputs", value=[]), ("models[0].outputs", "got []")),
     ("inputs not a list", setter("inputs", value={"a": 1}), ("models[0].inputs", "{'a': 1}")),

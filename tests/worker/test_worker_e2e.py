@@ -251,7 +251,7 @@ def test_health_and_metadata(client: Client) -> None:
 def test_repository_index(client: Client) -> None:
     index = client.get_model_repository_index()
     assert [(m.name, m.state) for m in index.models] == [
-        (m.name, "READY") for m in builtin_catalogue().models
+        (m.name, "READY") for m in builtin_catalogue().routable
     ]
     assert {m.name for m in index.models} >= {
         "simple",

@@ -5,6 +5,18 @@ coalescing scheduler (REFERENCE.md §8.3): per-model FIFO queues, one batch
 executing at a time, and a batch plan that takes requests from the front of the
 chosen model's queue while their rows fit the model's max batch size.
 
+Which model runs next depends on the discipline:
+- `fifo`: the model whose oldest queued request is oldest.
+- `edf`: the model with the soonest deadline among its queued requests (no
+  deadline is least urgent); ties as fifo, so with uniform deadlines edf *is*
+  fifo. Before a batch runs, requests that cannot finish within the learned
+  cost of this batch are dropped as expired (laxity): running them would spend
+  device time on answers nobody waits for.
+- `fair`: the highest priority of `FairShare.priorities` (see `_fair.py`), over
+  the learned cost of each model's planned batch; ties as fifo.
+The learned costs and the fair state are fed by the shell through `record`
+after each dispatch.
+
 Invariants:
 - A request is in at most one queue, and leaves it exactly once: in a batch, as
   expired, or withdrawn by its caller.
@@ -22,6 +34,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from rsgw.worker._costs import LearnedCosts
+from rsgw.worker._fair import FairShare
+
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterable
 
@@ -32,6 +47,8 @@ class Discipline(enum.Enum):
     """How the device picks the next model to dispatch."""
 
     FIFO = "fifo"  # the model whose oldest queued request is oldest
+    EDF = "edf"  # the model whose most urgent queued request is most urgent
+    FAIR = "fair"  # the model furthest below its weighted share of recent compute
 
 
 @dataclass(slots=True, eq=False)
@@ -63,10 +80,25 @@ class Batch(Generic[T]):
 
 
 class RequestQueues(Generic[T]):
-    """Per-model FIFO queues and the dispatch decision over them."""
+    """Per-model FIFO queues and the dispatch decision over them.
 
-    def __init__(self, discipline: Discipline = Discipline.FIFO) -> None:
+    Args:
+        discipline: how the next model is chosen (module docstring).
+        costs: the learned dispatch costs; `fair` ranks by them and `edf`
+            drops by them. Shared with whoever records into them.
+        fair: the weights and recent compute `fair` ranks by.
+    """
+
+    def __init__(
+        self,
+        discipline: Discipline = Discipline.FIFO,
+        *,
+        costs: LearnedCosts | None = None,
+        fair: FairShare | None = None,
+    ) -> None:
         self.discipline = discipline
+        self.costs = LearnedCosts() if costs is None else costs
+        self.fair = FairShare() if fair is None else fair
         self._queues: dict[str, deque[Pending[T]]] = {}
         self._seq = itertools.count()
         self._withdrawn = 0
@@ -96,6 +128,11 @@ class RequestQueues(Generic[T]):
         self._withdrawn += 1
         return True
 
+    def record(self, model: str, rows: int, seconds: float, now: float) -> None:
+        """Tell the scheduler a dispatch of `rows` rows of `model` took `seconds`, ending `now`."""
+        self.costs.record(model, rows, seconds)
+        self.fair.record(model, seconds, now)
+
     def _front(self, model: str) -> Pending[T] | None:
         queue = self._queues[model]
         while queue and not queue[0].queued:
@@ -106,16 +143,45 @@ class RequestQueues(Generic[T]):
             return None
         return queue[0]
 
-    def _pick_model(self) -> str | None:
-        best: tuple[float, int, str] | None = None
+    def _fronts(self) -> dict[str, Pending[T]]:
+        fronts: dict[str, Pending[T]] = {}
         for model in list(self._queues):
             front = self._front(model)
-            if front is None:
-                continue
-            key = (front.enqueued_at, front.seq, model)
-            if best is None or key < best:
-                best = key
-        return None if best is None else best[2]
+            if front is not None:
+                fronts[model] = front
+        return fronts
+
+    def _pick_model(self, max_batch_size: dict[str, int], now: float) -> str | None:
+        fronts = self._fronts()
+        if not fronts:
+            return None
+        if self.discipline is Discipline.EDF:
+            urgency = {m: self._soonest_deadline(m) for m in fronts}
+            return min(fronts, key=lambda m: (urgency[m], fronts[m].enqueued_at, fronts[m].seq, m))
+        if self.discipline is Discipline.FAIR:
+            return self._pick_fair(fronts, max_batch_size, now)
+        return min(fronts, key=lambda m: (fronts[m].enqueued_at, fronts[m].seq, m))
+
+    def _soonest_deadline(self, model: str) -> float:
+        # A scan: deadlines are not ordered within a FIFO queue, and a heap would
+        # need its own lazy deletion for withdrawn requests. Queues are bounded
+        # by the admission cap, so this stays cheap next to a dispatch.
+        return min((p.deadline for p in self._queues[model] if p.queued), default=math.inf)
+
+    def _pick_fair(
+        self, fronts: dict[str, Pending[T]], max_batch_size: dict[str, int], now: float
+    ) -> str:
+        costs: dict[str, float] = {}
+        for model in fronts:
+            rows, requests = self._plan(model, max_batch_size.get(model, 0), now)
+            if requests == 0:
+                # Nothing runnable, only expired requests: choose it so that
+                # `_take` clears them, whatever its priority would be.
+                return model
+            cost = self.costs.estimate(model, rows)
+            costs[model] = self.fair.effective_cost(cost, requests)
+        priority = self.fair.priorities(costs, now)
+        return min(fronts, key=lambda m: (-priority[m], fronts[m].enqueued_at, fronts[m].seq, m))
 
     def next_batch(self, max_batch_size: dict[str, int], now: float) -> Batch[T] | None:
         """Choose the next batch, or None when nothing is queued.
@@ -123,16 +189,55 @@ class RequestQueues(Generic[T]):
         Args:
             max_batch_size: per model; a model missing or at 0 takes one request
                 per dispatch (it does not coalesce).
-            now: the shell's clock, to expire requests whose deadline passed.
+            now: the shell's clock, to expire requests whose deadline passed
+                (and, under `edf`, those that could not finish in time).
         """
         expired: list[Pending[T]] = []
         while True:
-            model = self._pick_model()
+            model = self._pick_model(max_batch_size, now)
             if model is None:
                 return Batch("", (), tuple(expired)) if expired else None
             batch = self._take(model, max_batch_size.get(model, 0), now, expired)
+            if batch and self.discipline is Discipline.EDF:
+                batch = self._drop_late(model, batch, now, expired)
             if batch:
                 return Batch(model, tuple(batch), tuple(expired))
+
+    def _drop_late(
+        self, model: str, batch: list[Pending[T]], now: float, expired: list[Pending[T]]
+    ) -> list[Pending[T]]:
+        """Laxity: move to `expired` the requests that would miss their deadline anyway.
+
+        Only against a learned cost: before a model's first dispatch we know
+        nothing, and guessing would drop requests that might have made it.
+        """
+        cost = self.costs.learned(model, sum(p.rows for p in batch))
+        if cost is None:
+            return batch
+        finish = now + cost
+        kept: list[Pending[T]] = []
+        for pending in batch:
+            (kept if pending.deadline >= finish else expired).append(pending)
+        return kept
+
+    def _plan(self, model: str, cap: int, now: float) -> tuple[int, int]:
+        """The (rows, requests) `_take` would take now, without taking them."""
+        rows = 0
+        requests = 0
+        variant: Hashable = None
+        for pending in self._queues[model]:
+            if not pending.queued or pending.deadline <= now:
+                continue
+            if requests:
+                if cap <= 0 or pending.variant != variant or rows + pending.rows > cap:
+                    break
+            else:
+                variant = pending.variant
+            rows += pending.rows
+            requests += 1
+            if cap <= 0:
+                break
+        return rows, requests
 
     def _take(
         self, model: str, cap: int, now: float, expired: list[Pending[T]]

@@ -4,7 +4,12 @@ Pure: no trio, no sockets, no logging. `load_catalogue` and `builtin_catalogue`
 read one file each, at start-up, the way `load_config` does.
 
 A catalogue is a YAML mapping with a `models:` list (docs/models.md documents
-every key). We parse it into frozen dataclasses once, and check everything a
+every key). An entry is a `kind: model` (tensors, batching, cost, weights) or a
+`kind: meta`: a pipeline over `submodels` (each a `kind: model` entry) with its
+own client-facing tensors. A model listed by a meta is *internal*: clients
+never see it, only the meta that runs it (the classes live in `_specs.py`).
+
+We parse it into frozen dataclasses once, and check everything a
 worker would otherwise trip over mid-request: datatypes, shapes, the batch axis,
 the costs, and whether the `compute` function can actually run on the declared
 tensors. Unknown keys are errors, so a typo such as `max_bach_size` fails at
@@ -21,16 +26,19 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import itertools
 import math
 import os
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rsgw._errors import ConfigError
+from rsgw.worker._specs import DEFAULT_PLATFORM
+from rsgw.worker._specs import Catalogue as Catalogue
+from rsgw.worker._specs import ModelKind as ModelKind
+from rsgw.worker._specs import ModelSpec as ModelSpec
+from rsgw.worker._specs import TensorSpec as TensorSpec
 from rsgw.worker._tensors import DATATYPES, INTEGER_DATATYPES, format_shape
 
 if TYPE_CHECKING:
@@ -41,8 +49,6 @@ if TYPE_CHECKING:
 # launch and per-item work on a GPU, so batching pays off as it does on a device.
 DEFAULT_LAUNCH_MS = 1.0
 DEFAULT_ITEM_MS = 0.1
-# What ModelMetadata reports as the platform of a simulated model.
-DEFAULT_PLATFORM = "rsgw_sim"
 DEFAULT_COMPUTE = "synthetic"
 
 # How each model computes its outputs (implemented in _compute.py).
@@ -68,91 +74,23 @@ _MODEL_KEYS = (
     "launch_ms",
     "item_ms",
     "weight_bytes",
+    "load_ms",
+    "compute",
+)
+# A meta has no cost or weights of its own (its sub-models carry them) and no
+# max batch: it runs one request at a time through its sub-models.
+_META_KEYS = (
+    "name",
+    "kind",
+    "platform",
+    "inputs",
+    "outputs",
+    "submodels",
+    "batch_input",
+    "batch_axis",
     "compute",
 )
 _TENSOR_KEYS = ("name", "datatype", "shape")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One declared input or output of a model."""
-
-    name: str
-    # A KServe V2 datatype: BOOL, UINT8 ... UINT64, INT8 ... INT64, FP16, FP32, FP64, BYTES.
-    datatype: str
-    # The WIRE (row-major) shape; -1 accepts any size.
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """One simulated model: its tensors, how it batches, what it costs and computes.
-
-    Built by `parse_catalogue`, which checks every invariant below and reports
-    the YAML key path when one fails. The constructor itself does not re-check,
-    so a spec built by hand (in a test) is taken as given.
-    """
-
-    name: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    # 0 = the worker never coalesces this model (one request per dispatch).
-    max_batch_size: int
-    # The input carrying the batch axis; "" = none.
-    batch_input: str
-    # 1-based index into `batch_input`'s WIRE shape, always at a -1 dim; 0 = none.
-    batch_axis: int
-    # The fixed cost of one dispatch, in seconds before --time-scale.
-    launch_seconds: float
-    # The cost added per batch row, in seconds before --time-scale.
-    item_seconds: float
-    weight_bytes: int
-    # One of COMPUTE_KINDS.
-    compute: str
-    platform: str = DEFAULT_PLATFORM
-    version: str = "1"
-
-    def input(self, name: str) -> TensorSpec | None:
-        """The declared input called `name`, or None."""
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def output(self, name: str) -> TensorSpec | None:
-        """The declared output called `name`, or None."""
-        for spec in self.outputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def execution_seconds(self, rows: int) -> float:
-        """The unscaled time one dispatch of `rows` batch rows takes on the simulated device."""
-        return self.launch_seconds + self.item_seconds * rows
-
-
-@dataclass(frozen=True, slots=True)
-class Catalogue:
-    """Every model a simulated worker serves, sorted by name."""
-
-    models: tuple[ModelSpec, ...]
-    _by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # Sorted here, not trusted from the caller: RepositoryIndex lists models
-        # in name order and relies on this tuple for it.
-        models = tuple(sorted(self.models, key=lambda m: m.name))
-        by_name = {m.name: m for m in models}
-        if len(by_name) != len(models):
-            # Sorted, so a duplicate sits right after its twin.
-            dup = next(a.name for a, b in itertools.pairwise(models) if a.name == b.name)
-            raise ConfigError(f"duplicate model name {dup!r} in the catalogue")
-        object.__setattr__(self, "models", models)
-        object.__setattr__(self, "_by_name", by_name)
-
-    def get(self, name: str) -> ModelSpec | None:
-        """The model called `name`, or None."""
-        return self._by_name.get(name)
 
 
 # ---------------------------------------------------------------------------
@@ -347,25 +285,77 @@ def _check_compute(spec: ModelSpec, where: str) -> None:
                 )
 
 
-def _parse_model(value: object, where: str) -> ModelSpec:
-    m = _mapping(value, where, _MODEL_KEYS)
-    if "name" not in m:
-        raise ConfigError(f"{where}.name is required")
-    name = _name(m["name"], f"{where}.name")
-    kind = m.get("kind", "model")
-    if kind != "model":
-        # XX TODO: `kind: meta` (a model made of sub-models) arrives with its own issue.
-        raise ConfigError(f"{where}.kind must be 'model', got {_show(kind)}")
-    platform = _name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform")
-    inputs = _parse_tensors(m, "inputs", where)
-    outputs = _parse_tensors(m, "outputs", where)
-    max_batch_size = _int(m, "max_batch_size", where, 0)
-    batch_input, batch_axis = _parse_batch(m, where, inputs, max_batch_size)
+def _parse_compute(m: Mapping[Hashable, Any], where: str) -> str:
     compute = m.get("compute", DEFAULT_COMPUTE)
     if compute not in COMPUTE_KINDS:
         raise ConfigError(
             f"{where}.compute must be one of {', '.join(COMPUTE_KINDS)}, got {_show(compute)}"
         )
+    return str(compute)
+
+
+def _parse_submodels(m: Mapping[Hashable, Any], where: str) -> tuple[str, ...]:
+    path = f"{where}.submodels"
+    if "submodels" not in m:
+        raise ConfigError(f"{path} is required for kind: meta")
+    items = _list(m["submodels"], path)
+    if not items:
+        raise ConfigError(f"{path} must list at least one sub-model, got []")
+    names: list[str] = []
+    for i, item in enumerate(items):
+        name = _name(item, f"{path}[{i}]")
+        if name in names:
+            raise ConfigError(f"{path}[{i}] lists {name!r} twice")
+        names.append(name)
+    return tuple(names)
+
+
+def _parse_meta(m: Mapping[Hashable, Any], where: str, name: str) -> ModelSpec:
+    """A meta: its own client tensors, and sub-models that do the device work.
+
+    Its batch input and axis (defaulting as a batched model's do) only say how
+    many rows a request carries, which sizes the sub-calls and the synthetic
+    outputs. ModelControlStatus still reports no batch axis for a meta.
+    """
+    _mapping(m, where, _META_KEYS)
+    inputs = _parse_tensors(m, "inputs", where)
+    batch_input, batch_axis = _parse_batch(m, where, inputs, 1)
+    spec = ModelSpec(
+        name=name,
+        inputs=inputs,
+        outputs=_parse_tensors(m, "outputs", where),
+        max_batch_size=0,
+        batch_input=batch_input,
+        batch_axis=batch_axis,
+        launch_seconds=0.0,
+        item_seconds=0.0,
+        weight_bytes=0,
+        compute=_parse_compute(m, where),
+        platform=_name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform"),
+        kind=ModelKind.META,
+        submodels=_parse_submodels(m, where),
+    )
+    _check_compute(spec, where)
+    return spec
+
+
+def _parse_model(value: object, where: str) -> ModelSpec:
+    kinds = tuple(k.value for k in ModelKind)
+    kind = value.get("kind", "model") if isinstance(value, dict) else "model"
+    if kind not in kinds:
+        raise ConfigError(f"{where}.kind must be one of {', '.join(kinds)}, got {_show(kind)}")
+    m = _mapping(value, where, _META_KEYS if kind == "meta" else _MODEL_KEYS)
+    if "name" not in m:
+        raise ConfigError(f"{where}.name is required")
+    name = _name(m["name"], f"{where}.name")
+    if kind == "meta":
+        return _parse_meta(m, where, name)
+    platform = _name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform")
+    inputs = _parse_tensors(m, "inputs", where)
+    outputs = _parse_tensors(m, "outputs", where)
+    max_batch_size = _int(m, "max_batch_size", where, 0)
+    batch_input, batch_axis = _parse_batch(m, where, inputs, max_batch_size)
+    compute = _parse_compute(m, where)
     spec = ModelSpec(
         name=name,
         inputs=inputs,
@@ -378,9 +368,27 @@ def _parse_model(value: object, where: str) -> ModelSpec:
         weight_bytes=_int(m, "weight_bytes", where, 0),
         compute=compute,
         platform=platform,
+        load_seconds=_ms(m, "load_ms", where, 0.0) if "load_ms" in m else None,
     )
     _check_compute(spec, where)
     return spec
+
+
+def _check_metas(models: list[ModelSpec]) -> None:
+    """Every meta's sub-models are `kind: model` entries (errors with key paths)."""
+    kinds = {spec.name: spec.kind for spec in models}
+    for i, spec in enumerate(models):
+        for j, sub in enumerate(spec.submodels):
+            kind = kinds.get(sub)
+            if kind is None:
+                raise ConfigError(
+                    f"models[{i}].submodels[{j}] must name a model of the catalogue, got {sub!r}"
+                )
+            if kind is ModelKind.META:
+                raise ConfigError(
+                    f"models[{i}].submodels[{j}] must name a kind: model entry, "
+                    f"got meta {sub!r} (metas do not nest)"
+                )
 
 
 def parse_catalogue(data: object, *, source: str) -> Catalogue:
@@ -405,6 +413,7 @@ def parse_catalogue(data: object, *, source: str) -> Catalogue:
             if any(s.name == spec.name for s in models):
                 raise ConfigError(f"models[{i}].name duplicates an earlier model: {spec.name!r}")
             models.append(spec)
+        _check_metas(models)
         return Catalogue(tuple(models))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None

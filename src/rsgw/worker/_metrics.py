@@ -1,10 +1,16 @@
 """The worker's Prometheus series (REFERENCE.md §6.4), labelled `worker` and `gpu`.
 
-Per-model state (dispatches, compute, queue depth, residency) is read from the
-device when scraped, so the dispatch loop updates plain integers and never a
-metric. Only the per-request outcome (`worker_requests_total`, latency) is counted
-as it happens. Every series carries `worker` and `gpu` first, so a node-wide
-scrape through the gateway needs no relabelling.
+Per-model state (dispatches, compute, queue depth, residency) and the weight
+cache's figures are read from the device when scraped, so the dispatch loop
+updates plain integers and never a metric. Only the per-request outcome
+(`worker_requests_total`, latency) is counted as it happens.
+
+Models are the routable ones: a meta is one unit and its internal sub-models
+are not listed (their device time is the meta's), so a sum over models counts
+each device second once. The weight-cache series appear when the cache is
+enabled or the control plane manages residency, as in the original. Every
+series carries `worker` and `gpu` first, so a node-wide scrape through the
+gateway needs no relabelling.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rsgw._exposition import LATENCY_BUCKETS, render_registry
+from rsgw.worker._weights import ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -96,9 +103,9 @@ class _DeviceCollector(Collector):
         pinned = gauge("worker_model_pinned", "1 if the model is pinned on the device.")
         weight = gauge("worker_model_weight_bytes", "Weight footprint of the model.")
         max_batch = gauge("worker_model_max_batch_size", "Largest batch the model runs.")
-        total_bytes = 0
-        for spec in device.catalogue.models:
+        for spec in device.catalogue.routable:
             c = device.counters[spec.name]
+            residence = device.memory.residence(spec.name)
             labels = [*base, spec.name]
             dispatch.add_metric(labels, c.dispatch_count)
             compute.add_metric(labels, c.total_compute_seconds)
@@ -108,19 +115,56 @@ class _DeviceCollector(Collector):
             waits = sorted(c.queue_waits)
             for q, value in (("0.5", _quantile(waits, 0.5)), ("0.99", _quantile(waits, 0.99))):
                 wait.add_metric([*labels, q], value)
-            resident.add_metric(labels, 1)
-            pinned.add_metric(labels, 1)
-            weight.add_metric(labels, spec.weight_bytes)
-            max_batch.add_metric(labels, spec.max_batch_size)
-            total_bytes += spec.weight_bytes
+            resident.add_metric(labels, int(residence.device_resident))
+            pinned.add_metric(labels, int(residence.pinned))
+            weight.add_metric(labels, residence.weight_nbytes)
+            max_batch.add_metric(labels, 0 if spec.is_meta else spec.max_batch_size)
         yield from (dispatch, compute, depth, wait, resident, pinned, weight, served, rows)
         yield max_batch
-        models = len(device.catalogue.models)
-        for name, doc, value in (
-            ("worker_models_loaded", "Models compiled and registered.", models),
-            ("worker_models_resident", "Models whose weights are on the device.", models),
-            ("worker_resident_weight_bytes", "Weight bytes on the device.", total_bytes),
-        ):
+        weights = device.memory.cache
+        on_device = list(weights.resident_models())
+        scalars: list[tuple[str, str, float]] = [
+            (
+                "worker_models_loaded",
+                "Models compiled and registered.",
+                len(device.catalogue.models),
+            ),
+            ("worker_models_resident", "Models whose weights are on the device.", len(on_device)),
+            (
+                "worker_resident_weight_bytes",
+                "Weight bytes on the device.",
+                weights.pinned_bytes + weights.resident_bytes,
+            ),
+        ]
+        if device.memory.cache_enabled or device.residency_mode is ResidencyMode.EXTERNALLY_MANAGED:
+            moved = device.memory.counters
+            scalars += [
+                (
+                    "worker_weight_cache_resident_bytes",
+                    "On-demand (unpinned) weight bytes on the device.",
+                    weights.resident_bytes,
+                ),
+                ("worker_weight_cache_max_bytes", "On-demand weight budget.", weights.max_bytes),
+                (
+                    "worker_weight_cache_pinned_bytes",
+                    "Weight bytes pinned on the device (exempt from the budget).",
+                    weights.pinned_bytes,
+                ),
+            ]
+            for name, doc, total in (
+                ("worker_weight_loads", "Weight loads onto the device.", moved.loads),
+                ("worker_weight_evicts", "Weights evicted to make room.", moved.evicts),
+                (
+                    "worker_weight_load_seconds",
+                    "Device seconds spent loading weights (not compute).",
+                    moved.load_seconds,
+                ),
+                ("worker_weight_compactions", "CompactMemory runs.", moved.compactions),
+            ):
+                moved_family = CounterMetricFamily(name, doc, labels=["worker", "gpu"])
+                moved_family.add_metric(base, total)
+                yield moved_family
+        for name, doc, value in scalars:
             family = gauge(name, doc, ["worker", "gpu"])
             family.add_metric(base, value)
             yield family
@@ -129,7 +173,19 @@ class _DeviceCollector(Collector):
             "Constant 1, labelled with how the worker runs.",
             ["worker", "gpu", "device_ordinal", "control_mode", "discipline", "residency_mode"],
         )
-        info.add_metric([*base, m.gpu, "none", device.discipline.value, "self_managed"], 1)
+        # control_mode as the original names it: "explicit" when the control
+        # plane decides residency, "none" otherwise.
+        externally = device.residency_mode is ResidencyMode.EXTERNALLY_MANAGED
+        info.add_metric(
+            [
+                *base,
+                m.gpu,
+                "explicit" if externally else "none",
+                device.discipline.value,
+                device.residency_mode.value,
+            ],
+            1,
+        )
         yield info
         admission = m.admission
         if admission is not None:

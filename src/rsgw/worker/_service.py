@@ -1,9 +1,14 @@
-"""The worker's KServe V2 data plane and ControlService/ModelControlStatus.
+"""The worker's KServe V2 data plane and its ControlService.
 
 Each RPC is a typed handler over the worker's parts: the catalogue (what models
-exist), the device (queues and execution), the shared-memory registry, and the
-metrics. ModelInfer validates everything it can before queueing, so a bad request
-costs no device time and names its problem: the input, the expected and the got.
+exist), the device (queues, weights and execution), the shared-memory registry,
+and the metrics. ModelInfer validates everything it can before queueing, so a
+bad request costs no device time and names its problem: the input, the expected
+and the got. Control RPCs validate here and hand the device a command it runs
+between batches (`_device.py`).
+
+Clients see only routable models: a meta's internal sub-models are NOT_FOUND
+to every RPC, as if they did not exist.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import InvalidRequest, NotFound, RsgwError
+from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._version import __version__
 from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._typed import typed_unary
+from rsgw.worker._memory import not_resident
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
+from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Mapping
@@ -99,6 +106,13 @@ class WorkerService:
             CONTROL + "ModelControlStatus": typed_unary(
                 cpb.ModelControlStatusRequest, self.model_control_status
             ),
+            CONTROL + "SetModelResidency": typed_unary(
+                cpb.SetModelResidencyRequest, self.set_model_residency
+            ),
+            CONTROL + "SetModelPolicy": typed_unary(
+                cpb.SetModelPolicyRequest, self.set_model_policy
+            ),
+            CONTROL + "CompactMemory": typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
         }
 
     # -- health and metadata ----------------------------------------------------------
@@ -119,7 +133,10 @@ class WorkerService:
     async def model_ready(
         self, request: pb.ModelReadyRequest, _: ServerCall
     ) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.catalogue.get(request.name) is not None)
+        spec = self.catalogue.route(request.name)
+        return pb.ModelReadyResponse(
+            ready=spec is not None and self.device.memory.is_servable(spec.name)
+        )
 
     async def server_metadata(
         self, _: pb.ServerMetadataRequest, __: ServerCall
@@ -144,17 +161,22 @@ class WorkerService:
         )
 
     async def repository_index(
-        self, _: pb.RepositoryIndexRequest, __: ServerCall
+        self, request: pb.RepositoryIndexRequest, _: ServerCall
     ) -> pb.RepositoryIndexResponse:
-        # Every model of the simulated worker is compiled and served on demand, so all
-        # are READY and `ready=true` filters nothing out.
+        # Every model is compiled at start. A self-managed worker loads on demand,
+        # so all are READY; an externally managed one serves only what is pinned.
         index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(
-            models=[index(name=m.name, version="", state="READY") for m in self.catalogue.models]
-        )
+        response = pb.RepositoryIndexResponse()
+        for spec in self.catalogue.routable:
+            ready = self.device.memory.is_servable(spec.name)
+            if ready or not request.ready:
+                response.models.append(
+                    index(name=spec.name, version="", state="READY" if ready else "UNAVAILABLE")
+                )
+        return response
 
     def _model(self, name: str) -> ModelSpec:
-        spec = self.catalogue.get(name)
+        spec = self.catalogue.route(name)
         if spec is None:
             raise NotFound(f"unknown model: {name}")
         return spec
@@ -181,6 +203,8 @@ class WorkerService:
                 raise InvalidRequest("ModelInferRequest.model_name is empty")
             spec = self._model(request.model_name)
             model_label = spec.name
+            if not self.device.memory.is_servable(spec.name):
+                raise not_resident(spec.name)
             inputs, variant = self._decode_inputs(spec, request)
             self._check_requested_outputs(spec, request)
             batch_rows = 1
@@ -193,18 +217,8 @@ class WorkerService:
             response = self._encode_response(spec, request, outputs)
             code = StatusCode.OK
             return response
-        except GrpcError as exc:
-            code = exc.code
-            raise
-        except RsgwError as exc:
-            code = exc.grpc_status
-            raise
-        except trio.Cancelled:
-            code = (
-                StatusCode.DEADLINE_EXCEEDED
-                if trio.current_time() >= call.deadline
-                else StatusCode.CANCELLED
-            )
+        except BaseException as exc:
+            code = call.status_for(exc)
             raise
         finally:
             self.inflight -= 1
@@ -346,31 +360,76 @@ class WorkerService:
     async def model_control_status(
         self, _: cpb.ModelControlStatusRequest, __: ServerCall
     ) -> cpb.ModelControlStatusResponse:
+        device = self.device
         response = cpb.ModelControlStatusResponse(
-            residency_mode="self_managed",
-            discipline=self.device.discipline.value,
-            weight_cache_max_bytes=0,
+            residency_mode=device.residency_mode.value,
+            discipline=device.discipline.value,
+            weight_cache_max_bytes=device.memory.cache.max_bytes,
         )
-        for spec in self.catalogue.models:
-            counters = self.device.counters[spec.name]
+        for spec in self.catalogue.routable:
+            counters = device.counters[spec.name]
+            residence = device.memory.residence(spec.name)
+            # A meta is one unit with no batch axis of its own (REFERENCE.md §8.2).
+            batched = not spec.is_meta
             response.models.add(
                 name=spec.name,
-                # No weight cache yet: every model is loaded at start and stays on device.
-                residency=cpb.PINNED_DEVICE,
-                device_resident=True,
-                host_resident=True,
-                weight_nbytes=spec.weight_bytes,
-                weight=1.0,
-                queue_depth=self.device.queue_depth(spec.name),
+                residency=residence.residency.name,
+                device_resident=residence.device_resident,
+                host_resident=residence.host_resident,
+                weight_nbytes=residence.weight_nbytes,
+                weight=device.weight(spec.name),
+                queue_depth=device.queue_depth(spec.name),
                 total_compute_seconds=counters.total_compute_seconds,
                 requests_served=counters.requests_served,
                 dispatch_count=counters.dispatch_count,
-                max_batch_size=spec.max_batch_size,
-                batch_input_name=spec.batch_input,
-                batch_axis=spec.batch_axis,
+                max_batch_size=spec.max_batch_size if batched else 0,
+                batch_input_name=spec.batch_input if batched else "",
+                batch_axis=spec.batch_axis if batched else 0,
                 rows_served=counters.rows_served,
             )
         return response
+
+    async def set_model_residency(
+        self, request: cpb.SetModelResidencyRequest, _: ServerCall
+    ) -> cpb.SetModelResidencyResponse:
+        if self.device.residency_mode is not ResidencyMode.EXTERNALLY_MANAGED:
+            raise FailedPrecondition(
+                f"worker {self.identity.name} manages its own weights "
+                "(--residency-mode self_managed); SetModelResidency needs externally_managed"
+            )
+        spec = self._model(request.name)
+        if request.target not in _RESIDENCIES:
+            raise InvalidRequest(
+                f"SetModelResidency target must be UNPINNED, PINNED_SYSTEM or PINNED_DEVICE, "
+                f"got {_residency_name(request.target)}"
+            )
+        residency = await self.device.set_residency(spec.name, Residency(request.target))
+        return cpb.SetModelResidencyResponse(residency=residency.name)
+
+    async def set_model_policy(
+        self, request: cpb.SetModelPolicyRequest, _: ServerCall
+    ) -> cpb.SetModelPolicyResponse:
+        spec = self._model(request.name)
+        if request.has_weight:
+            self.device.set_weight(spec.name, request.weight)
+        return cpb.SetModelPolicyResponse()
+
+    async def compact_memory(
+        self, request: cpb.CompactMemoryRequest, _: ServerCall
+    ) -> cpb.CompactMemoryResponse:
+        reloaded, resident = await self.device.compact(request.reload_models)
+        return cpb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=resident)
+
+
+#: The targets SetModelResidency accepts (RESIDENCY_UNSPECIFIED is not one).
+_RESIDENCIES = frozenset(int(r) for r in Residency)
+
+
+def _residency_name(value: int) -> str:
+    try:
+        return str(cpb.Residency.Name(value))
+    except ValueError:  # an enum value this proto does not know
+        return str(value)
 
 
 def _parse_infer_request(body: bytes) -> pb.ModelInferRequest:

@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING
 import trio
 
 from rsgw._admin import AdminApp, Reply, serve_admin
+from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
 from rsgw.grpc._server import GrpcServer
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue, builtin_catalogue
 from rsgw.worker._device import Device
+from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
 from rsgw.worker._metrics import WorkerMetrics
 from rsgw.worker._service import WorkerIdentity, WorkerService
 from rsgw.worker._shm import ShmRegistry
+from rsgw.worker._weights import ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -36,7 +39,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """Everything `rsgw worker` takes on its command line."""
+    """Everything `rsgw worker` takes on its command line.
+
+    Raises:
+        ConfigError: a number out of range, or `pinned` names a model the
+            catalogue does not serve (checked when the worker starts).
+    """
 
     name: str = "worker0"
     gpu: str = "0"
@@ -46,9 +54,30 @@ class WorkerConfig:
     metrics_port: int = 9100
     catalogue: Catalogue = field(default_factory=builtin_catalogue)
     discipline: Discipline = Discipline.FIFO
+    #: ModelInfer calls in flight before RESOURCE_EXHAUSTED; 0 = uncapped.
     max_concurrent_requests: int = 64
     time_scale: float = 1.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: On-demand weight budget in bytes; 0 disables the cache (everything stays
+    #: on the device, as a worker without a cache behaves).
+    weight_cache_bytes: int = 0
+    residency_mode: ResidencyMode = ResidencyMode.SELF_MANAGED
+    #: Bytes/s a weight load moves, for models without their own `load_ms`.
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
+    #: Models pinned on the device from the start (a node file's `models:` map).
+    pinned: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.weight_cache_bytes < 0:
+            raise ConfigError(f"weight_cache_bytes must be >= 0, got {self.weight_cache_bytes}")
+        if not self.load_bandwidth > 0:
+            raise ConfigError(f"load_bandwidth must be > 0, got {self.load_bandwidth}")
+        if not self.time_scale > 0:
+            raise ConfigError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.max_concurrent_requests < 0:
+            raise ConfigError(
+                f"max_concurrent_requests must be >= 0, got {self.max_concurrent_requests}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +103,17 @@ async def serve_worker(
 
     Raises:
         ListenError: a port is busy or cannot be bound.
+        ConfigError: `config.pinned` names a model the catalogue does not serve.
     """
-    device = Device(config.catalogue, time_scale=config.time_scale, discipline=config.discipline)
+    device = Device(
+        config.catalogue,
+        time_scale=config.time_scale,
+        discipline=config.discipline,
+        weight_cache_bytes=config.weight_cache_bytes,
+        residency_mode=config.residency_mode,
+        load_bandwidth=config.load_bandwidth,
+        pinned=config.pinned,
+    )
     metrics = WorkerMetrics(config.name, config.gpu, device)
     shm = ShmRegistry()
     service = WorkerService(
@@ -108,9 +146,11 @@ async def serve_worker(
                     "gpu": config.gpu,
                     "grpc_port": grpc_port,
                     "metrics_port": metrics_port,
-                    "models": len(config.catalogue.models),
+                    "models": len(config.catalogue.routable),
                     "discipline": config.discipline.value,
                     "time_scale": config.time_scale,
+                    "weight_cache_bytes": config.weight_cache_bytes,
+                    "residency_mode": config.residency_mode.value,
                 },
             )
             task_status.started(
