@@ -13,6 +13,10 @@ def test_public_names() -> None:
         "RsgwError",
         "__version__",
         "load_config",
+        "probe_worker_ready",
+        "serve_gateway",
+        "open_gateway",
+        "RunningGateway",
     }
     for name in rsgw.__all__:
         assert hasattr(rsgw, name)

@@ -7,13 +7,21 @@ from rsgw._config import load_config as load_config
 from rsgw._errors import ConfigError as ConfigError
 from rsgw._errors import GatewayWedged as GatewayWedged
 from rsgw._errors import RsgwError as RsgwError
+from rsgw._probe import probe_worker_ready as probe_worker_ready
 from rsgw._version import __version__ as __version__
+from rsgw.gateway._gateway import RunningGateway as RunningGateway
+from rsgw.gateway._gateway import open_gateway as open_gateway
+from rsgw.gateway._gateway import serve_gateway as serve_gateway
 
 __all__ = [
     "ConfigError",
     "GatewayConfig",
     "GatewayWedged",
     "RsgwError",
+    "RunningGateway",
     "__version__",
     "load_config",
+    "open_gateway",
+    "probe_worker_ready",
+    "serve_gateway",
 ]

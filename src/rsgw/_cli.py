@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from functools import partial
@@ -84,7 +85,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--models", metavar="FILE", help="model catalogue YAML (default: built-in)")
     worker.add_argument(
-        "--discipline", choices=["fifo"], default="fifo", help="dispatch discipline (fifo)"
+        "--discipline",
+        choices=["fifo", "edf", "fair"],
+        default="fifo",
+        help="which queued model the device runs next (default fifo)",
+    )
+    worker.add_argument(
+        "--weight-cache-bytes",
+        type=_byte_size,
+        default=0,
+        metavar="N",
+        help="on-demand weight budget in bytes (suffixes KiB, MiB, GiB allowed); "
+        "0 keeps every model on the device (default 0)",
+    )
+    worker.add_argument(
+        "--residency-mode",
+        choices=["self_managed", "externally_managed"],
+        default="self_managed",
+        help="self_managed loads weights on demand; externally_managed serves only "
+        "models pinned by SetModelResidency (default self_managed)",
+    )
+    worker.add_argument(
+        "--load-bandwidth",
+        type=_positive_byte_size,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="weight load speed in bytes/s for models without load_ms (default 8GiB)",
+    )
+    worker.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="pin MODEL on the device from the start; repeatable",
     )
     worker.add_argument(
         "--max-concurrent-requests",
@@ -115,6 +148,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--listen-metrics", metavar="H:P", help="admin HTTP listen address (0.0.0.0:8002)"
     )
+
+    node = commands.add_parser(
+        "node",
+        help="run a node: one simulated worker per GPU and the gateway in front",
+        description="Run the node supervisor: one simulated worker process per GPU and, "
+        "for two workers or more, the gateway on the public ports 8001 (gRPC) and 8002 "
+        "(metrics); a single worker serves those ports itself. Children that die are "
+        "restarted. Without NODE_FILE: builtin models, gpus auto (4 simulated GPUs when "
+        "none is visible), workers on 8080+ and metrics on 9100+.",
+    )
+    node.add_argument("node_file", nargs="?", metavar="NODE_FILE", help="node file YAML")
+    node.add_argument(
+        "--gpus", type=_non_negative_int, metavar="N", help="run N workers (overrides gpus:)"
+    )
+    _add_logging_flags(node)
+
+    probe = commands.add_parser(
+        "probe",
+        help="health check: is a worker of a node ready?",
+        description="Call ServerReady on a worker of the node (127.0.0.1, 5 s deadline): "
+        "exit 0 if it is ready, 1 if it is not, is unreachable, or the node file or "
+        "worker choice is invalid (then with a one-line message).",
+    )
+    probe.add_argument("--node", required=True, metavar="NODE_FILE", help="node file YAML")
+    probe.add_argument("--worker", metavar="NAME", help="worker name (needed if several)")
     return parser
 
 
@@ -123,9 +181,35 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=FORMATS, default="json", help="(default json)")
 
 
+# Decimal (k, kB) and binary (KiB) units, as operators write memory sizes.
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6}
+_BYTE_UNITS |= {"g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_BYTE_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)", re.IGNORECASE)
+
+
+def _byte_size(text: str) -> int:
+    """A byte count, bare or with a unit: `536870912`, `512MiB`, `8GiB`, `1.5GB`."""
+    match = _BYTE_SIZE.fullmatch(text.strip())
+    unit = _BYTE_UNITS.get(match[2].lower()) if match else None
+    if match is None or unit is None:
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (say 536870912, 512MiB or 8GiB)"
+        )
+    return int(float(match[1]) * unit)
+
+
+def _positive_byte_size(text: str) -> int:
+    value = _byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _run_worker(args: argparse.Namespace) -> None:
     from rsgw.worker._batching import Discipline
     from rsgw.worker._catalogue import builtin_catalogue, load_catalogue
+    from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
+    from rsgw.worker._weights import ResidencyMode
     from rsgw.worker._worker import WorkerConfig, serve_worker
 
     catalogue = load_catalogue(args.models) if args.models else builtin_catalogue()
@@ -139,6 +223,10 @@ def _run_worker(args: argparse.Namespace) -> None:
         discipline=Discipline(args.discipline),
         max_concurrent_requests=args.max_concurrent_requests,
         time_scale=args.time_scale,
+        weight_cache_bytes=args.weight_cache_bytes,
+        residency_mode=ResidencyMode(args.residency_mode),
+        load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
+        pinned=frozenset(args.pin),
     )
     trio.run(_until_terminated, partial(serve_worker, config))
 
@@ -166,6 +254,33 @@ def _run_gateway(args: argparse.Namespace) -> None:
     trio.run(_until_terminated, partial(serve_gateway, config))
 
 
+def _run_node(args: argparse.Namespace) -> None:
+    from rsgw._node import BUILTIN_MODEL_REPO, default_node, load_node
+    from rsgw._supervisor import serve_node, visible_gpu_count
+    from rsgw.worker._catalogue import load_catalogue
+
+    visible = visible_gpu_count() if args.gpus is None else None
+    if args.node_file is None:
+        node = default_node(visible_gpus=visible, gpus=args.gpus)
+    else:
+        node = load_node(args.node_file, visible_gpus=visible, gpus=args.gpus)
+    if node.model_repo != BUILTIN_MODEL_REPO:
+        # A bad catalogue is one line now, not a restart loop of every worker.
+        load_catalogue(node.model_repo)
+    service = partial(serve_node, node, log_level=args.log_level, log_format=args.log_format)
+    trio.run(_until_terminated, service)
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    from rsgw._probe import probe_worker_ready
+
+    if trio.run(probe_worker_ready, args.node, args.worker):
+        return 0
+    which = f"worker '{args.worker}'" if args.worker else "the worker"
+    print(f"rsgw probe: {which} of {args.node} is not ready", file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rsgw` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -175,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _run_worker(args)
         elif args.command == "run":
             _run_gateway(args)
+        elif args.command == "node":
+            _run_node(args)
+        elif args.command == "probe":
+            return _run_probe(args)
     except (Exception, KeyboardInterrupt) as exc:
         leaf = _first_leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
