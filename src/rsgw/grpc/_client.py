@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import h2.errors
 import h2.events
 import h2.exceptions
+import hpack
 import trio
 
 from rsgw._errors import WorkerUnavailable
@@ -176,7 +177,10 @@ class Channel:
     def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
         headers = [*self._request_prefix, (b":path", path), *self._request_suffix]
         if deadline != math.inf:
-            headers.append((b"grpc-timeout", format_timeout(deadline - trio.current_time())))
+            # Never indexed: a new value every call would churn the HPACK table and
+            # push out the constant headers that make every other call cheap.
+            timeout = format_timeout(deadline - trio.current_time())
+            headers.append(hpack.NeverIndexedHeaderTuple(b"grpc-timeout", timeout))
         headers.extend(metadata)
         return headers
 

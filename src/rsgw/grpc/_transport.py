@@ -14,6 +14,7 @@ import h2.config
 import h2.connection
 import h2.exceptions
 import h2.settings
+import hpack
 import trio
 
 from rsgw.grpc._framing import message_prefix
@@ -29,6 +30,18 @@ DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 RECEIVE_BYTES = 256 * 1024
 #: The window every HTTP/2 connection starts with (RFC 9113 §6.9.2).
 _INITIAL_WINDOW = 65535
+
+
+class _PlainEncoder(hpack.Encoder):
+    """HPACK without Huffman coding.
+
+    Huffman coding saves a few bytes per literal header on the wire and costs a
+    pure-Python bit-twiddling loop per header value. Between a gateway and its
+    workers, and to clients on a LAN, the CPU matters more than the bytes.
+    """
+
+    def encode(self, headers: object, huffman: bool = True) -> bytes:
+        return super().encode(headers, huffman=False)  # type: ignore[arg-type]  # hpack accepts any header iterable
 
 
 def new_h2_connection(
@@ -54,6 +67,7 @@ def new_h2_connection(
         normalize_outbound_headers=False,
     )
     conn = h2.connection.H2Connection(config=config)
+    conn.encoder = _PlainEncoder()
     settings: dict[h2.settings.SettingCodes | int, int] = {
         h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window_bytes,
         h2.settings.SettingCodes.MAX_FRAME_SIZE: max_frame_bytes,
