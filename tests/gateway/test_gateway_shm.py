@@ -36,8 +36,14 @@ def regions() -> Iterator[dict[str, tuple[str, object]]]:
         shm.destroy_shared_memory_region(handle)
 
 
-def worker_regions(fleet: Fleet) -> list[set[str]]:
-    return [{r.name for r in w.service.shm.status()} for w in fleet.workers]
+def worker_regions(fleet: Fleet, count: int | None = None) -> list[set[str]]:
+    """Each worker's own SystemSharedMemoryStatus, asked of the worker directly."""
+    found = []
+    for worker in fleet.workers[:count]:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{worker.grpc_port}")
+        found.append(set(client.get_system_shared_memory_status().regions))
+        client.close()
+    return found
 
 
 def infer_through_shm(target: str, regions: dict[str, tuple[str, object]], seed: int) -> None:
@@ -82,7 +88,8 @@ async def test_register_everywhere_infer_everywhere_unregister_all(
                 "output_region", regions["out"][0], 2 * BYTES
             )
         )
-        assert worker_regions(fleet) == [{"input_region", "output_region"}] * 3
+        registered = await trio.to_thread.run_sync(worker_regions, fleet)
+        assert registered == [{"input_region", "output_region"}] * 3
         for seed in range(6):  # round robin: every worker serves two of them
             await trio.to_thread.run_sync(infer_through_shm, fleet.target, regions, seed)
         assert [w.service.device.counters["simple"].requests_served for w in fleet.workers] == [
@@ -91,7 +98,7 @@ async def test_register_everywhere_infer_everywhere_unregister_all(
             2,
         ]
         await trio.to_thread.run_sync(client.unregister_system_shared_memory)
-        assert worker_regions(fleet) == [set(), set(), set()]
+        assert await trio.to_thread.run_sync(worker_regions, fleet) == [set(), set(), set()]
         client.close()
 
 
@@ -110,7 +117,8 @@ async def test_register_with_a_dead_worker_rolls_back(
         assert "FAILED_PRECONDITION" in str(caught.value.status())
         dead = f"127.0.0.1:{fleet.workers[2].grpc_port}"
         assert f"SHM register failed on workers: [{dead}]" in caught.value.message()
-        assert worker_regions(fleet)[:2] == [set(), set()]  # rolled back on the live ones
+        live = await trio.to_thread.run_sync(worker_regions, fleet, 2)
+        assert live == [set(), set()]  # rolled back on the live ones
         client.close()
 
 
@@ -122,5 +130,5 @@ async def test_register_a_missing_key_fails_everywhere() -> None:
                 lambda: client.register_system_shared_memory("r", "/rsgw_no_such_key", 64)
             )
         assert "FAILED_PRECONDITION" in str(caught.value.status())
-        assert worker_regions(fleet) == [set(), set()]
+        assert await trio.to_thread.run_sync(worker_regions, fleet) == [set(), set()]
         client.close()
