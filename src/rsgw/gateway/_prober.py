@@ -93,23 +93,32 @@ class Prober:
         return bool(self.ready)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Discover once, report started, then probe every interval until cancelled.
+        """Probe once, report started, then probe every interval until cancelled.
+
+        The first round (readiness and discovery) completes before `started()`, so
+        the gateway's first request already has a routing table and `/readyz` is
+        right from the moment the listener opens.
 
         Raises:
             GatewayWedged: the wedge condition held (see the module docstring).
         """
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            try:
-                await self._refresh()
-            except Exception:
-                logger.warning("initial discovery failed", exc_info=True)
+            await self._guarded_round()
             task_status.started()
             while True:
-                await self.run_round()
                 with trio.move_on_after(self.interval):
                     await self._wake.wait()
                 self._wake = trio.Event()
+                await self._guarded_round()
+
+    async def _guarded_round(self) -> None:
+        try:
+            await self.run_round()
+        except GatewayWedged:
+            raise
+        except Exception:  # a bug in one round must not stop the probing
+            logger.exception("probe round failed; keeping the previous state")
 
     def wake(self) -> None:
         """Run the next round now instead of at the end of the interval."""

@@ -1,0 +1,128 @@
+"""The prober's hang handling, wedge condition and single-flight refresh.
+
+The stand-in worker here is scripted on purpose: a real worker cannot be told to
+hang its ServerReady while still accepting connections, nor to count discovery
+calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trio
+
+from rsgw._config import GatewayConfig, ListenConfig
+from rsgw._errors import GatewayWedged
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.grpc._server import GrpcServer, ServerCall
+
+
+class ScriptedWorker:
+    """Answers ServerReady and RepositoryIndex; can be told to hang."""
+
+    def __init__(self) -> None:
+        self.hang = False
+        self.index_calls = 0
+        self.index_gate: trio.Event | None = None
+
+    async def ready(self, body: bytes, call: ServerCall) -> bytes:
+        if self.hang:
+            await trio.sleep_forever()
+        return pb.ServerReadyResponse(ready=True).SerializeToString()
+
+    async def index(self, body: bytes, call: ServerCall) -> bytes:
+        self.index_calls += 1
+        if self.hang:
+            await trio.sleep_forever()
+        if self.index_gate is not None:
+            await self.index_gate.wait()
+        response = pb.RepositoryIndexResponse()
+        response.models.add(name="m", state="READY")
+        return response.SerializeToString()
+
+    def server(self) -> GrpcServer:
+        return GrpcServer(
+            {
+                "/inference.GRPCInferenceService/ServerReady": self.ready,
+                "/inference.GRPCInferenceService/RepositoryIndex": self.index,
+            }
+        )
+
+
+def config(port: int, **overrides: object) -> GatewayConfig:
+    base = GatewayConfig(
+        endpoints=(f"127.0.0.1:{port}",),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        health_interval_seconds=0.05,
+        probe_timeout_seconds=0.2,
+    )
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]  # test overrides
+
+
+async def test_a_hung_probe_resets_the_channel() -> None:
+    worker = ScriptedWorker()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
+        gateway: RunningGateway = await nursery.start(
+            serve_gateway, config(port, wedge_exit_rounds=0)
+        )
+        assert gateway.prober.ready
+        worker.hang = True
+        with trio.fail_after(5):
+            while gateway.prober.channel_resets == 0:  # noqa: ASYNC110  # a counter, no event
+                await trio.sleep(0.01)
+        assert not gateway.prober.ready
+        worker.hang = False
+        with trio.fail_after(5):
+            while not gateway.prober.ready:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_wedged_fleet_raises_gateway_wedged() -> None:
+    worker = ScriptedWorker()
+    with pytest.RaisesGroup(GatewayWedged, flatten_subgroups=True):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
+            await nursery.start(serve_gateway, config(port, wedge_exit_rounds=2))
+            worker.hang = True  # responsive once, now every probe hangs
+            with trio.fail_after(10):
+                await trio.sleep_forever()
+
+
+async def test_never_responsive_fleet_is_not_wedged() -> None:
+    worker = ScriptedWorker()
+    worker.hang = True
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
+        gateway: RunningGateway = await nursery.start(
+            serve_gateway, config(port, wedge_exit_rounds=1)
+        )
+        with trio.fail_after(5):
+            while gateway.prober.rounds < 3:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_on_demand_refresh_is_single_flight() -> None:
+    worker = ScriptedWorker()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
+        gateway: RunningGateway = await nursery.start(
+            serve_gateway, config(port, health_interval_seconds=3600)
+        )
+        prober = gateway.prober
+        await trio.sleep(1.1)  # past the 1 s refresh floor since the startup discovery
+        before = worker.index_calls
+        worker.index_gate = trio.Event()
+        async with trio.open_nursery() as callers:
+            for _ in range(10):
+                callers.start_soon(prober.refresh_now)
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            worker.index_gate.set()
+        assert worker.index_calls == before + 1
+        await prober.refresh_now()  # within the 1 s floor: no new scan
+        assert worker.index_calls == before + 1
+        nursery.cancel_scope.cancel()
