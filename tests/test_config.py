@@ -1,4 +1,7 @@
-"""Tests for the gateway configuration (rsgw._config): keys, defaults, environment, files."""
+"""The gateway configuration (rsgw._config, building rsgw._schema): keys, defaults, env, files.
+
+The scheduling knobs' own checks are tested one by one in tests/scheduling/test_knobs.py.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,6 @@ import rsgw
 from rsgw import _config
 from rsgw._config import (
     ENV_VARIABLES,
-    RUNTIME_KNOBS,
-    SCHEDULING_KNOBS,
     CompactionMode,
     FillMode,
     GatewayConfig,
@@ -31,7 +32,6 @@ from rsgw._config import (
     find_config_file,
     load_config,
     parse_config,
-    validate_knob,
 )
 from rsgw._errors import ConfigError
 
@@ -711,7 +711,7 @@ def test_wedge_exit_rounds_must_be_an_integer(value: str, fragment: str) -> None
     raises({}, W + "WEDGE_EXIT_ROUNDS", fragment, **{W + "WEDGE_EXIT_ROUNDS": value})
 
 
-# -- immutability and the runtime knobs ---------------------------------------------------------
+# -- immutability ------------------------------------------------------------------------------
 
 
 def test_config_is_immutable_and_hashable() -> None:
@@ -734,44 +734,6 @@ def test_replace_is_validated_like_yaml() -> None:
         SchedulingConfig(models={"m": ModelOverride(replicas=0)})
     with pytest.raises(ConfigError, match="gateway has no endpoints"):
         GatewayConfig(endpoints=())
-
-
-def test_validate_knob_uses_the_yaml_checks() -> None:
-    assert validate_knob("mode", "LPT_PACKING") is SchedulingMode.LPT_PACKING
-    assert validate_knob("default_replicas", "all") == "all"
-    assert validate_knob("hysteresis", 0) == 0.0
-    assert validate_knob("compaction_interval", 0) == 0
-    assert validate_knob("forbid_memory_oversubscription", False) is False
-    with pytest.raises(
-        ConfigError, match=r"scheduling.rebalance_compute_seconds must be positive, got -1"
-    ):
-        validate_knob("rebalance_compute_seconds", -1)
-    with pytest.raises(ConfigError, match=r"policy\.hysteresis must be in"):
-        validate_knob("hysteresis", 2.0, key="policy.hysteresis")
-
-
-def test_validate_knob_unknown_name() -> None:
-    with pytest.raises(ConfigError) as info:
-        validate_knob("rebalance", 1)
-    message = str(info.value)
-    assert message.startswith(
-        "unknown scheduling knob 'rebalance'; accepted: compaction_interval, "
-    )
-    assert "work_basis" in message
-
-
-def test_knob_tables() -> None:
-    assert set(SCHEDULING_KNOBS) == {
-        f.name for f in dataclasses.fields(SchedulingConfig) if f.name != "models"
-    }
-    assert {"mode", "max_worker_share"}.isdisjoint(RUNTIME_KNOBS)
-    assert len(RUNTIME_KNOBS) == 12
-
-
-@pytest.mark.parametrize(("name", "bad"), [(n, object()) for n in SCHEDULING_KNOBS])
-def test_every_knob_rejects_a_foreign_object(name: str, bad: object) -> None:
-    with pytest.raises(ConfigError, match=f"scheduling.{name}"):
-        validate_knob(name, bad)
 
 
 # -- files (REFERENCE.md §3.1) -------------------------------------------------------------------

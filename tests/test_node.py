@@ -1,9 +1,11 @@
-"""Tests for node files (rsgw._node): synthesis, validation, the gateway's environment."""
+"""Tests for node files (rsgw._node): synthesis, validation, the probe target.
+
+The embedded gateway's environment, derived from a node, is in tests/test_supervision.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 from typing import Any
 
@@ -11,20 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._config import parse_config
 from rsgw._errors import ConfigError
 from rsgw._node import (
     DEFAULT_NODE_TEMPLATE,
     NodeConfig,
     WorkerSpec,
     default_node,
-    gateway_environment,
     load_node,
     parse_node,
     probe_target,
 )
-
-W = "REACTANT_GATEWAY_"
 
 
 def node(visible_gpus: int | None = None, **raw: Any) -> NodeConfig:
@@ -357,56 +355,6 @@ def test_load_node_errors(tmp_path: pathlib.Path) -> None:
     bad.write_text("", encoding="utf-8")
     with pytest.raises(ConfigError, match="node file root must be a mapping, got None"):
         load_node(bad)
-
-
-# -- the embedded gateway's environment (REFERENCE.md §8.5, DECISIONS.md §6) -----------------------
-
-
-def test_gateway_environment_synthesizes_workers_metrics_and_names() -> None:
-    n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
-    env = gateway_environment(n, {"PATH": "/bin"}, gateway_yml_mounted=False)
-    assert env == {
-        "PATH": "/bin",
-        W + "STARTUP_WAIT_SECONDS": "inf",
-        W + "WORKERS": "127.0.0.1:8080,127.0.0.1:8081",
-        W + "WORKER_METRICS": "127.0.0.1:9100,127.0.0.1:9101",
-        W + "WORKER_NAMES": "worker0,worker1",
-        W + "GRPC_MAX_RECV_MSG_BYTES": "1024",
-    }
-    cfg = parse_config({}, env)
-    assert cfg.endpoints == ("127.0.0.1:8080", "127.0.0.1:8081")
-    assert cfg.metrics_endpoints == ("127.0.0.1:9100", "127.0.0.1:9101")
-    assert cfg.worker_names == ("worker0", "worker1")
-    assert cfg.grpc.max_recv_msg_bytes == 1024
-    assert cfg.startup_wait_seconds == math.inf
-
-
-def test_gateway_environment_keeps_what_is_already_set() -> None:
-    n = node(
-        gpus=2, **{"global": {"grpc": {"max_recv_msg_bytes": 1024, "max_send_msg_bytes": 2048}}}
-    )
-    given = {W + "STARTUP_WAIT_SECONDS": "30", W + "GRPC_MAX_SEND_MSG_BYTES": "4096"}
-    env = gateway_environment(n, given, gateway_yml_mounted=False)
-    assert env[W + "STARTUP_WAIT_SECONDS"] == "30"
-    assert env[W + "GRPC_MAX_SEND_MSG_BYTES"] == "4096"
-    assert env[W + "GRPC_MAX_RECV_MSG_BYTES"] == "1024"
-    assert W + "WORKER_METRICS" not in env  # no metrics_base_port
-    assert given == {W + "STARTUP_WAIT_SECONDS": "30", W + "GRPC_MAX_SEND_MSG_BYTES": "4096"}
-
-
-def test_a_mounted_gateway_yml_suppresses_the_synthesis() -> None:
-    n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
-    env = gateway_environment(n, {W + "FILE": "/g.yml"}, gateway_yml_mounted=True)
-    assert env == {W + "FILE": "/g.yml", W + "STARTUP_WAIT_SECONDS": "inf"}
-
-
-def test_gateway_environment_needs_bound_ports_for_port_zero() -> None:
-    n = node(gpus=2, base_port=0)
-    with pytest.raises(ConfigError, match="worker 'worker0' has gRPC port 0"):
-        gateway_environment(n, {}, gateway_yml_mounted=False)
-    bound = [dataclasses.replace(w, port=41000 + i) for i, w in enumerate(n.workers)]
-    env = gateway_environment(n, {}, gateway_yml_mounted=False, workers=bound)
-    assert env[W + "WORKERS"] == "127.0.0.1:41000,127.0.0.1:41001"
 
 
 # -- probe_target (probe_worker_ready's choice of worker) ------------------------------------------

@@ -5,8 +5,8 @@ The end-to-end tests run `python -m rsgw node` as an operator does, with every p
 learn the ports and pids from its "node serving" log line; restarts show up as
 "process started" lines. The supervisor runs in its own session so that a test can
 send the whole group Ctrl-C, and so that clean-up can kill the group if a test fails.
-Everything waits by polling with a deadline. The pure parts (backoff, GPU counting,
-log-line parsing) have plain table tests.
+Everything waits by polling with a deadline. The pure decisions (backoff, GPUs,
+addresses, command and log lines) have plain table tests in tests/test_supervision.py.
 """
 
 from __future__ import annotations
@@ -35,16 +35,8 @@ import yaml
 import rsgw
 from rsgw._cli import main
 from rsgw._node import load_node, parse_node
-from rsgw._supervisor import (
-    Backoff,
-    RunningNode,
-    _WorkerChild,
-    cuda_device,
-    parse_serving,
-    public_addresses,
-    serve_node,
-    visible_gpu_count,
-)
+from rsgw._supervision import worker_command
+from rsgw._supervisor import RunningNode, _WorkerChild, serve_node, visible_gpu_count
 from tests.helpers import in_thread, wait_until
 
 #: Cold start of 3 workers and a gateway, each importing trio, h2, protobuf, on a busy box.
@@ -430,15 +422,7 @@ def test_a_busy_public_port_is_one_line_and_exit_1_before_any_child(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------
-# Pure parts.
-
-
-def test_backoff_doubles_from_1_to_30_and_resets_after_a_stable_run() -> None:
-    backoff = Backoff()
-    delays = [backoff.after_exit(0.5) for _ in range(7)]
-    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert backoff.after_exit(60.0) == 1.0
-    assert backoff.after_exit(59.0) == 2.0
+# GPU counting and the worker's command line, as the shell does them.
 
 
 @pytest.mark.parametrize(
@@ -474,78 +458,19 @@ def test_no_visible_gpu_simulates_four_and_says_so() -> None:
     assert any("simulating 4" in note for note in node.notes)
 
 
-def test_a_worker_gets_the_physical_device_behind_its_ordinal() -> None:
-    assert cuda_device(1, {"CUDA_VISIBLE_DEVICES": "2,3"}) == "3"
-    assert cuda_device(1, {}) == "1"
-    assert cuda_device("GPU-77aa", {"CUDA_VISIBLE_DEVICES": "2,3"}) == "GPU-77aa"
-
-
-def test_worker_command_carries_the_node_files_worker_settings() -> None:
+def test_a_worker_child_runs_its_worker_command_on_its_device() -> None:
     node = parse_node(
-        {
-            "model_repo": "builtin",
-            "gpus": 2,
-            "global": {"scheduler": {"discipline": "EDF"}},
-            "models": {"simple": ["worker1"]},
-        },
-        source="n",
+        {"model_repo": "builtin", "gpus": 2, "models": {"simple": ["worker1"]}}, source="n"
     )
     env = {"CUDA_VISIBLE_DEVICES": "4,5"}
-    argv = _WorkerChild(node.workers[1], node, env, ["--log-format", "text"], print, 3.0).command()
-    assert argv[1:] == [
-        "-m",
-        "rsgw",
-        "worker",
-        "--name",
-        "worker1",
-        "--gpu",
-        "5",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8081",
-        "--metrics-port",
-        "-1",
-        "--discipline",
-        "edf",
-        "--pin",
-        "simple",
-        "--log-format",
-        "text",
-    ]
-
-
-def test_public_addresses_default_and_override() -> None:
-    assert public_addresses({}) == ("0.0.0.0:8001", "0.0.0.0:8002")
-    env = {"REACTANT_GATEWAY_LISTEN_GRPC": " 127.0.0.1:0 ", "REACTANT_GATEWAY_LISTEN_METRICS": ""}
-    assert public_addresses(env) == ("127.0.0.1:0", "0.0.0.0:8002")
-    with pytest.raises(rsgw.ConfigError, match="REACTANT_GATEWAY_LISTEN_GRPC"):
-        public_addresses({"REACTANT_GATEWAY_LISTEN_GRPC": "8001"})
-
-
-@pytest.mark.parametrize(
-    ("line", "ports"),
-    [
-        ('{"event": "worker serving", "grpc_port": 5, "metrics_port": 6}', (5, 6)),
-        ('{"event": "worker serving", "grpc_port": 5, "metrics_port": null}', (5, None)),
-        ('{"event": "worker serving!", "grpc_port": 5, "metrics_port": 6}', None),
-        ('{"event": "gateway serving", "grpc_port": 5, "metrics_port": 6}', None),
-        ('{"event": "worker serving", "grpc_port": "5"}', None),
-        ('{"event": "worker serving", "grpc_po', None),
-        (
-            "12:00:00 info    rsgw.worker._worker: worker serving worker=w0 gpu=0 "
-            "grpc_port=5 metrics_port=6 models=8",
-            (5, 6),
-        ),
-        ("12:00:00 info    x: worker serving worker=w grpc_port=5 metrics_port=None", (5, None)),
-        (
-            "12:00:00 info    x: worker serving worker=grpc_port=9 grpc_port=5 metrics_port=6",
-            (5, 6),
-        ),
-        ("12:00:00 info    x: not worker serving grpc_port=5 metrics_port=6", None),
-    ],
-)
-def test_parse_serving_reads_json_and_text_lines(
-    line: str, ports: tuple[int, int | None] | None
-) -> None:
-    assert parse_serving(line, "worker serving") == ports
+    child = _WorkerChild(node.workers[1], node, env, ["--log-format", "text"], print, 3.0)
+    assert child.environment()["CUDA_VISIBLE_DEVICES"] == "5"
+    assert child.command() == worker_command(
+        node.workers[1],
+        node,
+        device="5",
+        logging_flags=["--log-format", "text"],
+        executable=sys.executable,
+    )
+    child.pin(7001, None)
+    assert child.command()[child.command().index("--port") + 1] == "7001"

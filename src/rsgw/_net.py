@@ -11,15 +11,10 @@ import socket
 
 from rsgw._errors import ListenError
 
+# Pure, so it lives with the other value parsers; re-exported for the listeners.
+from rsgw._values import split_host_port as split_host_port
+
 DEFAULT_BACKLOG = 1024
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """`host:port` (IPv6 in brackets) to its parts; ValueError if malformed."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{address!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 def bind_tcp(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> socket.socket:

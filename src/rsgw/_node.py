@@ -30,19 +30,11 @@ import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
-from rsgw._config import (
-    ENV_PREFIX,
-    ENV_STARTUP_WAIT,
-    MAX_MESSAGE_BYTES,
-    env_name,
-    read_yaml,
-)
 from rsgw._errors import ConfigError
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from rsgw._schema import MAX_MESSAGE_BYTES
+from rsgw._values import read_yaml, show
 
 # The default node (REFERENCE.md §8.5's template): what `rsgw node` runs without a file.
 DEFAULT_BASE_PORT = 8080
@@ -75,7 +67,7 @@ _NODE_KEYS = (
 )
 _WORKER_KEYS = ("name", "gpu", "host", "port")
 # The worker message limits the embedded gateway mirrors (REFERENCE.md §8.5).
-_MIRRORED_LIMITS = ("max_recv_msg_bytes", "max_send_msg_bytes")
+MIRRORED_LIMITS = ("max_recv_msg_bytes", "max_send_msg_bytes")
 
 GpuId = int | str
 
@@ -136,18 +128,13 @@ class NodeConfig:
 # the source.
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _port(value: object, key: str) -> int:
     if not _is_int(value) or not 0 <= value <= 65535:
-        raise ConfigError(f"{key} must be a port number in 0..65535, got {_show(value)}")
+        raise ConfigError(f"{key} must be a port number in 0..65535, got {show(value)}")
     return value
 
 
@@ -155,7 +142,7 @@ def _mapping(value: object, key: str) -> Mapping[Hashable, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{key} must be a mapping, got {_show(value)}")
+        raise ConfigError(f"{key} must be a mapping, got {show(value)}")
     return value
 
 
@@ -164,7 +151,7 @@ def _gpu_id(value: object, key: str) -> GpuId:
         return value
     if isinstance(value, str) and value.strip():
         return value.strip()
-    raise ConfigError(f"{key} must be a GPU ordinal >= 0 or a GPU UUID string, got {_show(value)}")
+    raise ConfigError(f"{key} must be a GPU ordinal >= 0 or a GPU UUID string, got {show(value)}")
 
 
 def _gpus(value: object, visible_gpus: int | None, notes: list[str]) -> tuple[GpuId, ...]:
@@ -183,7 +170,7 @@ def _gpus(value: object, visible_gpus: int | None, notes: list[str]) -> tuple[Gp
         return tuple(ids)
     raise ConfigError(
         "gpus must be 'auto', a GPU count >= 0, or a non-empty list of GPU ordinals "
-        f"or UUIDs, got {_show(value)}"
+        f"or UUIDs, got {show(value)}"
     )
 
 
@@ -217,14 +204,13 @@ def _global(value: object) -> Mapping[Hashable, Any]:
     settings = _mapping(value, "global")
     for key in settings:
         if not isinstance(key, str):
-            raise ConfigError(f"global keys must be strings, got {_show(key)}")
+            raise ConfigError(f"global keys must be strings, got {show(key)}")
     grpc = _mapping(settings.get("grpc"), "global.grpc")
-    for key in _MIRRORED_LIMITS:
+    for key in MIRRORED_LIMITS:
         limit = grpc.get(key)
         if limit is not None and not (_is_int(limit) and 0 < limit <= MAX_MESSAGE_BYTES):
             raise ConfigError(
-                f"global.grpc.{key} must be an integer in 1..{MAX_MESSAGE_BYTES}, "
-                f"got {_show(limit)}"
+                f"global.grpc.{key} must be an integer in 1..{MAX_MESSAGE_BYTES}, got {show(limit)}"
             )
     return settings
 
@@ -234,7 +220,7 @@ def _name(value: object, key: str) -> str:
     # prefixes, so a comma or whitespace in it would split or blur it.
     if not isinstance(value, str) or not re.fullmatch(r"[^\s,]+", value):
         raise ConfigError(
-            f"{key} must be a non-empty name without commas or whitespace, got {_show(value)}"
+            f"{key} must be a non-empty name without commas or whitespace, got {show(value)}"
         )
     return value
 
@@ -260,7 +246,7 @@ def _workers(
             raise ConfigError("gpus is 0 and there is no workers: list, so the node has no workers")
         entries = [{"name": f"worker{i}"} for i in range(len(gpus))]
     elif not isinstance(entries, list) or not entries:
-        raise ConfigError(f"workers must be a non-empty list of mappings, got {_show(entries)}")
+        raise ConfigError(f"workers must be a non-empty list of mappings, got {show(entries)}")
     workers: list[WorkerSpec] = []
     for i, entry in enumerate(entries):
         where = f"workers[{i}]"
@@ -272,11 +258,11 @@ def _workers(
             raise ConfigError(f"{where}.name duplicates an earlier worker: '{name}'")
         host = m.get("host", DEFAULT_WORKER_HOST)
         if not isinstance(host, str) or not host.strip():
-            raise ConfigError(f"{where}.host must be a non-empty string, got {_show(host)}")
+            raise ConfigError(f"{where}.host must be a non-empty string, got {show(host)}")
         overrides = {k: v for k, v in m.items() if k not in _WORKER_KEYS}
         for key in overrides:
             if not isinstance(key, str):
-                raise ConfigError(f"{where} keys must be strings, got {_show(key)}")
+                raise ConfigError(f"{where} keys must be strings, got {show(key)}")
         if "port" in m and m["port"] is not None:
             port = _port(m["port"], f"{where}.port")
         else:
@@ -317,15 +303,15 @@ def _models(value: object, workers: tuple[WorkerSpec, ...]) -> dict[str, tuple[s
     for model, listed in _mapping(value, "models").items():
         where = f"models.{model}"
         if not isinstance(model, str) or not model.strip():
-            raise ConfigError(f"models keys must be model names, got {_show(model)}")
+            raise ConfigError(f"models keys must be model names, got {show(model)}")
         if not isinstance(listed, list) or not listed:
             raise ConfigError(
-                f"{where} must be a non-empty list of worker names, got {_show(listed)}"
+                f"{where} must be a non-empty list of worker names, got {show(listed)}"
             )
         for i, worker in enumerate(listed):
             if worker not in names:
                 raise ConfigError(
-                    f"{where}[{i}]: worker {_show(worker)} not defined in node "
+                    f"{where}[{i}]: worker {show(worker)} not defined in node "
                     f"(workers: {', '.join(names)})"
                 )
             if worker in listed[:i]:
@@ -357,13 +343,13 @@ def parse_node(
     """
     try:
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"node file root must be a mapping, got {_show(raw)}")
-        notes = [f"unknown node key {_show(k)} ignored" for k in raw if k not in _NODE_KEYS]
+            raise ConfigError(f"node file root must be a mapping, got {show(raw)}")
+        notes = [f"unknown node key {show(k)} ignored" for k in raw if k not in _NODE_KEYS]
         repo = raw.get("model_repo")
         if repo is None:
             raise ConfigError("model_repo is required ('builtin' or a model catalogue YAML)")
         if not isinstance(repo, str) or not repo.strip():
-            raise ConfigError(f"model_repo must be a non-empty string, got {_show(repo)}")
+            raise ConfigError(f"model_repo must be a non-empty string, got {show(repo)}")
         repo = repo.strip()
         if repo != BUILTIN_MODEL_REPO and base_dir is not None:
             repo = os.path.join(base_dir, repo)
@@ -378,7 +364,7 @@ def parse_node(
         _check_ports(workers)
         shared = raw.get("shared_host_weights", False)
         if not isinstance(shared, bool):
-            raise ConfigError(f"shared_host_weights must be a boolean, got {_show(shared)}")
+            raise ConfigError(f"shared_host_weights must be a boolean, got {show(shared)}")
         return NodeConfig(
             source=source,
             model_repo=repo,
@@ -422,67 +408,7 @@ def default_node(*, visible_gpus: int | None = None, gpus: int | None = None) ->
 
 
 # ---------------------------------------------------------------------------
-# What the supervisor derives from a node.
-
-
-def _dial(worker: WorkerSpec, port: int | None, what: str) -> str:
-    if not port:
-        raise ConfigError(
-            f"worker '{worker.name}' has {what} port 0 (picked at start-up); pass the bound "
-            "ports in `workers`"
-        )
-    return f"{worker.dial_host}:{port}"
-
-
-def gateway_environment(
-    node: NodeConfig,
-    env: Mapping[str, str],
-    *,
-    gateway_yml_mounted: bool,
-    workers: Sequence[WorkerSpec] | None = None,
-) -> dict[str, str]:
-    """The environment the supervisor starts the embedded gateway with (REFERENCE.md §8.5).
-
-    A copy of `env` plus: `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS=inf` unless set (so the
-    gateway waits for workers that are still loading, even with a gateway.yml); and,
-    unless a gateway.yml is mounted (the operator's file then decides), the worker list,
-    the metrics list (when the node has metrics ports), the names, and the worker
-    message limits from `global.grpc` unless set.
-
-    Args:
-        node: the node.
-        env: the supervisor's own environment.
-        gateway_yml_mounted: a gateway.yml will be read (`rsgw._config.find_config_file`
-            found one).
-        workers: the workers with their bound ports, when the node file said port 0;
-            default `node.workers`.
-
-    Raises:
-        ConfigError: a worker's port is still 0 (the caller did not pass bound ports).
-    """
-    out = dict(env)
-
-    def unset(var: str) -> bool:
-        return not out.get(var, "").strip()
-
-    if unset(ENV_STARTUP_WAIT):
-        out[ENV_STARTUP_WAIT] = "inf"
-    if gateway_yml_mounted:
-        return out
-    specs = node.workers if workers is None else tuple(workers)
-    out[env_name("endpoints")] = ",".join(_dial(w, w.port, "gRPC") for w in specs)
-    if all(w.metrics_port is not None for w in specs):
-        out[env_name("metrics_endpoints")] = ",".join(
-            _dial(w, w.metrics_port, "metrics") for w in specs
-        )
-    out[env_name("worker_names")] = ",".join(w.name for w in specs)
-    grpc = node.global_settings.get("grpc")
-    for key in _MIRRORED_LIMITS:
-        limit = grpc.get(key) if isinstance(grpc, Mapping) else None
-        var = f"{ENV_PREFIX}GRPC_{key.upper()}"
-        if limit is not None and unset(var):
-            out[var] = str(limit)
-    return out
+# Where a worker is probed (the supervisor's own decisions are in `rsgw._supervision`).
 
 
 def probe_target(node: NodeConfig, worker: str | None = None) -> tuple[str, int]:

@@ -24,7 +24,8 @@ from rsgw._errors import ConfigError
 from rsgw._net import split_host_port
 from rsgw._node import LOOPBACK, NodeConfig, load_node, probe_target
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._supervisor import public_addresses, visible_gpu_count
+from rsgw._supervision import public_addresses
+from rsgw._supervisor import visible_gpu_count
 from rsgw.grpc._client import Channel
 
 # REFERENCE.md §8.5: the probe's deadline.

@@ -32,8 +32,9 @@ client's endpoint does not change between one GPU and eight. Its node-file host 
 ports are not used (they are the internal ports behind a gateway); `rsgw probe` knows
 this (`probe_address`).
 
-Of a worker's node-file settings we pass on `scheduler.discipline` (`--discipline`) and
-the node's `models:` residency (`--pin MODEL`).
+What to run is decided in `rsgw._supervision` (pure: backoff, GPUs, addresses, command
+and log lines); this module runs it. Of a worker's node-file settings we pass on
+`scheduler.discipline` (`--discipline`) and the node's `models:` residency (`--pin`).
 
 XX TODO: a single worker ignores `listen:` in a mounted gateway.yml (only the
 environment is read); the rest of a worker's node-file settings is not passed to
@@ -45,13 +46,10 @@ the supervisor is PID 1 and its children die with it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -61,27 +59,28 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from rsgw._config import (
-    DEFAULT_LISTEN_GRPC,
-    DEFAULT_LISTEN_METRICS,
-    check_listen,
-    env_name,
-    find_config_file,
-)
+from rsgw._config import env_name, find_config_file
 from rsgw._net import bind_tcp, split_host_port
-from rsgw._node import BUILTIN_MODEL_REPO, NodeConfig, WorkerSpec, gateway_environment
+from rsgw._node import NodeConfig, WorkerSpec
+from rsgw._supervision import (
+    Backoff,
+    cuda_device,
+    cuda_devices,
+    gateway_command,
+    gateway_environment,
+    listed_gpu_count,
+    parse_serving,
+    pinned_gateway_env,
+    public_addresses,
+    sole_worker,
+    worker_command,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-# DECISIONS.md §6: restart backoff from 1 s to 30 s.
-DEFAULT_BACKOFF_INITIAL = 1.0
-DEFAULT_BACKOFF_MAX = 30.0
-# A run this long counts as healthy: the next crash restarts after the initial delay
-# again (systemd's StartLimitIntervalSec plays the same role, at 10 s).
-DEFAULT_STABLE_SECONDS = 60.0
 # SIGTERM to SIGKILL. With `_KILL_WAIT` after it this stays inside DECISIONS.md's 5 s.
 DEFAULT_STOP_GRACE = 3.0
 _KILL_WAIT = 1.0
@@ -95,46 +94,7 @@ _MAX_LINE_BYTES = 65536
 # How long `nvidia-smi -L` may take before we treat the node as having no GPU.
 _NVIDIA_SMI_TIMEOUT = 5.0
 
-ENV_LISTEN_GRPC = env_name("listen.grpc")
-ENV_LISTEN_METRICS = env_name("listen.metrics")
 GATEWAY = "gateway"
-
-
-# ---------------------------------------------------------------------------
-# Pure parts: backoff, GPUs, addresses, log lines.
-
-
-@dataclass(slots=True)
-class Backoff:
-    """The restart delay policy: doubling from `initial` to `maximum`, reset by a stable run."""
-
-    initial: float = DEFAULT_BACKOFF_INITIAL
-    maximum: float = DEFAULT_BACKOFF_MAX
-    stable: float = DEFAULT_STABLE_SECONDS
-    _next: float = math.nan
-
-    def after_exit(self, ran_for: float) -> float:
-        """The delay before restarting a child that exited after running `ran_for` seconds."""
-        if math.isnan(self._next) or ran_for >= self.stable:
-            self._next = self.initial
-        delay = self._next
-        self._next = min(self._next * 2, self.maximum)
-        return delay
-
-
-def _cuda_devices(env: Mapping[str, str]) -> list[str] | None:
-    """The entries of CUDA_VISIBLE_DEVICES up to the first invalid one; None when unset."""
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    devices: list[str] = []
-    for entry in value.split(","):
-        entry = entry.strip()
-        # CUDA stops at the first invalid entry; "-1" is the usual way to hide every GPU.
-        if not entry or entry.startswith("-"):
-            break
-        devices.append(entry)
-    return devices
 
 
 def visible_gpu_count(env: Mapping[str, str] = os.environ) -> int | None:
@@ -144,7 +104,7 @@ def visible_gpu_count(env: Mapping[str, str] = os.environ) -> int | None:
     count the `GPU n:` lines of `nvidia-smi -L`. No driver, no tool, or a tool that
     fails or hangs all mean "none", and the node then simulates its GPUs.
     """
-    devices = _cuda_devices(env)
+    devices = cuda_devices(env)
     if devices is not None:
         return len(devices)
     tool = shutil.which("nvidia-smi")
@@ -156,83 +116,7 @@ def visible_gpu_count(env: Mapping[str, str] = os.environ) -> int | None:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
-
-
-def public_addresses(env: Mapping[str, str] = os.environ) -> tuple[str, str]:
-    """The node's public gRPC and metrics addresses: `REACTANT_GATEWAY_LISTEN_*` or defaults.
-
-    Raises:
-        ConfigError: a variable is not host:port.
-    """
-    grpc = env.get(ENV_LISTEN_GRPC, "").strip()
-    metrics = env.get(ENV_LISTEN_METRICS, "").strip()
-    return (
-        check_listen(grpc, ENV_LISTEN_GRPC) if grpc else DEFAULT_LISTEN_GRPC,
-        check_listen(metrics, ENV_LISTEN_METRICS) if metrics else DEFAULT_LISTEN_METRICS,
-    )
-
-
-def sole_worker(node: NodeConfig, env: Mapping[str, str] = os.environ) -> WorkerSpec:
-    """The worker of a single-worker node as the supervisor runs it: on the public ports.
-
-    A worker binds one host for both of its servers: the public gRPC address's. (The
-    supervisor warns when the public metrics address names another.)
-
-    Raises:
-        ConfigError: a public address is malformed.
-    """
-    (worker,) = node.workers
-    grpc, metrics = public_addresses(env)
-    host, grpc_port = split_host_port(grpc)
-    _, metrics_port = split_host_port(metrics)
-    return dataclasses.replace(worker, host=host, port=grpc_port, metrics_port=metrics_port)
-
-
-def cuda_device(gpu: int | str, env: Mapping[str, str]) -> str:
-    """What a worker on `gpu` gets as CUDA_VISIBLE_DEVICES: the physical device behind it.
-
-    Ordinal i of a node that itself sees `CUDA_VISIBLE_DEVICES=2,3` is device `2,3`[i].
-    """
-    devices = _cuda_devices(env)
-    if isinstance(gpu, int) and devices and gpu < len(devices):
-        return devices[gpu]
-    return str(gpu)
-
-
-_TEXT_PORT = {
-    key: re.compile(rf"(?:^| ){key}=(\d+|None)(?= |$)") for key in ("grpc_port", "metrics_port")
-}
-
-
-def parse_serving(line: str, event: str) -> tuple[int, int | None] | None:
-    """The (gRPC, metrics) ports of a child's `event` log line, or None if it is not one.
-
-    Children log JSON by default and `k=v` text with `--log-format text`; we read both,
-    so an operator's choice of format does not stop the supervisor learning ports.
-    """
-    if event not in line:
-        return None
-    fields: dict[str, object] = {}
-    if line.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            if isinstance(entry, dict) and entry.get("event") == event:
-                fields = entry
-    elif f": {event} " in line or line.endswith(f": {event}"):
-        for key, pattern in _TEXT_PORT.items():
-            found = pattern.search(line)
-            if found:
-                fields[key] = None if found.group(1) == "None" else int(found.group(1))
-    grpc, metrics = fields.get("grpc_port"), fields.get("metrics_port")
-    if not isinstance(grpc, int) or not (metrics is None or isinstance(metrics, int)):
-        return None
-    return grpc, metrics
-
-
-def _with_port(address: str, port: int) -> str:
-    host, _ = split_host_port(address)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return listed_gpu_count(listing)
 
 
 def _write_stderr(text: str) -> None:
@@ -394,29 +278,19 @@ class _WorkerChild(_Child):
     ) -> None:
         super().__init__(spec.name, sink, stop_grace)
         self.spec = spec
-        self._models = None if node.model_repo == BUILTIN_MODEL_REPO else node.model_repo
+        self._node = node
         self._env = dict(env)
         self._env["CUDA_VISIBLE_DEVICES"] = cuda_device(spec.gpu, env)
         self._logging_flags = logging_flags
-        # The node file's `models:` residency `device` is a pin on these workers.
-        self._pinned = node.models_on(spec.name)
 
     def command(self) -> list[str]:
-        spec = self.spec
-        argv = [sys.executable, "-m", "rsgw", "worker", "--name", spec.name]
-        argv += ["--gpu", self._env["CUDA_VISIBLE_DEVICES"], "--host", spec.host]
-        argv += ["--port", str(spec.port)]
-        argv += ["--metrics-port", str(-1 if spec.metrics_port is None else spec.metrics_port)]
-        if self._models is not None:
-            argv += ["--models", self._models]
-        scheduler = spec.settings.get("scheduler")
-        discipline = scheduler.get("discipline") if isinstance(scheduler, Mapping) else None
-        if isinstance(discipline, str):
-            # The original's worker setting (REFERENCE.md §8.3); the worker checks the value.
-            argv += ["--discipline", discipline.lower()]
-        for model in self._pinned:
-            argv += ["--pin", model]
-        return argv + self._logging_flags
+        return worker_command(
+            self.spec,
+            self._node,
+            device=self._env["CUDA_VISIBLE_DEVICES"],
+            logging_flags=self._logging_flags,
+            executable=sys.executable,
+        )
 
     def environment(self) -> dict[str, str]:
         return self._env
@@ -433,18 +307,13 @@ class _GatewayChild(_Child):
         self._env = env
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "rsgw", "run"]
+        return gateway_command(sys.executable)
 
     def environment(self) -> dict[str, str]:
         return self._env
 
     def pin(self, grpc_port: int, metrics_port: int | None) -> None:
-        # Only a port 0 we chose through the environment is pinned: a gateway.yml's
-        # listen addresses are the operator's to keep.
-        for var, port in ((ENV_LISTEN_GRPC, grpc_port), (ENV_LISTEN_METRICS, metrics_port)):
-            address = self._env.get(var, "")
-            if port is not None and address.strip().endswith(":0"):
-                self._env[var] = _with_port(address.strip(), port)
+        self._env = pinned_gateway_env(self._env, grpc_port, metrics_port)
 
 
 @dataclass(eq=False)

@@ -31,9 +31,8 @@ import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from rsgw._errors import ConfigError
+from rsgw._values import parse_yaml, show
 from rsgw.worker._specs import DEFAULT_PLATFORM
 from rsgw.worker._specs import Catalogue as Catalogue
 from rsgw.worker._specs import ModelKind as ModelKind
@@ -98,32 +97,26 @@ _TENSOR_KEYS = ("name", "datatype", "shape")
 # key path; parse_catalogue prefixes the source.
 
 
-def _show(value: object) -> str:
-    """A bad value as messages quote it: its repr, cut short if it is long."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _mapping(value: object, where: str, keys: tuple[str, ...]) -> Mapping[Hashable, Any]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping, got {_show(value)}")
+        raise ConfigError(f"{where} must be a mapping, got {show(value)}")
     for key in value:
         if key not in keys:
             raise ConfigError(
-                f"{where} has unknown key {_show(key)} (known keys: {', '.join(keys)})"
+                f"{where} has unknown key {show(key)} (known keys: {', '.join(keys)})"
             )
     return value
 
 
 def _list(value: object, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise ConfigError(f"{where} must be a list, got {_show(value)}")
+        raise ConfigError(f"{where} must be a list, got {show(value)}")
     return value
 
 
 def _name(value: object, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a non-empty string, got {_show(value)}")
+        raise ConfigError(f"{where} must be a non-empty string, got {show(value)}")
     return value
 
 
@@ -131,7 +124,7 @@ def _int(m: Mapping[Hashable, Any], key: str, where: str, default: int) -> int:
     value = m.get(key, default)
     # bool is an int subclass; `max_batch_size: yes` is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{where}.{key} must be an integer >= 0, got {_show(value)}")
+        raise ConfigError(f"{where}.{key} must be an integer >= 0, got {show(value)}")
     return value
 
 
@@ -144,7 +137,7 @@ def _ms(m: Mapping[Hashable, Any], key: str, where: str, default: float) -> floa
         or value < 0
     ):
         raise ConfigError(
-            f"{where}.{key} must be a finite number of milliseconds >= 0, got {_show(value)}"
+            f"{where}.{key} must be a finite number of milliseconds >= 0, got {show(value)}"
         )
     return float(value) / 1000.0
 
@@ -157,14 +150,14 @@ def _parse_tensor(value: object, where: str) -> TensorSpec:
     datatype = m.get("datatype")
     if datatype not in DATATYPES:
         raise ConfigError(
-            f"{where}.datatype must be one of {', '.join(DATATYPES)}, got {_show(datatype)}"
+            f"{where}.datatype must be one of {', '.join(DATATYPES)}, got {show(datatype)}"
         )
     if "shape" not in m:
         raise ConfigError(f"{where}.shape is required")
     dims = _list(m["shape"], f"{where}.shape")
     for i, d in enumerate(dims):
         if not isinstance(d, int) or isinstance(d, bool) or (d != -1 and d < 1):
-            raise ConfigError(f"{where}.shape[{i}] must be -1 or an integer >= 1, got {_show(d)}")
+            raise ConfigError(f"{where}.shape[{i}] must be -1 or an integer >= 1, got {show(d)}")
     return TensorSpec(name, datatype, tuple(dims))
 
 
@@ -205,7 +198,7 @@ def _parse_batch(
         return "", 0
     name = m["batch_input"]
     if not isinstance(name, str):
-        raise ConfigError(f"{where}.batch_input must be a string, got {_show(name)}")
+        raise ConfigError(f"{where}.batch_input must be a string, got {show(name)}")
     if not name:
         if axis:
             raise ConfigError(f"{where}.batch_axis must be 0 when batch_input is '', got {axis}")
@@ -289,7 +282,7 @@ def _parse_compute(m: Mapping[Hashable, Any], where: str) -> str:
     compute = m.get("compute", DEFAULT_COMPUTE)
     if compute not in COMPUTE_KINDS:
         raise ConfigError(
-            f"{where}.compute must be one of {', '.join(COMPUTE_KINDS)}, got {_show(compute)}"
+            f"{where}.compute must be one of {', '.join(COMPUTE_KINDS)}, got {show(compute)}"
         )
     return str(compute)
 
@@ -343,7 +336,7 @@ def _parse_model(value: object, where: str) -> ModelSpec:
     kinds = tuple(k.value for k in ModelKind)
     kind = value.get("kind", "model") if isinstance(value, dict) else "model"
     if kind not in kinds:
-        raise ConfigError(f"{where}.kind must be one of {', '.join(kinds)}, got {_show(kind)}")
+        raise ConfigError(f"{where}.kind must be one of {', '.join(kinds)}, got {show(kind)}")
     m = _mapping(value, where, _META_KEYS if kind == "meta" else _MODEL_KEYS)
     if "name" not in m:
         raise ConfigError(f"{where}.name is required")
@@ -419,38 +412,6 @@ def parse_catalogue(data: object, *, source: str) -> Catalogue:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects a key given twice in one mapping.
-
-    Plain `safe_load` keeps the last of two `name:` keys without a word, which is
-    exactly the kind of slip the unknown-key check exists to catch.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Hashable] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, Hashable):
-                continue  # the base class reports unhashable keys itself
-            if key in seen:
-                mark = key_node.start_mark
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(text: str, source: str) -> object:
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
-        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
-
-
 def load_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     """Read and parse a catalogue YAML file (the `--models FILE` of `rsgw worker`).
 
@@ -466,7 +427,7 @@ def load_catalogue(path: str | os.PathLike[str]) -> Catalogue:
         raise ConfigError(f"cannot read model catalogue {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text ({exc.reason})") from None
-    return parse_catalogue(_load_yaml(text, source), source=source)
+    return parse_catalogue(parse_yaml(text, source), source=source)
 
 
 @functools.cache
@@ -477,4 +438,4 @@ def builtin_catalogue() -> Catalogue:
     """
     resource = importlib.resources.files("rsgw.worker").joinpath(BUILTIN_CATALOGUE_FILE)
     text = resource.read_text(encoding="utf-8")
-    return parse_catalogue(_load_yaml(text, BUILTIN_CATALOGUE_FILE), source=BUILTIN_CATALOGUE_FILE)
+    return parse_catalogue(parse_yaml(text, BUILTIN_CATALOGUE_FILE), source=BUILTIN_CATALOGUE_FILE)

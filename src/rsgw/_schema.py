@@ -1,0 +1,409 @@
+"""`GatewayConfig` and its blocks: the validated, frozen configuration object.
+
+Pure: no trio, no sockets, no logging, no clock, no files.
+
+Every dataclass here validates and normalises its own fields in `__post_init__`, through
+the per-key checks below (and, for `scheduling:`, the knob table of
+`rsgw.scheduling._knobs`). So a config built by hand, by `dataclasses.replace` in the
+control plane, or by `rsgw._config.parse_config` from gateway.yml and the environment
+is held to exactly the same rules, and every `ConfigError` names the key path and the
+bad value. Where the values come from (files, variables, precedence) is
+`rsgw._config`'s business; docs/configuration.md documents every key and default.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from rsgw._errors import ConfigError
+from rsgw._values import Check, check_float, check_int, check_str, must_be, ranged, show, words
+from rsgw.scheduling._knobs import (
+    SCHEDULING_KNOBS,
+    CompactionMode,
+    FillMode,
+    Replicas,
+    RoutingPolicy,
+    SchedulingMode,
+    WorkBasis,
+    check_model_fill_mode,
+    check_positive,
+    check_replicas,
+)
+
+# Defaults: REFERENCE.md §3.2 (the original's gateway.yml defaults), unless noted.
+DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
+DEFAULT_LISTEN_METRICS = "0.0.0.0:8002"
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 60
+DEFAULT_MAX_CONCURRENT_STREAMS = 32
+DEFAULT_MAX_MSG_BYTES = 512 * 1024 * 1024
+DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER = 64
+DEFAULT_LOG_LEVEL = "info"
+DEFAULT_LOG_FORMAT = "json"
+DEFAULT_REBALANCE_COMPUTE_SECONDS = 300.0
+DEFAULT_FIRST_REBALANCE_COMPUTE_SECONDS = 60.0
+DEFAULT_MAX_WORKER_SHARE = 0.8
+DEFAULT_HYSTERESIS = 0.0
+DEFAULT_EMA_HALFLIFE_COMPUTE_SECONDS = 0.0
+DEFAULT_REPLICAS = 1
+DEFAULT_ROUTING_FILL_FACTOR = 1.0
+DEFAULT_COMPACTION_INTERVAL = 1
+DEFAULT_STARTUP_WAIT_SECONDS = 0.0
+DEFAULT_HEALTH_INTERVAL_SECONDS = 10.0
+DEFAULT_WEDGE_EXIT_ROUNDS = 3
+# The prober's per-call watchdog (REFERENCE.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
+# in the original, a field here so an embedding application or a test can shorten it.
+DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
+# RoutingMeta's halflife when neither the EMA nor the rebalance budget gives one (§3.4).
+DEFAULT_ROUTING_META_HALFLIFE_SECONDS = 30.0
+# The gRPC length prefix is four bytes: no message can be longer than this.
+MAX_MESSAGE_BYTES = 2**32 - 1
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("json", "text")
+
+
+# ---------------------------------------------------------------------------
+# Checks of the non-scheduling keys: `check(value, key) -> normalised value`.
+
+
+def check_target(value: object, key: str) -> str:
+    """A worker's `host:port` (split at the LAST colon, as REFERENCE.md §3.2)."""
+    text = check_str(value, key).strip()
+    host, colon, port = text.rpartition(":")
+    if not colon:
+        raise ConfigError(f"{key}: worker target '{text}' is not host:port")
+    if not re.fullmatch(r"[0-9]+", port):
+        raise ConfigError(f"{key}: worker target '{text}' has a non-integer port")
+    if not host:
+        raise ConfigError(f"{key}: worker target '{text}' has an empty host")
+    if len(port) > 5 or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: worker target '{text}' has a port out of range 1..65535")
+    return text
+
+
+def check_listen(value: object, key: str) -> str:
+    """A listen address `host:port`; port 0 picks a free port (DECISIONS.md §2)."""
+    text = check_str(value, key).strip()
+    _, colon, port = text.rpartition(":")
+    if not (colon and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535):
+        raise ConfigError(f"{key} must be host:port with a port in 0..65535, got {show(value)}")
+    return text
+
+
+def check_names(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise must_be(key, "a list of strings", value)
+    return tuple(check_str(name, f"{key}[{i}]") for i, name in enumerate(value))
+
+
+def check_targets(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise must_be(key, "a list of host:port strings", value)
+    return tuple(check_target(t, f"{key}[{i}]") for i, t in enumerate(value))
+
+
+_positive_int = ranged(check_int, lambda n: n > 0, "positive")
+_non_negative = ranged(check_float, lambda x: x >= 0, "non-negative")
+_message_bytes = ranged(check_int, lambda n: 0 < n <= MAX_MESSAGE_BYTES, "in 1..4294967295")
+# The checks of the other blocks, by field (the dataclass adds the block's key prefix).
+_LISTEN_CHECKS: Mapping[str, Check] = {"grpc": check_listen, "metrics": check_listen}
+_WORKER_CLIENT_CHECKS: Mapping[str, Check] = {
+    "request_timeout_seconds": _positive_int,
+    "max_concurrent_streams": _positive_int,
+}
+_GRPC_CHECKS: Mapping[str, Check] = {
+    "max_recv_msg_bytes": _message_bytes,
+    "max_send_msg_bytes": _message_bytes,
+    "max_concurrent_requests_per_worker": ranged(
+        check_int, lambda n: n >= 0, "non-negative (0 = uncapped)"
+    ),
+}
+_LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
+_TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
+    ("cert_file", "key_file", "client_ca_file"), check_str
+)
+
+
+def _check_fields(obj: object, prefix: str, checks: Mapping[str, Check]) -> None:
+    """Run each field of a frozen dataclass through its check and store the normal form."""
+    for name, check in checks.items():
+        object.__setattr__(obj, name, check(getattr(obj, name), f"{prefix}{name}"))
+
+
+def _frozen_fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+# ---------------------------------------------------------------------------
+# The configuration object.
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """Where the gateway listens: gRPC (`listen.grpc`) and admin HTTP (`listen.metrics`)."""
+
+    grpc: str = DEFAULT_LISTEN_GRPC
+    metrics: str = DEFAULT_LISTEN_METRICS
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "listen.", _LISTEN_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerClientConfig:
+    """The gateway's client side: per-call timeout and streams per worker connection."""
+
+    request_timeout_seconds: int = DEFAULT_REQUEST_TIMEOUT_SECONDS
+    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "worker_client.", _WORKER_CLIENT_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    """Message size limits and the inbound admission cap per worker (0 = uncapped)."""
+
+    max_recv_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
+    max_send_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
+    max_concurrent_requests_per_worker: int = DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "grpc.", _GRPC_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    """Log level (debug|info|warning|error) and format (json|text), both honoured."""
+
+    level: str = DEFAULT_LOG_LEVEL
+    format: str = DEFAULT_LOG_FORMAT
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "logging.", _LOGGING_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS files. Parsed but not yet enforced: the gateway serves cleartext h2c."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "tls.", _TLS_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOverride:
+    """`scheduling.models.<m>`: what one model does differently from the fleet.
+
+    Every field has an "inherit" value: `replicas=None` takes `default_replicas`
+    (DECISIONS.md §3.3; the original pinned such a model to 1), `fill_mode=INHERIT`
+    takes `routing_fill_mode`, `fill_factor=0.0` takes `routing_fill_factor`. It is
+    checked (with its model's key path) by the `SchedulingConfig` that holds it.
+    """
+
+    replicas: Replicas | None = None
+    fill_mode: FillMode = FillMode.INHERIT
+    fill_factor: float = 0.0
+
+
+def check_override(override: object, key: str) -> ModelOverride:
+    if not isinstance(override, ModelOverride):
+        raise must_be(key, "a ModelOverride", override)
+    replicas = override.replicas
+    return ModelOverride(
+        replicas=None if replicas is None else check_replicas(replicas, f"{key}.replicas"),
+        fill_mode=check_model_fill_mode(override.fill_mode, f"{key}.fill_mode"),
+        fill_factor=_non_negative(override.fill_factor, f"{key}.fill_factor"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    """The `scheduling:` block: the mode and lpt_packing's knobs (REFERENCE.md §4.8)."""
+
+    mode: SchedulingMode = SchedulingMode.ROUND_ROBIN
+    work_basis: WorkBasis = WorkBasis.COMPUTE
+    rebalance_compute_seconds: float = DEFAULT_REBALANCE_COMPUTE_SECONDS
+    # 0 = the first repack waits for rebalance_compute_seconds too.
+    first_rebalance_compute_seconds: float = DEFAULT_FIRST_REBALANCE_COMPUTE_SECONDS
+    # Advisory only (as in the original): logged, never enforced.
+    max_worker_share: float = DEFAULT_MAX_WORKER_SHARE
+    hysteresis: float = DEFAULT_HYSTERESIS
+    # 0 = track rebalance_compute_seconds (see `resolved_ema_halflife`).
+    ema_halflife_compute_seconds: float = DEFAULT_EMA_HALFLIFE_COMPUTE_SECONDS
+    default_replicas: Replicas = DEFAULT_REPLICAS
+    routing_fill_factor: float = DEFAULT_ROUTING_FILL_FACTOR
+    routing_policy: RoutingPolicy = RoutingPolicy.FILL_LEAST
+    routing_fill_mode: FillMode = FillMode.RUN
+    forbid_memory_oversubscription: bool = True
+    compaction_mode: CompactionMode = CompactionMode.EAGER
+    # Compact every N repacks; 0 disables.
+    compaction_interval: int = DEFAULT_COMPACTION_INTERVAL
+    # Not hashed: a mapping has no hash, and the knobs above identify a policy anyway.
+    models: Mapping[str, ModelOverride] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "scheduling.", SCHEDULING_KNOBS)
+        if not isinstance(self.models, Mapping):
+            raise must_be("scheduling.models", "a mapping", self.models)
+        models: dict[str, ModelOverride] = {}
+        for name, override in self.models.items():
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(
+                    f"config 'scheduling.models' keys must be model names, got {show(name)}"
+                )
+            models[name] = check_override(override, f"scheduling.models.{name}")
+        object.__setattr__(self, "models", MappingProxyType(models))
+
+    @property
+    def resolved_ema_halflife(self) -> float:
+        """`PackingKnobs.ema_halflife_compute`: the EMA halflife, 0 resolved to rebalance."""
+        return self.ema_halflife_compute_seconds or self.rebalance_compute_seconds
+
+    @property
+    def routing_meta_halflife(self) -> float:
+        """RoutingMeta's halflife: EMA if > 0, else rebalance if > 0, else 30 s (§3.4)."""
+        return (
+            self.ema_halflife_compute_seconds
+            or self.rebalance_compute_seconds
+            or DEFAULT_ROUTING_META_HALFLIFE_SECONDS
+        )
+
+    def replicas_for(self, model: str) -> Replicas:
+        """The configured replica count of `model`: its override, else `default_replicas`."""
+        override = self.models.get(model)
+        if override is None or override.replicas is None:
+            return self.default_replicas
+        return override.replicas
+
+
+def _check_startup_wait(value: object, key: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    seconds: float = _non_negative(value, key)
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything the gateway reads at start-up, validated and immutable.
+
+    Built by `load_config` / `parse_config`, or by hand (tests): the constructor checks
+    every field with the same rules as gateway.yml. `env_overrides`, `notes` and `source`
+    say where the values came from; they take no part in equality.
+    """
+
+    endpoints: tuple[str, ...]
+    metrics_endpoints: tuple[str, ...] = ()
+    worker_names: tuple[str, ...] = ()
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    worker_client: WorkerClientConfig = field(default_factory=WorkerClientConfig)
+    grpc: GrpcLimits = field(default_factory=GrpcLimits)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    # The process-level variables (no YAML key; REFERENCE.md §3.2 "other env").
+    # lpt_packing's wait for every worker before serving; math.inf = forever.
+    startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
+    health_interval_seconds: float = DEFAULT_HEALTH_INTERVAL_SECONDS
+    # All-probes-hung rounds before GatewayWedged; 0 disables.
+    wedge_exit_rounds: int = DEFAULT_WEDGE_EXIT_ROUNDS
+    # No YAML key and no variable: only code sets it (see DEFAULT_PROBE_TIMEOUT_SECONDS).
+    probe_timeout_seconds: float = DEFAULT_PROBE_TIMEOUT_SECONDS
+    # Provenance, for the caller to log.
+    env_overrides: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        checks: dict[str, Check] = {
+            "endpoints": check_targets,
+            "metrics_endpoints": check_targets,
+            "worker_names": check_names,
+            "startup_wait_seconds": _check_startup_wait,
+            "health_interval_seconds": check_positive,
+            "probe_timeout_seconds": check_positive,
+            "wedge_exit_rounds": ranged(check_int, lambda n: n >= 0, "non-negative (0 disables)"),
+        }
+        _check_fields(self, "", checks)
+        if not self.endpoints:
+            raise ConfigError(
+                "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
+                "REACTANT_GATEWAY_WORKERS"
+            )
+
+    @property
+    def max_concurrent_requests(self) -> int:
+        """The inbound admission cap: per-worker cap x workers; 0 = uncapped (§3.4)."""
+        return self.grpc.max_concurrent_requests_per_worker * len(self.endpoints)
+
+    def worker_label(self, url: str) -> str:
+        """The friendly name of a worker or worker-metrics URL, else the URL itself."""
+        for urls in (self.endpoints, self.metrics_endpoints):
+            if url in urls and urls.index(url) < len(self.worker_names):
+                return self.worker_names[urls.index(url)]
+        return url
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the caller should log at warning level: parse notes, then risky values."""
+        found = list(self.notes)
+        if self.tls.cert_file or self.tls.key_file or self.tls.client_ca_file:
+            found.append(
+                "tls files are configured but TLS is not yet enforced; serving cleartext h2c"
+            )
+        cap = self.grpc.max_concurrent_requests_per_worker
+        streams = self.worker_client.max_concurrent_streams
+        if 0 < cap <= streams:
+            found.append(
+                f"grpc.max_concurrent_requests_per_worker ({cap}) is not above "
+                f"worker_client.max_concurrent_streams ({streams}): the gateway sheds "
+                "(RESOURCE_EXHAUSTED) before any request can queue for a worker stream"
+            )
+        if self.worker_names and len(self.worker_names) != len(self.endpoints):
+            found.append(
+                f"worker_names has {len(self.worker_names)} names for {len(self.endpoints)} "
+                "endpoints; names pair with endpoints by position, unnamed workers show their URL"
+            )
+        return tuple(found)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """gateway.yml for this config: plain dicts, lists and scalars (YAML-safe).
+
+        `parse_config(cfg.to_mapping()) == cfg` for a config whose process-level values
+        (startup wait, health interval, wedge rounds, probe timeout) are their defaults:
+        those have no YAML key.
+        """
+        blocks = {
+            name: {k: _plain(v) for k, v in _frozen_fields(getattr(self, name)).items()}
+            for name in ("listen", "worker_client", "grpc", "logging", "tls", "scheduling")
+        }
+        blocks["scheduling"]["models"] = {
+            name: {
+                k: _plain(v)
+                for k, v in _frozen_fields(o).items()
+                if v is not None and not (k == "fill_factor" and v == 0.0)
+            }
+            for name, o in self.scheduling.models.items()
+        }
+        return {
+            "endpoints": list(self.endpoints),
+            "metrics_endpoints": list(self.metrics_endpoints),
+            "worker_names": list(self.worker_names),
+            **blocks,
+        }
+
+
+def _plain(value: object) -> object:
+    return str(value) if isinstance(value, enum.Enum) else value

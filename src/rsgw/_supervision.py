@@ -1,0 +1,285 @@
+"""The node supervisor's decisions: backoff, GPUs, addresses, the gateway's environment, argv.
+
+Pure: no trio, no subprocess, no sockets, no logging, no clock. The Trio shell in
+`rsgw._supervisor` runs the processes; everything it has to decide about them is a
+function here of the node, the environment and the numbers it measured (how long a
+child ran, what a child printed), so the rules have plain table tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
+from rsgw._errors import ConfigError
+from rsgw._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
+from rsgw._schema import DEFAULT_LISTEN_GRPC, DEFAULT_LISTEN_METRICS, check_listen
+from rsgw._values import split_host_port
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+# DECISIONS.md §6: restart backoff from 1 s to 30 s.
+DEFAULT_BACKOFF_INITIAL = 1.0
+DEFAULT_BACKOFF_MAX = 30.0
+# A run this long counts as healthy: the next crash restarts after the initial delay
+# again (systemd's StartLimitIntervalSec plays the same role, at 10 s).
+DEFAULT_STABLE_SECONDS = 60.0
+
+ENV_LISTEN_GRPC = env_name("listen.grpc")
+ENV_LISTEN_METRICS = env_name("listen.metrics")
+
+
+@dataclass(slots=True)
+class Backoff:
+    """The restart delay policy: doubling from `initial` to `maximum`, reset by a stable run."""
+
+    initial: float = DEFAULT_BACKOFF_INITIAL
+    maximum: float = DEFAULT_BACKOFF_MAX
+    stable: float = DEFAULT_STABLE_SECONDS
+    _next: float = math.nan
+
+    def after_exit(self, ran_for: float) -> float:
+        """The delay before restarting a child that exited after running `ran_for` seconds."""
+        if math.isnan(self._next) or ran_for >= self.stable:
+            self._next = self.initial
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return delay
+
+
+# ---------------------------------------------------------------------------
+# GPUs.
+
+
+def cuda_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES up to the first invalid one; None when unset."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    devices: list[str] = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        # CUDA stops at the first invalid entry; "-1" is the usual way to hide every GPU.
+        if not entry or entry.startswith("-"):
+            break
+        devices.append(entry)
+    return devices
+
+
+def listed_gpu_count(listing: str) -> int:
+    """How many GPUs `nvidia-smi -L` printed: its `GPU n: ...` lines."""
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def cuda_device(gpu: int | str, env: Mapping[str, str]) -> str:
+    """What a worker on `gpu` gets as CUDA_VISIBLE_DEVICES: the physical device behind it.
+
+    Ordinal i of a node that itself sees `CUDA_VISIBLE_DEVICES=2,3` is device `2,3`[i].
+    """
+    devices = cuda_devices(env)
+    if isinstance(gpu, int) and devices and gpu < len(devices):
+        return devices[gpu]
+    return str(gpu)
+
+
+# ---------------------------------------------------------------------------
+# Addresses.
+
+
+def public_addresses(env: Mapping[str, str]) -> tuple[str, str]:
+    """The node's public gRPC and metrics addresses: `REACTANT_GATEWAY_LISTEN_*` or defaults.
+
+    Raises:
+        ConfigError: a variable is not host:port.
+    """
+    grpc = env.get(ENV_LISTEN_GRPC, "").strip()
+    metrics = env.get(ENV_LISTEN_METRICS, "").strip()
+    return (
+        check_listen(grpc, ENV_LISTEN_GRPC) if grpc else DEFAULT_LISTEN_GRPC,
+        check_listen(metrics, ENV_LISTEN_METRICS) if metrics else DEFAULT_LISTEN_METRICS,
+    )
+
+
+def sole_worker(node: NodeConfig, env: Mapping[str, str]) -> WorkerSpec:
+    """The worker of a single-worker node as the supervisor runs it: on the public ports.
+
+    A worker binds one host for both of its servers: the public gRPC address's. (The
+    supervisor warns when the public metrics address names another.)
+
+    Raises:
+        ConfigError: a public address is malformed.
+    """
+    (worker,) = node.workers
+    grpc, metrics = public_addresses(env)
+    host, grpc_port = split_host_port(grpc)
+    _, metrics_port = split_host_port(metrics)
+    return dataclasses.replace(worker, host=host, port=grpc_port, metrics_port=metrics_port)
+
+
+# ---------------------------------------------------------------------------
+# The embedded gateway.
+
+
+def _dial(worker: WorkerSpec, port: int | None, what: str) -> str:
+    if not port:
+        raise ConfigError(
+            f"worker '{worker.name}' has {what} port 0 (picked at start-up); pass the bound "
+            "ports in `workers`"
+        )
+    return f"{worker.dial_host}:{port}"
+
+
+def gateway_environment(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    *,
+    gateway_yml_mounted: bool,
+    workers: Sequence[WorkerSpec] | None = None,
+) -> dict[str, str]:
+    """The environment the supervisor starts the embedded gateway with (REFERENCE.md §8.5).
+
+    A copy of `env` plus: `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS=inf` unless set (so the
+    gateway waits for workers that are still loading, even with a gateway.yml); and,
+    unless a gateway.yml is mounted (the operator's file then decides), the worker list,
+    the metrics list (when the node has metrics ports), the names, and the worker
+    message limits from `global.grpc` unless set.
+
+    Args:
+        node: the node.
+        env: the supervisor's own environment.
+        gateway_yml_mounted: a gateway.yml will be read (`rsgw._config.find_config_file`
+            found one).
+        workers: the workers with their bound ports, when the node file said port 0;
+            default `node.workers`.
+
+    Raises:
+        ConfigError: a worker's port is still 0 (the caller did not pass bound ports).
+    """
+    out = dict(env)
+
+    def unset(var: str) -> bool:
+        return not out.get(var, "").strip()
+
+    if unset(ENV_STARTUP_WAIT):
+        out[ENV_STARTUP_WAIT] = "inf"
+    if gateway_yml_mounted:
+        return out
+    specs = node.workers if workers is None else tuple(workers)
+    out[env_name("endpoints")] = ",".join(_dial(w, w.port, "gRPC") for w in specs)
+    if all(w.metrics_port is not None for w in specs):
+        out[env_name("metrics_endpoints")] = ",".join(
+            _dial(w, w.metrics_port, "metrics") for w in specs
+        )
+    out[env_name("worker_names")] = ",".join(w.name for w in specs)
+    grpc = node.global_settings.get("grpc")
+    for key in MIRRORED_LIMITS:
+        limit = grpc.get(key) if isinstance(grpc, Mapping) else None
+        var = f"{ENV_PREFIX}GRPC_{key.upper()}"
+        if limit is not None and unset(var):
+            out[var] = str(limit)
+    return out
+
+
+def _with_port(address: str, port: int) -> str:
+    host, _ = split_host_port(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def pinned_gateway_env(
+    env: Mapping[str, str], grpc_port: int, metrics_port: int | None
+) -> dict[str, str]:
+    """The gateway's environment for its restarts, once it reported its bound ports.
+
+    Only a port 0 we chose through the environment is pinned: a gateway.yml's listen
+    addresses are the operator's to keep.
+    """
+    out = dict(env)
+    for var, port in ((ENV_LISTEN_GRPC, grpc_port), (ENV_LISTEN_METRICS, metrics_port)):
+        address = out.get(var, "")
+        if port is not None and address.strip().endswith(":0"):
+            out[var] = _with_port(address.strip(), port)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Command lines and log lines.
+
+
+def worker_command(
+    spec: WorkerSpec,
+    node: NodeConfig,
+    *,
+    device: str,
+    logging_flags: Sequence[str],
+    executable: str,
+) -> list[str]:
+    """The `rsgw worker` command line that runs `spec` of `node`.
+
+    Of the worker's node-file settings it passes on `scheduler.discipline`
+    (`--discipline`) and the node's `models:` residency (`--pin MODEL`).
+
+    Args:
+        spec: the worker, with the ports it should bind.
+        node: its node (the model repository and the residency).
+        device: its CUDA_VISIBLE_DEVICES (`cuda_device`).
+        logging_flags: `--log-level` / `--log-format` and their values.
+        executable: the Python interpreter to run (the supervisor's own).
+    """
+    argv = [executable, "-m", "rsgw", "worker", "--name", spec.name]
+    argv += ["--gpu", device, "--host", spec.host]
+    argv += ["--port", str(spec.port)]
+    argv += ["--metrics-port", str(-1 if spec.metrics_port is None else spec.metrics_port)]
+    if node.model_repo != BUILTIN_MODEL_REPO:
+        argv += ["--models", node.model_repo]
+    scheduler = spec.settings.get("scheduler")
+    discipline = scheduler.get("discipline") if isinstance(scheduler, Mapping) else None
+    if isinstance(discipline, str):
+        # The original's worker setting (REFERENCE.md §8.3); the worker checks the value.
+        argv += ["--discipline", discipline.lower()]
+    # The node file's `models:` residency `device` is a pin on these workers.
+    for model in node.models_on(spec.name):
+        argv += ["--pin", model]
+    return argv + list(logging_flags)
+
+
+def gateway_command(executable: str) -> list[str]:
+    """The command line of the embedded gateway: `rsgw run`, configured by environment."""
+    return [executable, "-m", "rsgw", "run"]
+
+
+_TEXT_PORT = {
+    key: re.compile(rf"(?:^| ){key}=(\d+|None)(?= |$)") for key in ("grpc_port", "metrics_port")
+}
+
+
+def parse_serving(line: str, event: str) -> tuple[int, int | None] | None:
+    """The (gRPC, metrics) ports of a child's `event` log line, or None if it is not one.
+
+    Children log JSON by default and `k=v` text with `--log-format text`; we read both,
+    so an operator's choice of format does not stop the supervisor learning ports.
+    """
+    if event not in line:
+        return None
+    fields: dict[str, object] = {}
+    if line.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and entry.get("event") == event:
+                fields = entry
+    elif f": {event} " in line or line.endswith(f": {event}"):
+        for key, pattern in _TEXT_PORT.items():
+            found = pattern.search(line)
+            if found:
+                fields[key] = None if found.group(1) == "None" else int(found.group(1))
+    grpc, metrics = fields.get("grpc_port"), fields.get("metrics_port")
+    if not isinstance(grpc, int) or not (metrics is None or isinstance(metrics, int)):
+        return None
+    return grpc, metrics

@@ -1,0 +1,293 @@
+"""The node supervisor's pure decisions (rsgw._supervision): plain table tests.
+
+The processes themselves are tested end to end in tests/test_supervisor.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+import rsgw
+from rsgw._config import parse_config
+from rsgw._errors import ConfigError
+from rsgw._node import NodeConfig, parse_node
+from rsgw._supervision import (
+    Backoff,
+    cuda_device,
+    cuda_devices,
+    gateway_command,
+    gateway_environment,
+    listed_gpu_count,
+    parse_serving,
+    pinned_gateway_env,
+    public_addresses,
+    sole_worker,
+    worker_command,
+)
+
+W = "REACTANT_GATEWAY_"
+
+
+def node(**raw: Any) -> NodeConfig:
+    return parse_node({"model_repo": "builtin", **raw}, source="node.yml")
+
+
+# ---------------------------------------------------------------------------
+# Backoff.
+
+
+def test_backoff_doubles_from_1_to_30_and_resets_after_a_stable_run() -> None:
+    backoff = Backoff()
+    delays = [backoff.after_exit(0.5) for _ in range(7)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff.after_exit(60.0) == 1.0
+    assert backoff.after_exit(59.0) == 2.0
+
+
+# ---------------------------------------------------------------------------
+# GPUs.
+
+
+@pytest.mark.parametrize(
+    ("devices", "listed"),
+    [
+        ("0,1", ["0", "1"]),
+        ("", []),
+        ("-1", []),
+        ("0,-1,2", ["0"]),
+        (" 2 , 3 ", ["2", "3"]),
+        ("0,,1", ["0"]),
+        ("GPU-8f1c,GPU-77aa", ["GPU-8f1c", "GPU-77aa"]),
+    ],
+)
+def test_cuda_devices_stop_at_the_first_invalid_entry(devices: str, listed: list[str]) -> None:
+    assert cuda_devices({"CUDA_VISIBLE_DEVICES": devices}) == listed
+
+
+def test_cuda_devices_unset_is_none() -> None:
+    assert cuda_devices({}) is None
+
+
+def test_listed_gpu_count_counts_gpu_lines_only() -> None:
+    listing = (
+        "GPU 0: NVIDIA A100 (UUID: GPU-1)\n"
+        "  MIG 1g.5gb Device 0: (UUID: MIG-1)\n"
+        "GPU 1: NVIDIA A100 (UUID: GPU-2)\n"
+    )
+    assert listed_gpu_count(listing) == 2
+    assert listed_gpu_count("") == 0
+    assert listed_gpu_count("No devices were found\n") == 0
+
+
+def test_a_worker_gets_the_physical_device_behind_its_ordinal() -> None:
+    assert cuda_device(1, {"CUDA_VISIBLE_DEVICES": "2,3"}) == "3"
+    assert cuda_device(1, {}) == "1"
+    assert cuda_device("GPU-77aa", {"CUDA_VISIBLE_DEVICES": "2,3"}) == "GPU-77aa"
+
+
+# ---------------------------------------------------------------------------
+# Addresses.
+
+
+def test_public_addresses_default_and_override() -> None:
+    assert public_addresses({}) == ("0.0.0.0:8001", "0.0.0.0:8002")
+    env = {"REACTANT_GATEWAY_LISTEN_GRPC": " 127.0.0.1:0 ", "REACTANT_GATEWAY_LISTEN_METRICS": ""}
+    assert public_addresses(env) == ("127.0.0.1:0", "0.0.0.0:8002")
+    with pytest.raises(rsgw.ConfigError, match="REACTANT_GATEWAY_LISTEN_GRPC"):
+        public_addresses({"REACTANT_GATEWAY_LISTEN_GRPC": "8001"})
+
+
+def test_sole_worker_runs_on_the_public_addresses() -> None:
+    node = parse_node({"model_repo": "builtin", "gpus": 1, "base_port": 7000}, source="n")
+    worker = sole_worker(node, {})
+    assert (worker.name, worker.host, worker.port, worker.metrics_port) == (
+        "worker0",
+        "0.0.0.0",
+        8001,
+        8002,
+    )
+    env = {
+        "REACTANT_GATEWAY_LISTEN_GRPC": "[::1]:0",
+        "REACTANT_GATEWAY_LISTEN_METRICS": "10.0.0.1:9",
+    }
+    worker = sole_worker(node, env)
+    assert (worker.host, worker.port, worker.metrics_port) == ("::1", 0, 9)
+    assert worker.gpu == node.workers[0].gpu
+
+
+# ---------------------------------------------------------------------------
+# The embedded gateway's environment (REFERENCE.md §8.5, DECISIONS.md §6).
+
+
+def test_gateway_environment_synthesizes_workers_metrics_and_names() -> None:
+    n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
+    env = gateway_environment(n, {"PATH": "/bin"}, gateway_yml_mounted=False)
+    assert env == {
+        "PATH": "/bin",
+        W + "STARTUP_WAIT_SECONDS": "inf",
+        W + "WORKERS": "127.0.0.1:8080,127.0.0.1:8081",
+        W + "WORKER_METRICS": "127.0.0.1:9100,127.0.0.1:9101",
+        W + "WORKER_NAMES": "worker0,worker1",
+        W + "GRPC_MAX_RECV_MSG_BYTES": "1024",
+    }
+    cfg = parse_config({}, env)
+    assert cfg.endpoints == ("127.0.0.1:8080", "127.0.0.1:8081")
+    assert cfg.metrics_endpoints == ("127.0.0.1:9100", "127.0.0.1:9101")
+    assert cfg.worker_names == ("worker0", "worker1")
+    assert cfg.grpc.max_recv_msg_bytes == 1024
+    assert cfg.startup_wait_seconds == math.inf
+
+
+def test_gateway_environment_keeps_what_is_already_set() -> None:
+    n = node(
+        gpus=2, **{"global": {"grpc": {"max_recv_msg_bytes": 1024, "max_send_msg_bytes": 2048}}}
+    )
+    given = {W + "STARTUP_WAIT_SECONDS": "30", W + "GRPC_MAX_SEND_MSG_BYTES": "4096"}
+    env = gateway_environment(n, given, gateway_yml_mounted=False)
+    assert env[W + "STARTUP_WAIT_SECONDS"] == "30"
+    assert env[W + "GRPC_MAX_SEND_MSG_BYTES"] == "4096"
+    assert env[W + "GRPC_MAX_RECV_MSG_BYTES"] == "1024"
+    assert W + "WORKER_METRICS" not in env  # no metrics_base_port
+    assert given == {W + "STARTUP_WAIT_SECONDS": "30", W + "GRPC_MAX_SEND_MSG_BYTES": "4096"}
+
+
+def test_a_mounted_gateway_yml_suppresses_the_synthesis() -> None:
+    n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
+    env = gateway_environment(n, {W + "FILE": "/g.yml"}, gateway_yml_mounted=True)
+    assert env == {W + "FILE": "/g.yml", W + "STARTUP_WAIT_SECONDS": "inf"}
+
+
+def test_gateway_environment_needs_bound_ports_for_port_zero() -> None:
+    n = node(gpus=2, base_port=0)
+    with pytest.raises(ConfigError, match="worker 'worker0' has gRPC port 0"):
+        gateway_environment(n, {}, gateway_yml_mounted=False)
+    bound = [dataclasses.replace(w, port=41000 + i) for i, w in enumerate(n.workers)]
+    env = gateway_environment(n, {}, gateway_yml_mounted=False, workers=bound)
+    assert env[W + "WORKERS"] == "127.0.0.1:41000,127.0.0.1:41001"
+
+
+def test_only_a_gateway_port_zero_from_the_environment_is_pinned() -> None:
+    env = {
+        "REACTANT_GATEWAY_LISTEN_GRPC": " 127.0.0.1:0 ",
+        "REACTANT_GATEWAY_LISTEN_METRICS": "[::]:0",
+        "OTHER": "x",
+    }
+    assert pinned_gateway_env(env, 5, 6) == {
+        "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:5",
+        "REACTANT_GATEWAY_LISTEN_METRICS": "[::]:6",
+        "OTHER": "x",
+    }
+    assert env["REACTANT_GATEWAY_LISTEN_GRPC"] == " 127.0.0.1:0 "  # a copy, not an edit
+    assert pinned_gateway_env(env, 5, None)["REACTANT_GATEWAY_LISTEN_METRICS"] == "[::]:0"
+    fixed = {"REACTANT_GATEWAY_LISTEN_GRPC": "0.0.0.0:8001"}
+    assert pinned_gateway_env(fixed, 5, 6) == fixed
+    assert pinned_gateway_env({}, 5, 6) == {}
+
+
+# ---------------------------------------------------------------------------
+# Command lines and log lines.
+
+
+def test_worker_command_carries_the_node_files_worker_settings() -> None:
+    node = parse_node(
+        {
+            "model_repo": "builtin",
+            "gpus": 2,
+            "global": {"scheduler": {"discipline": "EDF"}},
+            "models": {"simple": ["worker1"]},
+        },
+        source="n",
+    )
+    env = {"CUDA_VISIBLE_DEVICES": "4,5"}
+    spec = node.workers[1]
+    argv = worker_command(
+        spec,
+        node,
+        device=cuda_device(spec.gpu, env),
+        logging_flags=["--log-format", "text"],
+        executable="python3",
+    )
+    assert argv[0] == "python3"
+    assert argv[1:] == [
+        "-m",
+        "rsgw",
+        "worker",
+        "--name",
+        "worker1",
+        "--gpu",
+        "5",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8081",
+        "--metrics-port",
+        "-1",
+        "--discipline",
+        "edf",
+        "--pin",
+        "simple",
+        "--log-format",
+        "text",
+    ]
+
+
+def test_worker_command_names_a_catalogue_and_a_metrics_port() -> None:
+    node = parse_node(
+        {"model_repo": "/m/models.yaml", "gpus": ["GPU-a"], "metrics_base_port": 9100},
+        source="n",
+    )
+    argv = worker_command(node.workers[0], node, device="GPU-a", logging_flags=[], executable="py")
+    assert argv == [
+        "py",
+        "-m",
+        "rsgw",
+        "worker",
+        "--name",
+        "worker0",
+        "--gpu",
+        "GPU-a",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+        "--metrics-port",
+        "9100",
+        "--models",
+        "/m/models.yaml",
+    ]
+
+
+def test_gateway_command_is_rsgw_run() -> None:
+    assert gateway_command("py") == ["py", "-m", "rsgw", "run"]
+
+
+@pytest.mark.parametrize(
+    ("line", "ports"),
+    [
+        ('{"event": "worker serving", "grpc_port": 5, "metrics_port": 6}', (5, 6)),
+        ('{"event": "worker serving", "grpc_port": 5, "metrics_port": null}', (5, None)),
+        ('{"event": "worker serving!", "grpc_port": 5, "metrics_port": 6}', None),
+        ('{"event": "gateway serving", "grpc_port": 5, "metrics_port": 6}', None),
+        ('{"event": "worker serving", "grpc_port": "5"}', None),
+        ('{"event": "worker serving", "grpc_po', None),
+        (
+            "12:00:00 info    rsgw.worker._worker: worker serving worker=w0 gpu=0 "
+            "grpc_port=5 metrics_port=6 models=8",
+            (5, 6),
+        ),
+        ("12:00:00 info    x: worker serving worker=w grpc_port=5 metrics_port=None", (5, None)),
+        (
+            "12:00:00 info    x: worker serving worker=grpc_port=9 grpc_port=5 metrics_port=6",
+            (5, 6),
+        ),
+        ("12:00:00 info    x: not worker serving grpc_port=5 metrics_port=6", None),
+    ],
+)
+def test_parse_serving_reads_json_and_text_lines(
+    line: str, ports: tuple[int, int | None] | None
+) -> None:
+    assert parse_serving(line, "worker serving") == ports
