@@ -334,6 +334,7 @@ class _ClientConnection:
                     self._transport.window_opened(0)
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self._on_goaway(event)
+            self._transport.acknowledge()
             self._transport.flush()
 
     def _on_headers(self, stream_id: int, headers: list[Header] | None) -> None:
@@ -350,7 +351,7 @@ class _ClientConnection:
             call.status = GrpcError(code, f"{self._target} answered HTTP {http_status.decode()}")
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        self._transport.received(event.stream_id, event.flow_controlled_length)
         call = self._calls.get(event.stream_id)
         if call is None or call.status is not None:
             return

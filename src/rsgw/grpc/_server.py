@@ -309,6 +309,7 @@ class _Connection:
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self._flush()
                     return
+            self._transport.acknowledge()
             self._flush()
 
     # -- events -------------------------------------------------------------------
@@ -335,7 +336,7 @@ class _Connection:
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
-        self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        self._transport.received(stream_id, event.flow_controlled_length)
         stream = self._streams.get(stream_id)
         if stream is None or stream.finished or stream.decoder is None:
             return

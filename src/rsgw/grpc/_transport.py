@@ -8,6 +8,7 @@ flow-control window again. The shells own the read loop and the stream state.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import h2.config
@@ -85,30 +86,75 @@ def new_h2_connection(
 
 
 class H2Transport:
-    """The send side of one HTTP/2 connection, shared by the server and the client."""
+    """The send side of one HTTP/2 connection, shared by the server and the client.
+
+    `flush` writes what h2 has queued straight to the socket when the kernel takes
+    it all at once, which is nearly always: no task switch, no scheduler round. Only
+    what the socket cannot take now goes to the writer task, which then owns the
+    send side until its backlog is gone, so bytes never leave out of order.
+    """
 
     def __init__(self, conn: h2.connection.H2Connection, stream: trio.abc.Stream) -> None:
         self.h2 = conn
         self.stream = stream
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._backlog = b""
+        self._sending = False
         self._flush_wanted = trio.Event()
         self._window_waiters: dict[int, trio.Event] = {}
+        self._unacknowledged: dict[int, int] = {}
         #: Called after each write, e.g. to notice that a draining connection went quiet.
         self.after_write: Callable[[], None] | None = None
 
     def flush(self) -> None:
-        """Ask the writer task to send whatever h2 has queued."""
-        self._flush_wanted.set()
+        """Send whatever h2 has queued, now if the socket takes it, else soon."""
+        if self._sending or self._backlog or self._fd < 0:
+            self._flush_wanted.set()
+            return
+        data = self.h2.data_to_send()
+        if not data:
+            return
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # broken or closed: the writer task meets the error through trio
+            sent = 0
+        if sent < len(data):
+            self._backlog = data[sent:]
+            self._flush_wanted.set()
+        elif self.after_write is not None:
+            self.after_write()
 
     async def run_writer(self) -> None:
-        """The only task that writes to the socket; runs until cancelled or broken."""
+        """Sends what `flush` could not; runs until cancelled or the socket breaks."""
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
-            data = self.h2.data_to_send()
+            data = self._backlog + self.h2.data_to_send()
+            self._backlog = b""
             if data:
-                await self.stream.send_all(data)
+                self._sending = True
+                try:
+                    await self.stream.send_all(data)
+                finally:
+                    self._sending = False
             if self.after_write is not None:
                 self.after_write()
+
+    def received(self, stream_id: int, flow_controlled: int) -> None:
+        """Note DATA bytes we consumed; `acknowledge` hands them back in one go."""
+        self._unacknowledged[stream_id] = self._unacknowledged.get(stream_id, 0) + flow_controlled
+
+    def acknowledge(self) -> None:
+        """Return the window for everything consumed since the last call.
+
+        Once per socket read rather than once per DATA frame: a 1 MiB message is
+        64 frames of 16 KiB, and h2's flow-control bookkeeping is per call.
+        """
+        pending, self._unacknowledged = self._unacknowledged, {}
+        for stream_id, size in pending.items():
+            self.h2.acknowledge_received_data(size, stream_id)
 
     def window_opened(self, stream_id: int) -> None:
         """The peer sent WINDOW_UPDATE (stream 0: the connection, so wake everyone)."""
