@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import math
 import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ W = "REACTANT_GATEWAY_"
 BASE: dict[str, Any] = {"endpoints": ["10.0.0.1:8080"]}
 
 
-def parse(raw: dict[str, Any] | None = None, **env: str) -> GatewayConfig:
+def parse(raw: Mapping[Any, Any] | None = None, /, **env: str) -> GatewayConfig:
     return parse_config({**BASE, **(raw or {})}, env)
 
 
@@ -403,7 +404,13 @@ def test_no_endpoints() -> None:
     message = (
         "gateway has no endpoints; set 'endpoints:' in gateway.yml or REACTANT_GATEWAY_WORKERS"
     )
-    for raw in ({}, {"endpoints": []}, {"endpoints": ["", " "]}, {"endpoints": None}):
+    raws: list[dict[str, Any]] = [
+        {},
+        {"endpoints": []},
+        {"endpoints": ["", " "]},
+        {"endpoints": None},
+    ]
+    for raw in raws:
         with pytest.raises(ConfigError) as info:
             parse_config(raw)
         assert str(info.value) == message

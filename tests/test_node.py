@@ -135,16 +135,14 @@ def test_explicit_workers() -> None:
 
 
 def test_worker_overrides_deep_merge_over_global() -> None:
-    n = node(
-        gpus=1,
-        **{
-            "global": {"scheduler": {"discipline": "fifo", "max_batch": 8}, "cache": {"bytes": 1}},
-            "workers": [
-                {"name": "a", "scheduler": {"discipline": "edf"}, "cache": None},
-                {"name": "b", "extra": [1, 2]},
-            ],
-        },
-    )
+    raw: dict[str, Any] = {
+        "global": {"scheduler": {"discipline": "fifo", "max_batch": 8}, "cache": {"bytes": 1}},
+        "workers": [
+            {"name": "a", "scheduler": {"discipline": "edf"}, "cache": None},
+            {"name": "b", "extra": [1, 2]},
+        ],
+    }
+    n = node(gpus=1, **raw)
     a, b = n.workers
     assert a.settings == {"scheduler": {"discipline": "edf", "max_batch": 8}, "cache": None}
     assert b.settings == {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import grpc
 import numpy as np
@@ -15,6 +16,7 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.grpc._metadata import format_timeout, parse_timeout
 from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.worker._worker import RunningWorker
 from tests.gateway.fleet import open_fleet
 from tests.helpers import (
     MODEL_INFER,
@@ -54,6 +56,10 @@ async def rpc_error(fn: object) -> grpc.RpcError:
     except grpc.RpcError as exc:
         return exc
     raise AssertionError("the call succeeded")
+
+
+def in_flight_at_least(workers: list[RunningWorker], count: int) -> bool:
+    return sum(w.service.inflight for w in workers) >= count
 
 
 def simple_body(seed: int = 0, model: str = "simple") -> bytes:
@@ -149,7 +155,7 @@ async def test_worker_admission_shed_fails_over() -> None:
             for seed in range(3):  # worker0, worker1, then worker0 again: it sheds
                 nursery.start_soon(one, seed)
                 await wait_until_async(
-                    lambda seed=seed: sum(w.service.inflight for w in fleet.workers) > seed,
+                    partial(in_flight_at_least, fleet.workers, seed + 1),
                     what="the call to land on a worker",
                 )
         assert len(results) == 3

@@ -81,7 +81,7 @@ def channel(port: int, nursery: trio.Nursery, **kwargs: int) -> Channel:
         nursery,
         max_receive_message_bytes=BIG,
         max_send_message_bytes=BIG,
-        **kwargs,  # type: ignore[arg-type]  # test-only overrides
+        **kwargs,
     )
 
 
