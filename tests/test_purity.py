@@ -25,6 +25,8 @@ PURE = [
     # The gateway's and the scheduler's cores.
     "gateway/_wire.py",
     "scheduling/_knobs.py",
+    "scheduling/_meta.py",
+    "scheduling/_outstanding.py",
     "scheduling/_routing.py",
     # The simulated worker's models.
     "worker/_batching.py",

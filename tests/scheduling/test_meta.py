@@ -28,8 +28,19 @@ def poll(**workers: dict[str, ModelCounters]) -> dict[str, WorkerCounters]:
     return {urls[k]: WorkerCounters(models=v) for k, v in workers.items()}
 
 
-def c(compute: float, requests: int, rows: int, **kw: object) -> ModelCounters:
-    return ModelCounters(compute, requests, rows, **kw)  # type: ignore[arg-type]
+def c(
+    compute: float,
+    requests: int,
+    rows: int,
+    *,
+    max_batch_size: int = 0,
+    batch_input_name: str = "",
+    batch_axis: int = 0,
+    weight_nbytes: int = 0,
+) -> ModelCounters:
+    return ModelCounters(
+        compute, requests, rows, max_batch_size, batch_input_name, batch_axis, weight_nbytes
+    )
 
 
 def body(shape: list[int], name: str = "x") -> bytes:
@@ -298,3 +309,82 @@ def test_snapshots_are_immutable(batched: RoutingMeta) -> None:
         batched.generation = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
         batched.models["x"] = ModelMeta()  # type: ignore[index]
+
+
+# --- agreement with REFERENCE §4.3 when the polled set is stable -------------------
+
+
+def reference_costs(
+    polls: list[dict[str, dict[str, tuple[float, int, int]]]], halflife: float
+) -> dict[str, tuple[float, float]]:
+    """REFERENCE's summed-over-workers derivation, written out directly."""
+    previous: dict[str, tuple[float, int, int]] = {}
+    per_request: dict[str, float] = {}
+    per_item: dict[str, float] = {}
+    fleet = 0.0
+    for answers in polls:
+        sums: dict[str, tuple[float, int, int]] = {}
+        for models in answers.values():
+            for m, (comp, req, rows) in models.items():
+                s = sums.get(m, (0.0, 0, 0))
+                sums[m] = (s[0] + comp, s[1] + req, s[2] + rows)
+        now = sum(s[0] for s in sums.values())
+        dt = 0.0 if fleet == 0 or now - fleet <= 0 else now - fleet
+        fleet = now
+        for m, (comp, req, rows) in sums.items():
+            pc, pr, pw = previous.get(m, (0.0, 0, 0))
+            previous[m] = (comp, req, rows)
+            dc, dr, dw = comp - pc, req - pr, rows - pw
+            if dc < 0 or dr < 0 or dw < 0:
+                continue
+            if dr > 0:
+                old = per_request.get(m, 0.0)
+                per_request[m] = ewma(old or dc / dr, dc / dr, dt, halflife)
+            if dw > 0:
+                old = per_item.get(m, 0.0)
+                per_item[m] = ewma(old or dc / dw, dc / dw, dt, halflife)
+    costed = set(per_request) | set(per_item)
+    return {m: (per_request.get(m, 0.0), per_item.get(m, 0.0)) for m in costed}
+
+
+increments = st.tuples(
+    st.floats(0.0, 100.0, allow_nan=False), st.integers(0, 50), st.integers(0, 500)
+)
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries({"a": increments, "b": increments, "c": increments}),
+        min_size=1,
+        max_size=6,
+    ),
+    st.floats(0.1, 100.0),
+)
+def test_agrees_with_reference_when_every_worker_answers_every_poll(
+    steps: list[dict[str, tuple[float, int, int]]], halflife: float
+) -> None:
+    # Workers A and B serve m; A also serves n. Counters only grow, A starts busy.
+    pairs = {(A, "m"): "a", (B, "m"): "b", (A, "n"): "c"}
+    totals = {pair: (1.0, 1, 1) for pair in pairs}
+    polls: list[dict[str, dict[str, tuple[float, int, int]]]] = []
+    for step in steps:
+        answers: dict[str, dict[str, tuple[float, int, int]]] = {A: {}, B: {}}
+        for (url, model), key in pairs.items():
+            comp, req, rows = totals[(url, model)]
+            dc, dr, dw = step[key]
+            totals[(url, model)] = (comp + dc, req + dr, rows + dw)
+            answers[url][model] = totals[(url, model)]
+        polls.append(answers)
+    tracker = RoutingMetaTracker(halflife)
+    for answers in polls:
+        meta = tracker.refresh(
+            {
+                url: WorkerCounters({m: c(*counts) for m, counts in models.items()})
+                for url, models in answers.items()
+            }
+        )
+    expected = reference_costs(polls, halflife)
+    assert set(meta.models) == set(expected)
+    for model, (per_request, per_item) in expected.items():
+        assert meta.models[model].cost_per_request == pytest.approx(per_request)
+        assert meta.models[model].cost_per_item == pytest.approx(per_item)

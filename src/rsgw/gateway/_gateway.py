@@ -22,12 +22,16 @@ from rsgw._config import GatewayConfig, SchedulingMode
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE, merge_expositions
 from rsgw._net import split_host_port
+from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
+from rsgw.gateway._schedulers import LeastOutstandingScheduler, RoundRobinScheduler, Scheduler
 from rsgw.gateway._service import GatewayService
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
+from rsgw.scheduling._knobs import WorkBasis
+from rsgw.scheduling._meta import RoutingMetaTracker
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +101,11 @@ async def serve_gateway(
         GatewayWedged: every worker probe hung for `wedge_exit_rounds` rounds.
         ConfigError: a setting this version cannot serve.
     """
-    if config.scheduling.mode is not SchedulingMode.ROUND_ROBIN:
+    mode = config.scheduling.mode
+    if mode is SchedulingMode.LPT_PACKING:
         raise ConfigError(
-            f"scheduling.mode '{config.scheduling.mode}' is not available in this version; "
-            "use 'round_robin'"
+            "scheduling.mode 'lpt_packing' is not available in this version; "
+            "use 'round_robin' or 'least_outstanding'"
         )
     for warning in config.warnings:
         logger.warning(warning)
@@ -133,12 +138,14 @@ async def serve_gateway(
             probe_timeout=config.probe_timeout_seconds,
             wedge_rounds=config.wedge_exit_rounds,
         )
+        scheduler = _scheduler(config, pool, prober, metrics)
         service = GatewayService(
             pool,
             prober,
             metrics,
             request_timeout=config.worker_client.request_timeout_seconds,
             max_concurrent_requests=config.max_concurrent_requests,
+            scheduler=scheduler,
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)
@@ -158,7 +165,7 @@ async def serve_gateway(
                 "grpc_port": bound_grpc,
                 "metrics_port": bound_admin,
                 "endpoints": list(pool.urls),
-                "mode": str(config.scheduling.mode),
+                "mode": str(mode),
                 "max_concurrent_requests": config.max_concurrent_requests,
                 "outbound_streams_per_worker": config.worker_client.max_concurrent_streams,
             },
@@ -167,6 +174,27 @@ async def serve_gateway(
             RunningGateway(config, bound_grpc, bound_admin, server, service, nursery.cancel_scope)
         )
         await trio.sleep_forever()
+
+
+def _scheduler(
+    config: GatewayConfig, pool: WorkerPool, prober: Prober, metrics: GatewayMetrics
+) -> Scheduler:
+    """The scheduler for `scheduling.mode`, wired to its metrics and metadata polls."""
+    scheduling = config.scheduling
+    if scheduling.mode is SchedulingMode.ROUND_ROBIN:
+        logger.info("gateway scheduling", extra={"mode": str(scheduling.mode)})
+        return RoundRobinScheduler()
+    basis = WorkBasis(scheduling.work_basis)
+    scheduler = LeastOutstandingScheduler(basis)
+    metrics.track_inflight_work(str(basis), scheduler.loads)
+    if scheduler.needs_routing_meta:
+        tracker = RoutingMetaTracker(scheduling.routing_meta_halflife)
+        prober.on_ready = MetaPoller(pool, prober, tracker, scheduler).poll
+    logger.info(
+        "gateway scheduling",
+        extra={"mode": str(scheduling.mode), "work_basis": str(basis)},
+    )
+    return scheduler
 
 
 @asynccontextmanager

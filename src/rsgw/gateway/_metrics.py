@@ -9,7 +9,7 @@ client sending random names grows neither memory nor series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -85,6 +85,15 @@ class GatewayMetrics:
             _ScalarGauge("gateway_inflight_requests", "In-flight RPCs (capped methods).", read)
         )
 
+    def track_inflight_work(self, basis: str, read: Callable[[], Mapping[str, float]]) -> None:
+        """Export `gateway_worker_inflight_work{worker,basis}`, read live at scrape time.
+
+        The load the router compares when it picks a replica, so a routing decision
+        can be explained afterwards. Workers the scheduler no longer tracks are not
+        emitted, rather than frozen at their last value.
+        """
+        self.registry.register(_InflightWork(basis, read, self.worker_label))
+
     def observe(self, rpc: str, model: str, code: StatusCode, seconds: float | None) -> None:
         """Count one handled RPC; `seconds` None records no latency (rejected at parse)."""
         key = (rpc, model, code)
@@ -110,6 +119,28 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return render_registry(self.registry)
+
+
+class _InflightWork(Collector):
+    def __init__(
+        self, basis: str, read: Callable[[], Mapping[str, float]], label: Callable[[str], str]
+    ) -> None:
+        self._basis = basis
+        self._read = read
+        self._label = label
+
+    def collect(self) -> Iterator[Metric]:
+        loads = sorted((self._label(url), value) for url, value in self._read().items())
+        if not loads:
+            return
+        family = GaugeMetricFamily(
+            "gateway_worker_inflight_work",
+            "In-flight work per worker as the router compares it, in work_basis units.",
+            labels=["worker", "basis"],
+        )
+        for worker, value in loads:
+            family.add_metric([worker, self._basis], value)
+        yield family
 
 
 class _ScalarGauge(Collector):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -65,6 +65,7 @@ class Prober:
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         wedge_rounds: int = 3,
         on_swap: Callable[[RoutingTable], None] | None = None,
+        on_ready: Callable[[frozenset[str]], Awaitable[None]] | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -72,6 +73,8 @@ class Prober:
         self.probe_timeout = probe_timeout
         self.wedge_rounds = wedge_rounds
         self.on_swap = on_swap
+        #: Runs at the end of every round that saw a ready worker (routing-metadata polls).
+        self.on_ready = on_ready
         #: The current routing table; replaced, never mutated.
         self.table = RoutingTable()
         #: Workers whose last ServerReady said ready.
@@ -128,7 +131,7 @@ class Prober:
         """One probe round: readiness, channel resets, wedge check, discovery."""
         pool = self._pool
         results = await fan_out(
-            pool.urls, lambda url: self._probe(url, SERVER_READY, _READY_REQUEST)
+            pool.urls, lambda url: self.probe(url, SERVER_READY, _READY_REQUEST)
         )
         ready: set[str] = set()
         all_timed_out = bool(pool.urls)
@@ -169,8 +172,10 @@ class Prober:
                 f"every worker probe timed out for {self._wedged} consecutive rounds"
             )
         await self._refresh()
+        if self.ready and self.on_ready is not None:
+            await self.on_ready(self.ready)
 
-    async def _probe(self, url: str, path: bytes, request: bytes) -> ProbeResult:
+    async def probe(self, url: str, path: bytes, request: bytes) -> ProbeResult:
         """One bounded probe call: a reply, a fast failure, or a hang (timed out)."""
         channel = self._pool.channels[url]
         with trio.move_on_after(self.probe_timeout):
@@ -189,7 +194,7 @@ class Prober:
         done = self._refreshing = trio.Event()
         try:
             results = await fan_out(
-                self._pool.urls, lambda url: self._probe(url, REPOSITORY_INDEX, _INDEX_REQUEST)
+                self._pool.urls, lambda url: self.probe(url, REPOSITORY_INDEX, _INDEX_REQUEST)
             )
             served: dict[str, list[str]] = {}
             for url, result in results.items():

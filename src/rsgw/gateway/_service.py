@@ -25,12 +25,13 @@ from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
+from rsgw.gateway._schedulers import RoundRobinScheduler, Scheduler
 from rsgw.gateway._wire import peek_header
 from rsgw.grpc._client import ResponseStarted
 from rsgw.grpc._server import ServerCall, UnaryHandler
 from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._typed import typed_unary
-from rsgw.scheduling._routing import RoundRobin
+from rsgw.scheduling._routing import RoutingTable
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class GatewayService:
         *,
         request_timeout: float = 60.0,
         max_concurrent_requests: int = 0,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -69,7 +71,7 @@ class GatewayService:
         self.request_timeout = request_timeout
         self.max_concurrent_requests = max_concurrent_requests
         self.inflight = 0
-        self.scheduler = RoundRobin()
+        self.scheduler: Scheduler = scheduler or RoundRobinScheduler()
         metrics.max_concurrent.set(max_concurrent_requests)
         if max_concurrent_requests:
             metrics.track_inflight(lambda: self.inflight)
@@ -87,8 +89,8 @@ class GatewayService:
             ),
         }
 
-    def on_table_swap(self, _: object) -> None:
-        self.scheduler.forget_missing(self.prober.table)
+    def on_table_swap(self, table: RoutingTable) -> None:
+        self.scheduler.table_swapped(table)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -136,8 +138,17 @@ class GatewayService:
                 logger.debug("model not found on any worker", extra={"model": model[:200]})
                 raise GrpcError(code, f'model "{model}" not found on any worker')
             label = model
-            order = self.scheduler.select(model, replicas)
-            response = await self._forward(model, body, order, call.deadline)
+            try:
+                order, reservation = self.scheduler.select(model, replicas, body)
+            except DecodeError as exc:  # the batch-extent walk met bad bytes
+                rejected = True
+                raise GrpcError(
+                    StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
+                ) from exc
+            try:
+                response = await self._forward(model, body, order, call.deadline)
+            finally:
+                self.scheduler.release(reservation)
             code = StatusCode.OK
             return response
         except BaseException as exc:
