@@ -371,8 +371,8 @@ def type_name(field: FieldDescriptor, scope: Descriptor) -> str:
     # WIRE.md names top-level types and types nested in the same message by their
     # short name; anything else would need the qualified name.
     if target.containing_type is None or target.containing_type is scope:
-        return target.name
-    return target.full_name.removeprefix(target.file.package + ".")
+        return str(target.name)
+    return str(target.full_name).removeprefix(target.file.package + ".")
 
 
 def describe(field: FieldDescriptor) -> str:
@@ -461,15 +461,16 @@ def test_postprocess_refuses_unfamiliar_protoc_output() -> None:
 
 
 def test_generated_files_live_in_the_private_pool_only() -> None:
-    assert POOL is not descriptor_pool.Default()
+    assert POOL is not descriptor_pool.Default()  # type: ignore[no-untyped-call]  # stubs 6.x
     for file in FILES:
         assert file.pool is POOL
         # Standalone files: in particular the control proto does not import inference.
         assert list(file.dependencies) == []
         with pytest.raises(KeyError):
-            descriptor_pool.Default().FindFileByName(file.name)
+            descriptor_pool.Default().FindFileByName(file.name)  # type: ignore[no-untyped-call]
     assert (
-        POOL.FindMessageTypeByName("inference.ModelInferRequest") is pb.ModelInferRequest.DESCRIPTOR
+        POOL.FindMessageTypeByName("inference.ModelInferRequest")  # type: ignore[no-untyped-call]
+        is pb.ModelInferRequest.DESCRIPTOR
     )
 
 
@@ -596,7 +597,7 @@ def test_services_match_wire() -> None:
     assert set(methods) == set(WIRE.methods)
     for name, method in methods.items():
         assert (method.input_type.full_name, method.output_type.full_name) == WIRE.methods[name]
-        assert POOL.FindMethodByName(name) is method
+        assert POOL.FindMethodByName(name) is method  # type: ignore[no-untyped-call]  # stubs 6.x
         assert not method.client_streaming
         assert not method.server_streaming
     # Every message a method names is declared (the tables are consistent).
