@@ -16,7 +16,7 @@ from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer, ServerCall, UnaryHandler
 
 
 class ScriptedWorker:
@@ -42,11 +42,13 @@ class ScriptedWorker:
         response.models.add(name="m", state="READY")
         return response.SerializeToString()
 
-    def server(self) -> GrpcServer:
+    def server(self, **extra: UnaryHandler) -> GrpcServer:
+        """A server for these handlers; `extra` adds methods by their full path."""
         return GrpcServer(
             {
                 "/inference.GRPCInferenceService/ServerReady": self.ready,
                 "/inference.GRPCInferenceService/RepositoryIndex": self.index,
+                **extra,
             }
         )
 
@@ -125,4 +127,33 @@ async def test_on_demand_refresh_is_single_flight() -> None:
         assert worker.index_calls == before + 1
         await prober.refresh_now()  # within the 1 s floor: no new scan
         assert worker.index_calls == before + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_control_status_poll_resets_the_channel() -> None:
+    from rsgw._schema import SchedulingConfig
+    from rsgw.scheduling._knobs import SchedulingMode
+
+    worker = ScriptedWorker()
+    poll_started = trio.Event()
+
+    async def control_status(body: bytes, call: ServerCall) -> bytes:
+        poll_started.set()
+        await trio.sleep_forever()
+        return b""  # pragma: no cover
+
+    server = worker.server(
+        **{"/reactant_control.ControlService/ModelControlStatus": control_status}
+    )
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, "127.0.0.1", 0)
+        least = SchedulingConfig(mode=SchedulingMode.LEAST_OUTSTANDING)
+        gateway: RunningGateway = await nursery.start(
+            serve_gateway, config(port, scheduling=least, health_interval_seconds=3600)
+        )
+        assert poll_started.is_set()  # the first round polled before serving
+        assert gateway.prober.channel_resets == 0  # a poll is not a probe...
+        assert gateway.prober.ready  # ...and the worker stays ready
+        channel = gateway._service.pool.channels[f"127.0.0.1:{port}"]
+        assert channel.connects == 1 and not channel.connected  # ...but its channel was dropped
         nursery.cancel_scope.cancel()
