@@ -103,6 +103,7 @@ class H2Transport:
         self._flush_wanted = trio.Event()
         self._window_waiters: dict[int, trio.Event] = {}
         self._unacknowledged: dict[int, int] = {}
+        self._large_sends = trio.Lock()
         #: Called after each write, e.g. to notice that a draining connection went quiet.
         self.after_write: Callable[[], None] | None = None
 
@@ -190,21 +191,25 @@ class H2Transport:
         ):
             h2conn.send_data(stream_id, message_prefix(total) + payload, end_stream=end_stream)
             return
-        pending: list[bytes | memoryview] = [message_prefix(total), memoryview(payload)]
-        while pending:
-            window = h2conn.local_flow_control_window(stream_id)
-            if window <= 0:
-                event = self._window_waiters[stream_id] = trio.Event()
-                self.flush()
-                await event.wait()
-                continue
-            piece = pending[0]
-            size = min(window, h2conn.max_outbound_frame_size, len(piece))
-            last = size == len(piece) and len(pending) == 1
-            h2conn.send_data(stream_id, piece[:size], end_stream=end_stream and last)
-            if size == len(piece):
-                pending.pop(0)
-            else:
-                pending[0] = piece[size:]
-            if pending and h2conn.local_flow_control_window(stream_id) <= 0:
-                self.flush()
+        # Messages larger than the window take turns, first come first served (trio's
+        # Lock is fair). Waking every sender whenever the peer opens the window would
+        # let whichever runs first take it all, at random, and starve the unlucky ones.
+        async with self._large_sends:
+            pending: list[bytes | memoryview] = [message_prefix(total), memoryview(payload)]
+            while pending:
+                window = h2conn.local_flow_control_window(stream_id)
+                if window <= 0:
+                    event = self._window_waiters[stream_id] = trio.Event()
+                    self.flush()
+                    await event.wait()
+                    continue
+                piece = pending[0]
+                size = min(window, h2conn.max_outbound_frame_size, len(piece))
+                last = size == len(piece) and len(pending) == 1
+                h2conn.send_data(stream_id, piece[:size], end_stream=end_stream and last)
+                if size == len(piece):
+                    pending.pop(0)
+                else:
+                    pending[0] = piece[size:]
+                if pending and h2conn.local_flow_control_window(stream_id) <= 0:
+                    self.flush()
