@@ -46,6 +46,19 @@ COMPACT_MEMORY = b"/reactant_control.ControlService/CompactMemory"
 FAILOVER_CODES = frozenset(
     {StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED}
 )
+#: Worker statuses that blame the request itself, logged at debug only.
+CLIENT_FAULT_CODES = frozenset(
+    {
+        StatusCode.INVALID_ARGUMENT,
+        StatusCode.FAILED_PRECONDITION,
+        StatusCode.OUT_OF_RANGE,
+        StatusCode.ALREADY_EXISTS,
+        StatusCode.PERMISSION_DENIED,
+        StatusCode.UNAUTHENTICATED,
+        StatusCode.CANCELLED,
+        StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 #: Deadline of IsSameIPCNamespace calls to workers.
 IPC_DEADLINE = 5.0
 #: CompactMemory may reload weights: at least this long (the original's 300 s floor).
@@ -176,14 +189,17 @@ class GatewayService:
                 )
             started = time.perf_counter()
             try:
-                response = await pool.channels[url].unary(MODEL_INFER, body, deadline=deadline)
+                return await pool.channels[url].unary(MODEL_INFER, body, deadline=deadline)
             except GrpcError as exc:
-                self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
                 if exc.code is StatusCode.DEADLINE_EXCEEDED and trio.current_time() >= deadline:
                     raise _gateway_deadline(model) from exc
                 failed = GrpcError(exc.code, f"worker {url}: {exc.message}", exc.trailers)
                 if exc.code not in FAILOVER_CODES:
-                    logger.warning(
+                    # The request's own fault is the client's business (and a storm of bad
+                    # requests must not become a log storm); the worker's fault is ours.
+                    level = logging.DEBUG if exc.code in CLIENT_FAULT_CODES else logging.WARNING
+                    logger.log(
+                        level,
                         "worker error",
                         extra={"model": model, "worker": pool.label(url), "status": exc.code.name},
                     )
@@ -192,14 +208,11 @@ class GatewayService:
                     self.prober.request_refresh()
                 last = failed
             except ResponseStarted as exc:
-                self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
                 raise GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}") from exc
             except WorkerUnavailable as exc:
-                self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
                 last = GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}")
-            else:
+            finally:
                 self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
-                return response
         assert last is not None
         logger.warning(
             "every replica failed",
