@@ -24,9 +24,11 @@ PURE = [
     "grpc/_status.py",
     # The gateway's and the scheduler's cores.
     "gateway/_wire.py",
+    "scheduling/_fill.py",
     "scheduling/_knobs.py",
     "scheduling/_meta.py",
     "scheduling/_outstanding.py",
+    "scheduling/_placement.py",
     "scheduling/_routing.py",
     # The simulated worker's models.
     "worker/_batching.py",

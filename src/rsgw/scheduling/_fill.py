@@ -1,0 +1,246 @@
+"""lpt_packing's request path: which of a model's replicas takes the next request.
+
+Pure: no trio, no sockets, no logging, no clock. As in `_outstanding.py`, "select and
+reserve" is one synchronous call, so the counters a choice reads cannot change before
+the choice is charged; the shell releases the reservation in a `finally`.
+
+Theory of operation
+-------------------
+
+A multi-replica model concentrates its requests on one replica at a time, so workers
+get deep same-model groupings to coalesce (REFERENCE.md §4.5). The fill quantum `Q` is
+the model's max batch size times the fill factor, counted in items. Per model we keep
+each replica's outstanding items, and per worker a float load in work-basis units
+(shared by every model on that worker; what `fill_least` compares). Invariants:
+
+* `run` mode spends `Q` items on a run's replica, then opens the next run. A run also
+  ends when the model has nothing in flight (a low-rate model rotates per request),
+  when its replica falls a whole quantum behind the least-backed-up one (a slow replica
+  loses its turn), and when it already holds `Q` units, checked before this request is
+  added (so one full-batch request closes its run). A run never opens, nor continues,
+  on a replica that is behind.
+* `spread` sends each request to the replica with the fewest outstanding items.
+* `inflight` (legacy) keeps filling a replica until it holds a whole quantum at once.
+* Exact ties rotate through the model's cursor (DECISIONS.md §3.13): among tied
+  replicas the first at or after the cursor wins, and the cursor moves just past it.
+  Loads are compared quantized (`load_key`), so float residue cannot decide.
+* Each reservation captures its units and weight; `release` subtracts exactly those,
+  once. A worker load settles to exactly 0.0 when its worker holds no reservation.
+  `routed` only grows: it feeds a counter metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from rsgw.scheduling._knobs import FillMode, RoutingPolicy
+from rsgw.scheduling._outstanding import load_key, settle
+
+
+@dataclass(frozen=True, slots=True)
+class FillPlan:
+    """How one model's requests fill its replicas, and where its items are counted.
+
+    Attributes:
+        mode: `run`, `spread` or `inflight` (never `inherit`: resolved already).
+        quantum: `Q` in items, at least 1.
+        batch_input: the input tensor carrying the batch axis ("" = none).
+        batch_axis: that tensor's 1-based batch axis (< 1 = one item per request).
+
+    Raises:
+        ValueError: `mode` is `inherit` or not a fill mode, or `quantum` < 1.
+    """
+
+    mode: FillMode = FillMode.RUN
+    quantum: int = 1
+    batch_input: str = ""
+    batch_axis: int = 0
+
+    def __post_init__(self) -> None:
+        if FillMode(self.mode) is FillMode.INHERIT:
+            raise ValueError("a fill plan needs a resolved mode, not 'inherit'")
+        if self.quantum < 1:
+            raise ValueError(f"fill quantum must be >= 1, got {self.quantum}")
+
+
+#: The plan of a model with none published yet (REFERENCE.md §4.5 step 1).
+DEFAULT_FILL_PLAN = FillPlan()
+
+
+def resolve_fill_plan(
+    fleet_mode: FillMode,
+    fleet_factor: float,
+    override_mode: FillMode | None,
+    override_factor: float | None,
+    max_batch: int,
+    batch_input: str = "",
+    batch_axis: int = 0,
+) -> FillPlan:
+    """One model's plan from the fleet knobs, its override and its reported max batch.
+
+    Args:
+        fleet_mode: `scheduling.routing_fill_mode`.
+        fleet_factor: `scheduling.routing_fill_factor`.
+        override_mode: the model's `fill_mode`; None or `inherit` uses the fleet's.
+        override_factor: the model's `fill_factor`; None or <= 0 uses the fleet's.
+        max_batch: the worker-reported max batch size (<= 0: the model is unbatched
+            or unpolled, so the quantum is 1 and the model rotates per request).
+
+    Returns:
+        The plan, `quantum = max(1, round(factor * max_batch))`, rounded half to even.
+    """
+    inherit = override_mode is None or override_mode is FillMode.INHERIT
+    mode = fleet_mode if inherit or override_mode is None else override_mode
+    factor = (
+        override_factor if override_factor is not None and override_factor > 0 else fleet_factor
+    )
+    quantum = 1 if max_batch <= 0 else max(1, round(factor * max_batch))
+    return FillPlan(FillMode(mode), quantum, batch_input, batch_axis)
+
+
+@dataclass(eq=False, slots=True)
+class FillReservation:
+    """One request's charge, returned by `FillRouter.select`, given to `release`.
+
+    Compared by identity: two equal requests are two reservations.
+    """
+
+    model: str
+    url: str
+    units: int
+    weight: float
+    released: bool = field(default=False, init=False)
+
+
+@dataclass(slots=True)
+class _Run:
+    """A model's current run: its replica index (-1 = none), cursor and units spent."""
+
+    target: int = -1
+    cursor: int = 0
+    units: int = 0
+
+
+class FillRouter:
+    """Per-model fill routing over its replicas, with per-worker loads shared by models.
+
+    One instance serves the whole fleet; the shell calls `select` for each request of
+    a placed model and `release` when the call ends.
+    """
+
+    def __init__(self) -> None:
+        self._outs: dict[tuple[str, str], int] = {}  # (model, url) -> outstanding items
+        self._routed: dict[tuple[str, str], int] = {}  # (model, url) -> requests routed
+        self._loads: dict[str, float] = {}  # url -> in-flight work (work_basis units)
+        self._held: dict[str, int] = {}  # url -> reservations not yet released
+        self._runs: dict[str, _Run] = {}
+
+    def select(
+        self,
+        model: str,
+        placement_urls: Sequence[str],
+        plan: FillPlan,
+        policy: RoutingPolicy,
+        units: int,
+        weight: float,
+    ) -> tuple[tuple[str, ...], FillReservation]:
+        """Choose the replica for one request and charge it, in one step.
+
+        Args:
+            model: the model.
+            placement_urls: its replicas (any order; used sorted, duplicates dropped).
+            plan: its fill plan.
+            policy: `fill_least` compares worker loads before rotating; `fill_rr`
+                only rotates.
+            units: the request's items; values below 1 count as 1.
+            weight: its charge on the worker's load (work basis units).
+
+        Returns:
+            `(order, reservation)`: the chosen URL first, then the failover order
+            `(floor(outs/Q), outs, URL)` over the others, from the counts before this
+            request was added.
+
+        Raises:
+            ValueError: `placement_urls` is empty.
+        """
+        workers = sorted(set(placement_urls))
+        if not workers:
+            raise ValueError(f"no replicas to choose from for model {model!r}")
+        units = max(units, 1)
+        n = len(workers)
+        if n == 1:
+            return (workers[0],), self._charge(model, workers[0], units, weight)
+        outs = [self._outs.get((model, w), 0) for w in workers]
+        run = self._runs.setdefault(model, _Run())
+        q = plan.quantum
+        least = policy is RoutingPolicy.FILL_LEAST
+
+        def argmin(keys: Sequence[tuple[int, ...]]) -> int:
+            # Every key ends with the replica's distinct rotation, so none are equal.
+            return min(range(n), key=keys.__getitem__)
+
+        def keyed(first: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+            loads = [load_key(self._loads.get(w, 0.0)) for w in workers]
+            return [
+                (*first[j], *((loads[j],) if least else ()), (j - run.cursor) % n) for j in range(n)
+            ]
+
+        if plan.mode is FillMode.SPREAD:
+            chosen = argmin(keyed([(o,) for o in outs]))
+            run.cursor, run.target, run.units = (chosen + 1) % n, chosen, units
+        elif plan.mode is FillMode.INFLIGHT:
+            progress = [(o // q, -o) for o in outs]
+            chosen = argmin(keyed(progress))
+            if progress.count(min(progress)) > 1:
+                run.cursor = (chosen + 1) % n
+            run.target, run.units = chosen, units
+        else:
+            floor_q = min(o // q for o in outs)
+            behind = [o // q > floor_q for o in outs]
+            if not 0 <= run.target < n or run.units >= q or behind[run.target] or sum(outs) == 0:
+                chosen = argmin(keyed([(int(b),) for b in behind]))
+                run.cursor, run.target, run.units = (chosen + 1) % n, chosen, units
+            else:
+                chosen = run.target
+                run.units += units
+        order = sorted(range(n), key=lambda j: (j != chosen, outs[j] // q, outs[j], workers[j]))
+        reservation = self._charge(model, workers[chosen], units, weight)
+        return tuple(workers[j] for j in order), reservation
+
+    def _charge(self, model: str, url: str, units: int, weight: float) -> FillReservation:
+        key = (model, url)
+        self._outs[key] = self._outs.get(key, 0) + units
+        self._routed[key] = self._routed.get(key, 0) + 1
+        self._loads[url] = self._loads.get(url, 0.0) + weight
+        self._held[url] = self._held.get(url, 0) + 1
+        return FillReservation(model, url, units, weight)
+
+    def release(self, reservation: FillReservation) -> None:
+        """Give back exactly the reservation's captured charge; a second call does nothing."""
+        if reservation.released:
+            return
+        reservation.released = True
+        key = (reservation.model, reservation.url)
+        self._outs[key] = self._outs.get(key, 0) - reservation.units
+        url = reservation.url
+        held = self._held.get(url, 0) - 1
+        if held <= 0:
+            self._held.pop(url, None)
+            self._loads[url] = 0.0
+        else:
+            self._held[url] = held
+            self._loads[url] = settle(self._loads.get(url, 0.0) - reservation.weight)
+
+    def outstanding(self) -> Mapping[tuple[str, str], int]:
+        """A snapshot of outstanding items per (model, worker URL)."""
+        return MappingProxyType(dict(self._outs))
+
+    def routed(self) -> Mapping[tuple[str, str], int]:
+        """A snapshot of requests routed per (model, worker URL); never decreases."""
+        return MappingProxyType(dict(self._routed))
+
+    def loads(self) -> Mapping[str, float]:
+        """A snapshot of per-worker in-flight work, for `gateway_worker_inflight_work`."""
+        return MappingProxyType(dict(self._loads))

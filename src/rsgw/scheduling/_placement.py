@@ -1,0 +1,214 @@
+"""lpt_packing's placement: which workers host each model's replicas.
+
+Pure: no trio, no sockets, no logging, no clock. The repack loop takes one snapshot of
+the measurements, calls `compute_assignment`, and installs the result by reference.
+
+Theory of operation
+-------------------
+
+Longest-processing-time-first packing over two resources (REFERENCE.md §4.6.6):
+
+* Models go heaviest first, by `(-utilization, -memory, name)`, so the big ones choose
+  while the workers are emptiest and every tie has one answer.
+* A worker's "pressure" is whichever of its compute load (capacity 1.0) and its memory
+  fraction (resident bytes over its budget) is closer to full. A worker without a
+  positive budget has no memory limit, so only compute counts there.
+* A model gets `k = clamp(replicas, 1, len(workers))` distinct workers; `all` is every
+  worker given (the caller passes the ready ones, DECISIONS.md §3.12 [15]). Each replica
+  takes `u/k` of the compute, all of the memory (every replica holds the whole weight
+  set) and a routing weight of `1/k`.
+* A single-replica model stays where it was unless moving improves its pressure by more
+  than `hysteresis`, because batching depends on traffic staying where the queues are.
+  A multi-replica model prefers its previous members only as a tie-break.
+* With `forbid_memory_oversubscription`, a model goes only to workers where its weights
+  still fit whenever enough of them exist; otherwise it degrades to the unconstrained
+  choice and is listed in `over_budget_models`, which the shell logs as a warning. The
+  function never raises on infeasible memory.
+* Everything is deterministic: the same inputs give the same result, and feeding a
+  result back as `previous` with unchanged inputs moves nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from rsgw.scheduling._knobs import ALL, Replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One model's replicas: `(url, weight)` pairs sorted by URL, no URL twice.
+
+    Sorted so two placements of the same set compare equal and the fill router's
+    replica indices (and so its rotation cursor) mean the same thing across repacks.
+
+    Raises:
+        ValueError: the URLs are not strictly increasing, or a weight is not positive.
+    """
+
+    replicas: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        urls = [url for url, _ in self.replicas]
+        if any(a >= b for a, b in itertools.pairwise(urls)):
+            raise ValueError(f"placement URLs must be sorted and distinct, got {urls}")
+        if any(not weight > 0 for _, weight in self.replicas):
+            raise ValueError(f"placement weights must be positive, got {self.replicas}")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return tuple(url for url, _ in self.replicas)
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return iter(self.replicas)
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentStats:
+    """What one repack did, for its `lpt_packing: repack` log line.
+
+    `moved` counts models that had a previous placement whose set of workers changed
+    (a newly placed model did not move). `held_by_hysteresis` counts single-replica
+    models kept on their previous worker although another scored better.
+    `max_improvement` is the largest relative pressure gain any single-replica model
+    was offered (`prev/best - 1`), to compare against the hysteresis threshold.
+    """
+
+    placed: int = 0
+    moved: int = 0
+    held_by_hysteresis: int = 0
+    max_improvement: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentResult:
+    """The placement of every model and the loads it projects onto each worker.
+
+    Attributes:
+        assignment: model -> its `Placement`.
+        compute_load: worker -> projected compute load (sum of `u/k` shares).
+        memory_load: worker -> projected resident bytes (full weights per replica).
+        stats: counts for the repack log line.
+        oversubscribed: workers whose projected memory exceeds their budget.
+        over_budget_models: models placed on at least one worker where their weights
+            did not fit, in placement order; non-empty means "log the warning".
+    """
+
+    assignment: Mapping[str, Placement] = field(default_factory=lambda: MappingProxyType({}))
+    compute_load: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    memory_load: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    stats: AssignmentStats = AssignmentStats()
+    oversubscribed: frozenset[str] = frozenset()
+    over_budget_models: tuple[str, ...] = ()
+
+
+def replica_count(replicas: Replicas, workers: int) -> int:
+    """`clamp(replicas, 1, workers)`, with `all` meaning every worker (at least 1)."""
+    wanted = workers if replicas == ALL else int(replicas)
+    return max(1, min(wanted, workers))
+
+
+def compute_assignment(
+    workers: Sequence[str],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    mem_cap: Mapping[str, int],
+    replicas: Mapping[str, Replicas],
+    default_replicas: Replicas,
+    previous: Mapping[str, Placement],
+    hysteresis: float,
+    forbid_memory_oversubscription: bool,
+) -> AssignmentResult:
+    """Place every model of `utilization` on its replica count of workers.
+
+    Args:
+        workers: the ready worker URLs (order and duplicates do not matter).
+        utilization: model -> compute demand in GPU fractions; only these models are
+            placed.
+        memory: model -> resident weight bytes (absent = 0).
+        mem_cap: worker -> weight-memory budget in bytes (absent or <= 0 = unlimited).
+        replicas: model -> replica count override; others use `default_replicas`.
+        default_replicas: the fleet's replica count, a positive int or `all`.
+        previous: the placement in force, for hysteresis and `moved`.
+        hysteresis: relative improvement a single-replica model must beat to move.
+        forbid_memory_oversubscription: place only where the weights fit, when possible.
+
+    Returns:
+        The `AssignmentResult`; empty when there are no workers.
+    """
+    urls = sorted(set(workers))
+    if not urls:
+        return AssignmentResult()
+    cload = dict.fromkeys(urls, 0.0)
+    mload = dict.fromkeys(urls, 0)
+    cap = {w: float(c) if (c := mem_cap.get(w, 0)) > 0 else math.inf for w in urls}
+
+    def score(w: str, uc: float, wm: int) -> float:
+        mem_fraction = (mload[w] + wm) / cap[w] if cap[w] != math.inf else 0.0
+        return max(cload[w] + uc, mem_fraction)
+
+    def fits(w: str, wm: int) -> bool:
+        return mload[w] + wm <= cap[w]
+
+    assignment: dict[str, Placement] = {}
+    over_budget: list[str] = []
+    moved = held = 0
+    max_improvement = 0.0
+    order = sorted(utilization, key=lambda m: (-utilization[m], -memory.get(m, 0), m))
+    for model in order:
+        u = utilization[model]
+        wm = memory.get(model, 0)
+        k = replica_count(replicas.get(model, default_replicas), len(urls))
+        before = previous.get(model)
+        if k == 1:
+            fitting = [w for w in urls if fits(w, wm)]
+            candidates = fitting if forbid_memory_oversubscription and fitting else urls
+            best = min(candidates, key=lambda w: score(w, u, wm))  # first minimum
+            chosen_one = best
+            if before is not None and len(before) == 1 and before.urls[0] in cload:
+                wp = before.urls[0]
+                best_score, prev_score = score(best, u, wm), score(wp, u, wm)
+                gain = prev_score / best_score - 1 if best_score > 0 else 0.0
+                max_improvement = max(max_improvement, gain)
+                if wp in candidates and prev_score <= best_score * (1 + hysteresis):
+                    held += best != wp
+                    chosen_one = wp
+            chosen = [chosen_one]
+        else:
+            members = set(before.urls) if before is not None else set()
+
+            share = u / k
+            ranked = sorted(
+                (
+                    int(forbid_memory_oversubscription and not fits(w, wm)),
+                    score(w, share, wm),
+                    0 if w in members else 1,
+                    w,
+                )
+                for w in urls
+            )
+            chosen = [w for *_, w in ranked[:k]]
+        if any(not fits(w, wm) for w in chosen):
+            over_budget.append(model)
+        for w in chosen:
+            cload[w] += u / k
+            mload[w] += wm
+        placement = Placement(tuple((w, 1.0 / k) for w in sorted(chosen)))
+        assignment[model] = placement
+        if before is not None and set(before.urls) != set(placement.urls):
+            moved += 1
+    return AssignmentResult(
+        assignment=MappingProxyType(assignment),
+        compute_load=MappingProxyType(cload),
+        memory_load=MappingProxyType(mload),
+        stats=AssignmentStats(len(assignment), moved, held, max_improvement),
+        oversubscribed=frozenset(w for w in urls if mload[w] > cap[w]),
+        over_budget_models=tuple(over_budget),
+    )

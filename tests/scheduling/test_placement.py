@@ -1,0 +1,325 @@
+"""compute_assignment: LPT packing over compute and memory (REFERENCE.md §4.6.6)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rsgw.scheduling._knobs import ALL, Replicas
+from rsgw.scheduling._placement import (
+    AssignmentResult,
+    Placement,
+    compute_assignment,
+    replica_count,
+)
+
+W = ["http://w0", "http://w1", "http://w2", "http://w3"]
+GB = 1 << 30
+
+
+def assign(
+    utilization: Mapping[str, float],
+    *,
+    workers: list[str] = W,
+    memory: Mapping[str, int] | None = None,
+    mem_cap: Mapping[str, int] | None = None,
+    replicas: Mapping[str, Replicas] | None = None,
+    default_replicas: Replicas = 1,
+    previous: Mapping[str, Placement] | None = None,
+    hysteresis: float = 0.0,
+    forbid: bool = False,
+) -> AssignmentResult:
+    return compute_assignment(
+        workers,
+        utilization,
+        memory or {},
+        mem_cap or {},
+        replicas or {},
+        default_replicas,
+        previous or {},
+        hysteresis,
+        forbid,
+    )
+
+
+def single(url: str) -> Placement:
+    return Placement(((url, 1.0),))
+
+
+def test_no_workers_gives_empty_result() -> None:
+    result = assign({"a": 0.5}, workers=[])
+    assert result.assignment == {}
+    assert result.stats.placed == 0
+
+
+def test_placement_must_be_sorted_distinct_positive() -> None:
+    with pytest.raises(ValueError, match="sorted"):
+        Placement((("b", 0.5), ("a", 0.5)))
+    with pytest.raises(ValueError, match="sorted"):
+        Placement((("a", 0.5), ("a", 0.5)))
+    with pytest.raises(ValueError, match="positive"):
+        Placement((("a", 0.0),))
+
+
+def test_heaviest_first_onto_least_pressured_worker() -> None:
+    # Heaviest first: "big" takes w0 (first of the empty, tied workers), then the two
+    # lighter ones avoid it; the lightest goes where pressure is least.
+    result = assign({"small": 0.1, "big": 0.6, "mid": 0.3}, workers=W[:2])
+    assert result.assignment["big"].urls == ("http://w0",)
+    assert result.assignment["mid"].urls == ("http://w1",)
+    assert result.assignment["small"].urls == ("http://w1",)
+    assert result.compute_load == pytest.approx({"http://w0": 0.6, "http://w1": 0.4})
+
+
+def test_equal_utilization_orders_by_memory_then_name() -> None:
+    # Same compute: the model with more memory chooses first and gets w0.
+    result = assign(
+        {"a": 0.2, "b": 0.2},
+        workers=W[:2],
+        memory={"b": 4 * GB},
+        mem_cap=dict.fromkeys(W[:2], 8 * GB),
+    )
+    assert result.assignment["b"].urls == ("http://w0",)
+    assert result.assignment["a"].urls == ("http://w1",)
+
+
+def test_memory_pressure_counts() -> None:
+    # Compute alone ties w0 and w1 for "y" (0.4 each, so w0 by name); w0's weights are
+    # 7/8 full, so its pressure is higher and "y" goes to w1.
+    result = assign(
+        {"heavy_mem": 0.3, "x": 0.3, "y": 0.1},
+        workers=W[:2],
+        memory={"heavy_mem": 7 * GB, "y": 1 * GB},
+        mem_cap=dict.fromkeys(W[:2], 8 * GB),
+    )
+    assert result.assignment["heavy_mem"].urls == ("http://w0",)
+    assert result.assignment["x"].urls == ("http://w1",)
+    assert result.assignment["y"].urls == ("http://w1",)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "workers", "k"),
+    [(1, 4, 1), (3, 4, 3), (9, 4, 4), (0, 4, 1), (-2, 4, 1), (ALL, 4, 4), (ALL, 1, 1), (ALL, 0, 1)],
+)
+def test_replica_count_clamps(replicas: Replicas, workers: int, k: int) -> None:
+    assert replica_count(replicas, workers) == k
+
+
+def test_k_clamped_and_all_is_every_worker() -> None:
+    result = assign(
+        {"many": 0.4, "every": 0.2, "dflt": 0.1},
+        replicas={"many": 10, "every": ALL},
+        default_replicas=2,
+    )
+    assert len(result.assignment["many"]) == 4
+    assert result.assignment["every"].urls == tuple(W)
+    assert len(result.assignment["dflt"]) == 2
+
+
+def test_multi_replica_weights_compute_share_and_full_memory() -> None:
+    result = assign(
+        {"m": 0.6},
+        workers=W[:3],
+        memory={"m": 2 * GB},
+        replicas={"m": 3},
+    )
+    placement = result.assignment["m"]
+    assert placement.urls == tuple(W[:3])
+    assert [weight for _, weight in placement] == [pytest.approx(1 / 3)] * 3
+    assert result.compute_load == pytest.approx(dict.fromkeys(W[:3], 0.2))
+    assert result.memory_load == dict.fromkeys(W[:3], 2 * GB)
+
+
+def test_multi_replica_prefers_previous_members_on_ties() -> None:
+    previous = {"m": Placement((("http://w1", 0.5), ("http://w3", 0.5)))}
+    result = assign({"m": 0.5}, replicas={"m": 2}, previous=previous)
+    assert result.assignment["m"] == previous["m"]
+    assert result.stats.moved == 0
+
+
+def test_hysteresis_holds_single_replica_model() -> None:
+    # "b" sits on w0 beside "a"; w1 is empty. Moving improves b's pressure from 0.6 to
+    # 0.2, i.e. by 2.0; a threshold above that holds it, one below moves it.
+    previous = {"a": single("http://w0"), "b": single("http://w0")}
+    held = assign({"a": 0.4, "b": 0.2}, workers=W[:2], previous=previous, hysteresis=2.5)
+    assert held.assignment["b"].urls == ("http://w0",)
+    assert held.stats.held_by_hysteresis == 1
+    assert held.stats.moved == 0
+    assert held.stats.max_improvement == pytest.approx(2.0)
+    moved = assign({"a": 0.4, "b": 0.2}, workers=W[:2], previous=previous, hysteresis=1.5)
+    assert moved.assignment["b"].urls == ("http://w1",)
+    assert moved.stats.held_by_hysteresis == 0
+    assert moved.stats.moved == 1
+
+
+def test_hysteresis_ignores_a_previous_worker_that_left() -> None:
+    result = assign({"a": 0.4}, workers=W[:2], previous={"a": single("http://gone")})
+    assert result.assignment["a"].urls == ("http://w0",)
+    assert result.stats.moved == 1
+    assert result.stats.max_improvement == 0.0
+
+
+def test_forbid_keeps_weights_resident_when_possible() -> None:
+    # "other" (hot, no weights) is held on w1, so w0 is far less pressured for "m" even
+    # with its weights overflowing w0's small budget; forbid sends "m" to w1 instead.
+    def place(forbid: bool) -> AssignmentResult:
+        return assign(
+            {"m": 0.5, "other": 3.0},
+            workers=W[:2],
+            memory={"m": 2 * GB},
+            mem_cap={"http://w0": 1 * GB, "http://w1": 8 * GB},
+            previous={"other": single("http://w1")},
+            forbid=forbid,
+        )
+
+    loose = place(False)
+    assert loose.assignment["other"].urls == ("http://w1",)
+    assert loose.assignment["m"].urls == ("http://w0",)
+    assert loose.oversubscribed == {"http://w0"}
+    assert loose.over_budget_models == ("m",)
+    strict = place(True)
+    assert strict.assignment["m"].urls == ("http://w1",)
+    assert strict.oversubscribed == frozenset()
+    assert strict.over_budget_models == ()
+
+
+def test_forbid_degrades_with_a_warning_when_nothing_fits() -> None:
+    result = assign(
+        {"huge": 0.5},
+        workers=W[:2],
+        memory={"huge": 16 * GB},
+        mem_cap=dict.fromkeys(W[:2], 8 * GB),
+        forbid=True,
+    )
+    assert result.assignment["huge"].urls == ("http://w0",)
+    assert result.over_budget_models == ("huge",)
+    assert result.oversubscribed == {"http://w0"}
+
+
+def test_missing_or_zero_cap_is_unlimited() -> None:
+    result = assign(
+        {"m": 0.1},
+        workers=W[:2],
+        memory={"m": 100 * GB},
+        mem_cap={"http://w0": 0},
+        forbid=True,
+    )
+    assert result.oversubscribed == frozenset()
+    assert result.over_budget_models == ()
+
+
+# ---------------------------------------------------------------------------
+# Properties.
+
+names = st.sampled_from([f"m{i}" for i in range(8)])
+workers_st = st.lists(st.sampled_from([*W, "http://w4", "http://w5"]), min_size=1, unique=True)
+replicas_st: st.SearchStrategy[Replicas] = st.one_of(st.integers(1, 7), st.just(ALL))
+
+
+@dataclass(frozen=True)
+class Problem:
+    workers: list[str]
+    utilization: dict[str, float]
+    memory: dict[str, int]
+    mem_cap: dict[str, int]
+    replicas: dict[str, Replicas]
+    default_replicas: Replicas
+    hysteresis: float
+    forbid: bool
+
+    def run(self, previous: Mapping[str, Placement]) -> AssignmentResult:
+        return compute_assignment(
+            self.workers,
+            self.utilization,
+            self.memory,
+            self.mem_cap,
+            self.replicas,
+            self.default_replicas,
+            previous,
+            self.hysteresis,
+            self.forbid,
+        )
+
+
+@st.composite
+def problems(draw: st.DrawFn, forbid: bool | None = None) -> Problem:
+    workers = draw(workers_st)
+    models = draw(st.lists(names, unique=True, max_size=8))
+    return Problem(
+        workers=workers,
+        utilization={m: draw(st.floats(0, 2)) for m in models},
+        memory={m: draw(st.integers(0, 10)) for m in models},
+        mem_cap={w: draw(st.integers(0, 20)) for w in workers},
+        replicas={m: draw(replicas_st) for m in models if draw(st.booleans())},
+        default_replicas=draw(replicas_st),
+        hysteresis=draw(st.sampled_from([0.0, 0.1, 0.5])),
+        forbid=draw(st.booleans()) if forbid is None else forbid,
+    )
+
+
+@given(problems())
+def test_deterministic_and_stable(problem: Problem) -> None:
+    first = problem.run({})
+    assert problem.run({}) == first
+    # Fed back as `previous` with unchanged inputs, nothing moves, and the repeat is
+    # itself a fixed point.
+    again = problem.run(first.assignment)
+    assert again.stats.moved == 0
+    assert again.stats.held_by_hysteresis == 0
+    assert again.assignment == first.assignment
+    assert problem.run(again.assignment) == again
+
+
+@given(problems())
+def test_shape_of_every_placement(problem: Problem) -> None:
+    result = problem.run({})
+    workers = set(problem.workers)
+    assert set(result.assignment) == set(problem.utilization)
+    assert result.stats.placed == len(problem.utilization)
+    for model, placement in result.assignment.items():
+        k = replica_count(problem.replicas.get(model, problem.default_replicas), len(workers))
+        assert len(placement) == k
+        assert set(placement.urls) <= workers
+        assert all(weight == 1 / k for _, weight in placement)
+    for w in workers:
+        hosted = [m for m, p in result.assignment.items() if w in p.urls]
+        assert result.memory_load[w] == sum(problem.memory[m] for m in hosted)
+        share = sum(problem.utilization[m] / len(result.assignment[m]) for m in hosted)
+        assert result.compute_load[w] == pytest.approx(share)
+
+
+@given(problems(forbid=True))
+def test_forbid_places_on_fitting_workers_whenever_enough_fit(problem: Problem) -> None:
+    """What forbid guarantees, replayed heaviest first from the result.
+
+    At each model's turn, with the memory of the models placed before it: if at least
+    k workers could still hold its weights, it got only such workers (and no warning);
+    otherwise it got every worker that could. And when one worker could hold every
+    model at once, no worker is oversubscribed and nothing is warned about.
+    """
+    result = problem.run({})
+    memory, utilization = problem.memory, problem.utilization
+    cap = {w: c if c > 0 else math.inf for w, c in problem.mem_cap.items()}
+    used = dict.fromkeys(cap, 0)
+    order = sorted(utilization, key=lambda m: (-utilization[m], -memory[m], m))
+    for model in order:
+        placement = result.assignment[model]
+        fitting = {w for w in cap if used[w] + memory[model] <= cap[w]}
+        if len(fitting) >= len(placement):
+            assert set(placement.urls) <= fitting, model
+            assert model not in result.over_budget_models
+        else:
+            assert fitting <= set(placement.urls)
+            assert model in result.over_budget_models
+        for w in placement.urls:
+            used[w] += memory[model]
+    assert dict(result.memory_load) == used
+    assert result.oversubscribed == {w for w in cap if used[w] > cap[w]}
+    if sum(memory.values()) <= min(cap.values()):
+        assert result.oversubscribed == frozenset()
+        assert result.over_budget_models == ()
