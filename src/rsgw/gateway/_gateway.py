@@ -228,7 +228,10 @@ def _admin_app(
                 up = isinstance(scraped[url], str)
                 metrics.worker_metrics_up.labels(config.worker_label(url)).set(1 if up else 0)
         texts.append(metrics.render().decode())
-        texts.extend(t for t in scraped.values() if isinstance(t, str))
+        for url in config.metrics_endpoints:  # endpoint order, not completion order
+            text = scraped[url]
+            if isinstance(text, str):
+                texts.append(text)
         return Reply(200, merge_expositions(texts).encode(), CONTENT_TYPE)
 
     async def healthz() -> Reply:
