@@ -28,6 +28,7 @@ PURE = [
     "scheduling/_knobs.py",
     "scheduling/_meta.py",
     "scheduling/_outstanding.py",
+    "scheduling/_packer.py",
     "scheduling/_placement.py",
     "scheduling/_routing.py",
     # The simulated worker's models.

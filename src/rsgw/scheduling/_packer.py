@@ -1,0 +1,546 @@
+"""lpt_packing's packer state machine: when to repack, and what a repack decides.
+
+Pure: no trio, no sockets, no logging, no clock. The prober shell polls the ready
+workers, summarizes the answers into a `PollSummary`, and calls `Packer.tick` with the
+knob snapshot and the wall time. The tick returns a `TickOutcome`: the tick report, the
+`RepackReport` when a repack ran (with its log fields and warnings as data), and the
+`CompactionPlan` when compaction is due. The shell logs, exports metrics, rebuilds the
+fill router's counters against `Packer.assignment`, and fans out CompactMemory.
+
+Theory of operation (REFERENCE.md §4.4, §4.6.2, §4.6.3, §4.6.5)
+----------------------------------------------------------------
+
+* Repacks are driven by accumulated fleet compute, never by wall time. Each tick adds
+  the positive delta of the fleet's cumulative compute-seconds to `compute_accum`; the
+  first non-zero observation is only a baseline (REFERENCE §9.3 [6], kept), and a
+  negative delta (a restart) re-baselines without counting. An idle fleet accrues
+  nothing and so never repacks on its own.
+* The first traffic-driven repack waits for `first_rebalance_compute_seconds` (when
+  > 0), later ones for `rebalance_compute_seconds`. The tick report shows the threshold
+  the tick compared against, so right after the first repack it still shows the first
+  budget until the next tick ([9], kept).
+* An operator `request_repack` forces a repack on the next tick (trigger `operator`).
+  Several requests before one tick coalesce: the tick reads the requested sequence at
+  its start and marks everything up to it completed, last, after the assignment and the
+  report are published. An operator repack does not use up the first budget.
+* Arrival rates and per-request costs are EWMAs whose clock is the compute-seconds
+  since the previous repack (halflife `ema_halflife_compute_seconds`, 0 = the rebalance
+  budget). A repack with no accumulated compute discards the arrival counts without
+  moving the rate EWMA ([7], kept).
+* Only models the fleet serves are counted (`record_arrival` ignores any other name),
+  so a client cannot grow the arrival map with made-up names ([8], fixed: DECISIONS.md
+  §3 item 9). The known set is the models the constructor was given plus every model a
+  poll has reported, bounded by what the workers serve.
+* A model not reported by every polled worker has drifted: it gets its own uniform
+  placement over the workers that report it, and a warning entry.
+* Everything published (`assignment`, `cost_snapshot`, the reports) is immutable and
+  replaced by reference, so a reader holding the old one keeps a consistent view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Literal, TypeAlias
+
+from rsgw._schema import SchedulingConfig
+from rsgw.scheduling._knobs import CompactionMode, Replicas
+from rsgw.scheduling._meta import WorkerCounters, ewma
+from rsgw.scheduling._placement import Placement, compute_assignment
+
+Trigger: TypeAlias = Literal["compute", "operator"]
+
+DRIFT_WARNING: Final = (
+    "lpt_packing: model not on all ready workers; routing uniformly over its replicas"
+)
+OVERSUBSCRIPTION_WARNING: Final = (
+    "lpt_packing: assigned weight footprint exceeds the worker's on-demand budget; "
+    "expect eviction churn"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PollSummary:
+    """One probe round's ModelControlStatus answers, aggregated (REFERENCE.md §4.3).
+
+    Attributes:
+        sums: model -> (Σ total_compute_seconds, Σ requests_served, Σ rows_served) over
+            the answering workers.
+        mem: model -> the largest weight_nbytes any answering worker reported.
+        max_batch: model -> the largest max_batch_size reported.
+        batch_at: model -> the first non-empty (batch_input_name, batch_axis) seen.
+        mem_cap: worker -> weight_cache_max_bytes, for the answering workers.
+        workers: model -> the answering workers that reported it, in poll order.
+        polled: the answering workers, in poll order.
+        fleet_compute: the fleet's cumulative compute-seconds (Σ of `sums` compute).
+    """
+
+    sums: Mapping[str, tuple[float, int, int]] = field(default_factory=lambda: MappingProxyType({}))
+    mem: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    max_batch: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    batch_at: Mapping[str, tuple[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    mem_cap: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    workers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    polled: tuple[str, ...] = ()
+    fleet_compute: float = 0.0
+
+
+def summarize_poll(
+    polled: Mapping[str, WorkerCounters], *, fleet_compute: float | None = None
+) -> PollSummary:
+    """Aggregate one round's answers (worker URL -> counters, in poll order).
+
+    Args:
+        polled: the answering workers' counters; a failed worker is simply absent.
+        fleet_compute: the fleet compute to report; None sums the answers' compute, as
+            REFERENCE does (a worker missing one poll then reads as a restart).
+    """
+    sums: dict[str, tuple[float, int, int]] = {}
+    mem: dict[str, int] = {}
+    max_batch: dict[str, int] = {}
+    batch_at: dict[str, tuple[str, int]] = {}
+    workers: dict[str, list[str]] = {}
+    for url, answer in polled.items():
+        for model, c in answer.models.items():
+            compute, requests, rows = sums.get(model, (0.0, 0, 0))
+            sums[model] = (
+                compute + c.total_compute_seconds,
+                requests + c.requests_served,
+                rows + c.rows_served,
+            )
+            mem[model] = max(mem.get(model, 0), c.weight_nbytes)
+            max_batch[model] = max(max_batch.get(model, c.max_batch_size), c.max_batch_size)
+            if c.batch_input_name and model not in batch_at:
+                batch_at[model] = (c.batch_input_name, c.batch_axis)
+            workers.setdefault(model, []).append(url)
+    total = sum(compute for compute, _, _ in sums.values())
+    return PollSummary(
+        sums=MappingProxyType(sums),
+        mem=MappingProxyType(mem),
+        max_batch=MappingProxyType(max_batch),
+        batch_at=MappingProxyType(batch_at),
+        mem_cap=MappingProxyType({url: a.weight_cache_max_bytes for url, a in polled.items()}),
+        workers=MappingProxyType({m: tuple(urls) for m, urls in workers.items()}),
+        polled=tuple(polled),
+        fleet_compute=total if fleet_compute is None else fleet_compute,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DriftWarning:
+    """A model not on every polled worker: `DRIFT_WARNING` with these fields."""
+
+    model: str
+    replicas: tuple[str, ...]
+    ready: int
+
+
+@dataclass(frozen=True, slots=True)
+class Oversubscription:
+    """A worker whose placed weights exceed its budget: `OVERSUBSCRIPTION_WARNING`."""
+
+    worker: str
+    assigned: int
+    budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class RepackLog:
+    """The fields of the `lpt_packing: repack` info line (REFERENCE.md §4.6.3 step 8)."""
+
+    models: int
+    moved: int
+    held_by_hysteresis: int
+    max_improvement: float
+    hysteresis: float
+    compute_seconds: float
+    wall_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RepackReport:
+    """What one repack measured and decided (REFERENCE.md §4.6.3 step 11).
+
+    Attributes:
+        now: the wall time the repack ran at.
+        wall_seconds / compute_seconds: wall time and fleet compute since the last one.
+        trigger: `compute` or `operator`.
+        count: repacks run so far, this one included.
+        models: models placed, drifted ones included.
+        moved: models whose worker set changed (new models are not moves).
+        utilization / rate / cost: per-model copies (u only for fully present models).
+        mem / mem_cap / polled: the poll's memory facts and the sorted polled workers.
+        drifted: models placed uniformly over their reporting workers.
+        changed_workers: workers whose hosted model set changed, for compaction.
+        assignment: the placement installed by this repack.
+        log: the repack log line's fields.
+        drift_warnings / oversubscribed: warnings for the shell to log.
+        over_budget_models: models placed where their weights did not fit.
+    """
+
+    now: float
+    wall_seconds: float
+    compute_seconds: float
+    trigger: Trigger
+    count: int
+    models: int
+    moved: int
+    utilization: Mapping[str, float]
+    rate: Mapping[str, float]
+    cost: Mapping[str, float]
+    mem: Mapping[str, int]
+    mem_cap: Mapping[str, int]
+    polled: tuple[str, ...]
+    drifted: frozenset[str]
+    changed_workers: frozenset[str]
+    assignment: Mapping[str, Placement]
+    log: RepackLog
+    drift_warnings: tuple[DriftWarning, ...] = ()
+    oversubscribed: tuple[Oversubscription, ...] = ()
+    over_budget_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    """One tick's state (REFERENCE.md §4.6.2 step 6).
+
+    `threshold` is the budget the tick compared against, computed before a first
+    compute repack flips `did_first_tick_repack` (REFERENCE §9.3 [9], kept).
+    """
+
+    now: float
+    ready: tuple[str, ...]
+    fleet_compute: float
+    compute_accum: float
+    threshold: float
+    did_first_tick_repack: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """CompactMemory to send after a repack: worker -> models to reload after compacting.
+
+    `eager` reloads nothing (empty tuples); `scheduled` reloads the models assigned to
+    the worker by the new placement, sorted.
+    """
+
+    mode: CompactionMode
+    reloads: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    """What a tick did: always a report; a repack and a compaction when they happened."""
+
+    tick: TickReport
+    repack: RepackReport | None = None
+    compaction: CompactionPlan | None = None
+
+
+def replica_overrides(knobs: SchedulingConfig) -> dict[str, Replicas]:
+    """model -> replica count, for the overrides that set one (others inherit)."""
+    return {m: o.replicas for m, o in knobs.models.items() if o.replicas is not None}
+
+
+class Packer:
+    """lpt_packing's packer state (REFERENCE.md §4.4), advanced by `tick`.
+
+    Not thread-safe: the shell calls it from one Trio task at a time (every method is
+    synchronous, so a call is atomic with respect to other tasks).
+
+    Args:
+        known_models: model names whose arrivals count before any poll reported them
+            (e.g. the discovery routing table); polls add to this set.
+    """
+
+    def __init__(self, known_models: Iterable[str] = ()) -> None:
+        self._known: set[str] = set(known_models)
+        self._arrivals: dict[str, int] = {}
+        self._rate: dict[str, float] = {}
+        self._cost: dict[str, float] = {}
+        self._cost_baseline: dict[str, tuple[float, int]] = {}
+        self._last_rebalance: float | None = None
+        self._compute_accum = 0.0
+        self._last_fleet_compute = 0.0
+        self._did_first_tick_repack = False
+        self._assignment: Mapping[str, Placement] = MappingProxyType({})
+        self._cost_snapshot: Mapping[str, float] = MappingProxyType({})
+        self._repack_requested = 0
+        self._repack_completed = 0
+        self._repacks = 0
+        self._repacks_since_compaction = 0
+        self._last_tick: TickReport | None = None
+        self._last_report: RepackReport | None = None
+
+    # -- published state ----------------------------------------------------------
+
+    @property
+    def assignment(self) -> Mapping[str, Placement]:
+        """model -> placement in force (immutable, replaced by each repack)."""
+        return self._assignment
+
+    @property
+    def cost_snapshot(self) -> Mapping[str, float]:
+        """The cost EWMAs at the last repack, plus key "" = their mean (if any)."""
+        return self._cost_snapshot
+
+    @property
+    def last_tick(self) -> TickReport | None:
+        """The last tick's report; None before the first tick (a waiting Repack waits)."""
+        return self._last_tick
+
+    @property
+    def last_report(self) -> RepackReport | None:
+        return self._last_report
+
+    @property
+    def repack_requested(self) -> int:
+        return self._repack_requested
+
+    @property
+    def repack_completed(self) -> int:
+        return self._repack_completed
+
+    @property
+    def compute_accum(self) -> float:
+        return self._compute_accum
+
+    @property
+    def did_first_tick_repack(self) -> bool:
+        return self._did_first_tick_repack
+
+    @property
+    def repacks_since_compaction(self) -> int:
+        return self._repacks_since_compaction
+
+    @property
+    def known_models(self) -> frozenset[str]:
+        return frozenset(self._known)
+
+    def pending_arrivals(self) -> Mapping[str, int]:
+        """A copy of the arrival counts not yet folded into the rate EWMA."""
+        return MappingProxyType(dict(self._arrivals))
+
+    def rates(self) -> Mapping[str, float]:
+        """A copy of the arrival-rate EWMAs (requests per wall second)."""
+        return MappingProxyType(dict(self._rate))
+
+    # -- inputs ---------------------------------------------------------------------
+
+    def record_arrival(self, model: str) -> bool:
+        """Count one request for `model`; False (not counted) for an unknown name."""
+        if model not in self._known:
+            return False
+        self._arrivals[model] = self._arrivals.get(model, 0) + 1
+        return True
+
+    def request_repack(self) -> int:
+        """Ask for a repack on the next tick; returns its sequence number.
+
+        The request is served once `repack_completed >= sequence`.
+        """
+        self._repack_requested += 1
+        return self._repack_requested
+
+    # -- the state machine -----------------------------------------------------------
+
+    def tick(
+        self,
+        poll: PollSummary,
+        knobs: SchedulingConfig,
+        ready: Sequence[str],
+        now: float,
+    ) -> TickOutcome:
+        """One prober round with at least one ready worker (REFERENCE.md §4.6.2).
+
+        Args:
+            poll: this round's summary (shared with the routing metadata).
+            knobs: the knob snapshot for this tick.
+            ready: the ready worker URLs.
+            now: the wall time, in seconds.
+        """
+        requested = self._repack_requested
+        self._known.update(poll.workers)
+
+        if self._last_fleet_compute == 0:
+            self._last_fleet_compute = poll.fleet_compute  # baseline only ([6], kept)
+        else:
+            delta = poll.fleet_compute - self._last_fleet_compute
+            self._last_fleet_compute = poll.fleet_compute
+            if delta > 0:
+                self._compute_accum += delta
+
+        first = knobs.first_rebalance_compute_seconds
+        use_first = not self._did_first_tick_repack and first > 0
+        threshold = first if use_first else knobs.rebalance_compute_seconds
+
+        forced = requested > self._repack_completed
+        report: RepackReport | None = None
+        compaction: CompactionPlan | None = None
+        if forced or self._compute_accum >= threshold:
+            if not forced:
+                self._did_first_tick_repack = True
+            report = self.repack(poll, knobs, now, "operator" if forced else "compute")
+            compaction = self._compaction(knobs, report)
+            if forced:
+                self._repack_completed = requested
+
+        self._last_tick = TickReport(
+            now=now,
+            ready=tuple(sorted(ready)),
+            fleet_compute=poll.fleet_compute,
+            compute_accum=self._compute_accum,
+            threshold=threshold,
+            did_first_tick_repack=self._did_first_tick_repack,
+        )
+        return TickOutcome(self._last_tick, report, compaction)
+
+    def repack(
+        self, poll: PollSummary, knobs: SchedulingConfig, now: float, trigger: Trigger
+    ) -> RepackReport:
+        """Measure, place and publish (REFERENCE.md §4.6.3); `tick` calls this when due."""
+        self._known.update(poll.workers)
+        wall = now - self._last_rebalance if self._last_rebalance is not None else 0.0
+        compute = self._compute_accum
+        self._last_rebalance = now
+        halflife = knobs.resolved_ema_halflife
+
+        # Arrival rates: the counts since the last repack, per wall second, blended on
+        # the compute clock; with no compute they are dropped unblended ([7], kept).
+        arrivals, self._arrivals = self._arrivals, {}
+        for model, count in arrivals.items():
+            sample = count / wall if wall > 0 else 0.0
+            self._rate[model] = ewma(self._rate.get(model, 0.0), sample, compute, halflife)
+
+        # Costs per request, from the deltas of the summed counters.
+        for model, (total_compute, total_requests, _) in poll.sums.items():
+            b_compute, b_requests = self._cost_baseline.get(model, (0.0, 0))
+            self._cost_baseline[model] = (total_compute, total_requests)
+            d_compute = total_compute - b_compute
+            d_requests = total_requests - b_requests
+            if d_compute < 0 or d_requests < 0:
+                continue
+            if d_requests > 0:
+                sample = d_compute / d_requests
+                old = self._cost.get(model) or sample
+                self._cost[model] = ewma(old, sample, compute, halflife)
+        snapshot = dict(self._cost)
+        if snapshot:
+            snapshot[""] = sum(snapshot.values()) / len(snapshot)
+        self._cost_snapshot = MappingProxyType(snapshot)
+
+        # Utilization of fully present models; drifted ones route uniformly.
+        nready = len(poll.polled)
+        utilization: dict[str, float] = {}
+        drifted: dict[str, Placement] = {}
+        warnings: list[DriftWarning] = []
+        for model, reporters in poll.workers.items():
+            urls = sorted(set(reporters))
+            if len(urls) >= nready:
+                rate, cost = self._rate.get(model, 0.0), self._cost.get(model, 0.0)
+                utilization[model] = rate * cost if rate > 0 and cost > 0 else 0.0
+            else:
+                drifted[model] = Placement(tuple((url, 1.0 / len(urls)) for url in urls))
+                warnings.append(DriftWarning(model, tuple(urls), nready))
+
+        previous = self._assignment
+        result = compute_assignment(
+            sorted(poll.polled),
+            utilization,
+            poll.mem,
+            poll.mem_cap,
+            replica_overrides(knobs),
+            knobs.default_replicas,
+            previous,
+            knobs.hysteresis,
+            knobs.forbid_memory_oversubscription,
+        )
+        placed = {**result.assignment, **drifted}
+        self._assignment = MappingProxyType(placed)
+        self._compute_accum = 0.0
+        self._last_fleet_compute = poll.fleet_compute
+
+        moved, changed = _moves(previous, placed)
+        oversubscribed: list[Oversubscription] = []
+        for worker in sorted(poll.polled):
+            budget = poll.mem_cap.get(worker, 0)
+            assigned = sum(poll.mem.get(m, 0) for m, p in placed.items() if worker in p.urls)
+            if budget > 0 and assigned > budget:
+                oversubscribed.append(Oversubscription(worker, assigned, budget))
+
+        self._repacks += 1
+        stats = result.stats
+        report = RepackReport(
+            now=now,
+            wall_seconds=wall,
+            compute_seconds=compute,
+            trigger=trigger,
+            count=self._repacks,
+            models=len(placed),
+            moved=moved,
+            utilization=MappingProxyType(utilization),
+            rate=MappingProxyType(dict(self._rate)),
+            cost=MappingProxyType(dict(self._cost)),
+            mem=MappingProxyType(dict(poll.mem)),
+            mem_cap=MappingProxyType(dict(poll.mem_cap)),
+            polled=tuple(sorted(poll.polled)),
+            drifted=frozenset(drifted),
+            changed_workers=frozenset(changed),
+            assignment=self._assignment,
+            log=RepackLog(
+                models=len(placed),
+                moved=moved,
+                held_by_hysteresis=stats.held_by_hysteresis,
+                max_improvement=round(stats.max_improvement, 3),
+                hysteresis=knobs.hysteresis,
+                compute_seconds=round(compute, 2),
+                wall_seconds=round(wall, 1),
+            ),
+            drift_warnings=tuple(warnings),
+            oversubscribed=tuple(oversubscribed),
+            over_budget_models=result.over_budget_models,
+        )
+        self._last_report = report
+        return report
+
+    def _compaction(self, knobs: SchedulingConfig, report: RepackReport) -> CompactionPlan | None:
+        """The compaction cadence after a tick's repack (REFERENCE.md §4.6.5)."""
+        mode = knobs.compaction_mode
+        if mode is CompactionMode.OFF or knobs.compaction_interval <= 0:
+            return None
+        self._repacks_since_compaction += 1
+        if self._repacks_since_compaction < knobs.compaction_interval or not report.changed_workers:
+            return None
+        self._repacks_since_compaction = 0
+        reloads: dict[str, tuple[str, ...]] = {}
+        for worker in sorted(report.changed_workers):
+            if mode is CompactionMode.SCHEDULED:
+                hosted = (m for m, p in report.assignment.items() if worker in p.urls)
+                reloads[worker] = tuple(sorted(hosted))
+            else:
+                reloads[worker] = ()
+        return CompactionPlan(mode, MappingProxyType(reloads))
+
+
+def _moves(
+    previous: Mapping[str, Placement], placed: Mapping[str, Placement]
+) -> tuple[int, set[str]]:
+    """(moved models, changed workers) between two assignments (§4.6.3 step 7).
+
+    A model in both whose worker set changed is a move and changes the symmetric
+    difference of its sets; a dropped model changes all its old workers; a new model
+    is an initial placement, neither a move nor a change.
+    """
+    moved = 0
+    changed: set[str] = set()
+    for model, before in previous.items():
+        after = placed.get(model)
+        if after is None:
+            changed.update(before.urls)
+            continue
+        difference = set(before.urls) ^ set(after.urls)
+        if difference:
+            moved += 1
+            changed |= difference
+    return moved, changed
