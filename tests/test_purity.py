@@ -29,6 +29,7 @@ PURE = [
     "scheduling/_meta.py",
     "scheduling/_outstanding.py",
     "scheduling/_packer.py",
+    "scheduling/_reports.py",
     "scheduling/_placement.py",
     "scheduling/_routing.py",
     # The simulated worker's models.

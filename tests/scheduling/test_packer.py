@@ -12,15 +12,9 @@ from hypothesis import strategies as st
 from rsgw._schema import ModelOverride, SchedulingConfig
 from rsgw.scheduling._knobs import CompactionMode, Replicas, SchedulingMode
 from rsgw.scheduling._meta import ModelCounters, WorkerCounters, ewma
-from rsgw.scheduling._packer import (
-    CompactionPlan,
-    Packer,
-    PollSummary,
-    TickOutcome,
-    _moves,
-    summarize_poll,
-)
+from rsgw.scheduling._packer import Packer, _moves
 from rsgw.scheduling._placement import Placement
+from rsgw.scheduling._reports import CompactionPlan, PollSummary, TickOutcome, summarize_poll
 
 W = ("http://w0", "http://w1")
 W3 = ("http://w0", "http://w1", "http://w2")
