@@ -16,6 +16,7 @@ import h2.connection
 import h2.exceptions
 import h2.settings
 import hpack
+import hpack.table
 import trio
 
 from rsgw.grpc._framing import message_prefix
@@ -45,6 +46,55 @@ class _PlainEncoder(hpack.Encoder):
         return super().encode(headers, huffman=False)  # type: ignore[arg-type]  # hpack accepts any header iterable
 
 
+class _CountingTable(hpack.table.HeaderTable):
+    """An HPACK table that counts its insertions, so a decoder can tell it changed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.additions = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        self.additions += 1
+        super().add(name, value)
+
+
+class _MemoDecoder(hpack.Decoder):
+    """HPACK decoding that remembers header blocks that left the table unchanged.
+
+    gRPC peers send the same few header blocks over and over (a request to one
+    method, the response headers, the OK trailers), and once their entries are in
+    the dynamic table each is the same bytes every time. Decoding one is pure
+    Python work per header (and per bit, for Huffman-coded values); a block whose
+    decoding inserted nothing and resized nothing decodes the same way for as long
+    as the table stays as it is, which the insertion count and the size tell.
+    """
+
+    _MAX_ENTRIES = 256
+    _MAX_BLOCK = 2048
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.header_table = _CountingTable()
+        self._memo: dict[bytes, tuple[tuple[int, int], list[hpack.HeaderTuple]]] = {}
+
+    def decode(self, data: bytes, raw: bool = False) -> list[hpack.HeaderTuple]:
+        table = self.header_table
+        assert isinstance(table, _CountingTable)
+        state = (table.additions, table.maxsize)
+        cacheable = raw and len(data) <= self._MAX_BLOCK
+        if cacheable:
+            hit = self._memo.get(data)
+            if hit is not None and hit[0] == state:
+                return list(hit[1])
+        headers = list(super().decode(data, raw))
+        if cacheable and (table.additions, table.maxsize) == state:
+            if len(self._memo) >= self._MAX_ENTRIES:
+                self._memo.clear()
+            self._memo[bytes(data)] = (state, headers)
+            return list(headers)
+        return headers
+
+
 def new_h2_connection(
     *,
     client_side: bool,
@@ -69,6 +119,9 @@ def new_h2_connection(
     )
     conn = h2.connection.H2Connection(config=config)
     conn.encoder = _PlainEncoder()
+    decoder = _MemoDecoder()
+    decoder.max_header_list_size = conn.decoder.max_header_list_size
+    conn.decoder = decoder
     settings: dict[h2.settings.SettingCodes | int, int] = {
         h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window_bytes,
         h2.settings.SettingCodes.MAX_FRAME_SIZE: max_frame_bytes,
