@@ -16,7 +16,9 @@ from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
 from rsgw.grpc._server import GrpcServer, ServerCall, UnaryHandler
+from tests.helpers import wait_until_async
 
 
 class ScriptedWorker:
@@ -72,14 +74,10 @@ async def test_a_hung_probe_resets_the_channel() -> None:
         )
         assert gateway.prober.ready
         worker.hang = True
-        with trio.fail_after(5):
-            while gateway.prober.channel_resets == 0:  # noqa: ASYNC110  # a counter, no event
-                await trio.sleep(0.01)
+        await wait_until_async(lambda: gateway.prober.channel_resets > 0, what="a reset")
         assert not gateway.prober.ready
         worker.hang = False
-        with trio.fail_after(5):
-            while not gateway.prober.ready:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await wait_until_async(lambda: bool(gateway.prober.ready), what="ready again")
         nursery.cancel_scope.cancel()
 
 
@@ -102,9 +100,7 @@ async def test_never_responsive_fleet_is_not_wedged() -> None:
         gateway: RunningGateway = await nursery.start(
             serve_gateway, config(port, wedge_exit_rounds=1)
         )
-        with trio.fail_after(5):
-            while gateway.prober.rounds < 3:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await wait_until_async(lambda: gateway.prober.rounds >= 3, what="three rounds")
         nursery.cancel_scope.cancel()
 
 
@@ -116,7 +112,9 @@ async def test_on_demand_refresh_is_single_flight() -> None:
             serve_gateway, config(port, health_interval_seconds=3600)
         )
         prober = gateway.prober
-        await trio.sleep(1.1)  # past the 1 s refresh floor since the startup discovery
+        # The floor is wall time by design (a Trio MockClock cannot drive real sockets):
+        # wait it out once, past the startup discovery.
+        await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)
         before = worker.index_calls
         worker.index_gate = trio.Event()
         async with trio.open_nursery() as callers:

@@ -32,6 +32,8 @@ class Handlers:
         self.slow_cancelled = trio.Event()
         self.gate = trio.Event()
         self.gated_started = trio.Event()
+        #: Port of a second server with a larger message limit (set by the fixture).
+        self.big_port = 0
 
     async def echo(self, request: bytes, call: ServerCall) -> bytes:
         return request
@@ -80,7 +82,7 @@ async def served() -> AsyncIterator[tuple[int, Handlers]]:
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve, "127.0.0.1", 0)
         big_port = await nursery.start(big.serve, "127.0.0.1", 0)
-        handlers.big_port = big_port  # type: ignore[attr-defined]  # test-only attribute
+        handlers.big_port = big_port
         yield port, handlers
         nursery.cancel_scope.cancel()
 
@@ -155,7 +157,7 @@ async def test_oversized_response_is_resource_exhausted(served: tuple[int, Handl
 async def test_64_mib_round_trip(served: tuple[int, Handlers]) -> None:
     _, handlers = served
     payload = bytes(range(256)) * (64 * 1024 * 1024 // 256)
-    reply = await call_in_thread(handlers.big_port, "BigEcho", payload)  # type: ignore[attr-defined]
+    reply = await call_in_thread(handlers.big_port, "BigEcho", payload)
     assert reply == payload
 
 

@@ -289,9 +289,7 @@ class _Connection:
                 events = h2conn.receive_data(data)
             except h2.exceptions.ProtocolError as exc:
                 logger.debug("protocol error from %s: %s", self._peer, exc)
-                self._flush()
-                with trio.move_on_after(1):
-                    await self._stream.send_all(h2conn.data_to_send())
+                self._flush()  # h2's GOAWAY, written straight away when the socket takes it
                 return
             for event in events:
                 if isinstance(event, h2.events.DataReceived):
