@@ -22,6 +22,10 @@ PURE = [
     "grpc/_framing.py",
     "grpc/_metadata.py",
     "grpc/_status.py",
+    # The operator CLI's parsing and rendering.
+    "ctl/_args.py",
+    "ctl/_commands.py",
+    "ctl/_render.py",
     # The gateway's and the scheduler's cores.
     "gateway/_wire.py",
     "scheduling/_fill.py",

@@ -173,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.add_argument("--node", required=True, metavar="NODE_FILE", help="node file YAML")
     probe.add_argument("--worker", metavar="NAME", help="worker name (needed if several)")
+
+    # Listed for `rsgw --help` only: `main` hands everything after `ctl` to rsgw.ctl,
+    # which has its own parser (argparse cannot pass options through a subparser).
+    commands.add_parser(
+        "ctl",
+        add_help=False,
+        help="operator front end of the gateway's scheduler (rsgw ctl --help)",
+    )
     return parser
 
 
@@ -283,6 +291,11 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rsgw` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ctl"]:
+        from rsgw.ctl import main as ctl_main
+
+        return ctl_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
     try:

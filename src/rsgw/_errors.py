@@ -63,3 +63,9 @@ class GatewayWedged(RsgwError):
     """The gateway's client stack stopped answering; restart the process."""
 
     grpc_status = StatusCode.UNAVAILABLE
+
+
+class StartupError(RsgwError):
+    """The fleet does not meet a scheduling mode's preconditions; the message says how."""
+
+    grpc_status = StatusCode.FAILED_PRECONDITION

@@ -323,3 +323,44 @@ def test_spread_equalizes_in_flight_items(n: int, units: list[int], policy: Rout
         pick(router, urls, plan(SPREAD), units=count, policy=policy)
         outs = [router.outstanding().get(("m", u), 0) for u in urls]
         assert max(outs) - min(outs) <= max(units)
+
+
+# ---------------------------------------------------------------------------
+# rebuild after a repack (REFERENCE.md §4.6.4)
+
+
+def test_rebuild_keeps_in_flight_work_of_pairs_that_stay() -> None:
+    router = FillRouter()
+    _, on_a = router.select("m", [A, B], plan(RUN, 4), LEAST, 3, 3.0)
+    router.rebuild({"m": (A, C)})
+    assert router.outstanding() == {("m", A): 3}
+    assert router.loads() == {A: 3.0}
+    router.release(on_a)
+    assert router.outstanding() == {("m", A): 0}
+    assert router.loads() == {A: 0.0}
+
+
+def test_a_late_release_of_a_dropped_pair_touches_nothing_new() -> None:
+    router = FillRouter()
+    _, on_b = router.select("m", [B], plan(RUN, 4), LEAST, 2, 2.0)
+    router.rebuild({"m": (A,)})
+    assert router.outstanding() == {} and router.loads() == {}
+    _, fresh = router.select("m", [B], plan(RUN, 4), LEAST, 1, 1.0)  # placed back on B
+    router.release(on_b)  # lands on the dropped cells
+    assert router.outstanding() == {("m", B): 1}
+    assert router.loads() == {B: 1.0}
+    router.release(fresh)
+    assert router.outstanding() == {("m", B): 0} and router.loads() == {B: 0.0}
+
+
+def test_rebuild_ends_the_open_run_but_keeps_the_cursor() -> None:
+    router = FillRouter()
+    held = [router.select("m", [A, B], plan(RUN, 8), RR, 1, 1.0) for _ in range(3)]
+    assert {order[0] for order, _ in held} == {A}  # one run on A
+    router.rebuild({"m": (A, B)})
+    order, _ = router.select("m", [A, B], plan(RUN, 8), RR, 1, 1.0)
+    # The run on A ended; A is a quantum behind nobody, so the new run starts at the
+    # cursor, which had moved past A.
+    assert order[0] == B
+    for _, reservation in held:
+        router.release(reservation)

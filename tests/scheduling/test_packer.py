@@ -187,6 +187,22 @@ def test_operator_requests_coalesce_into_one_forced_repack() -> None:
     assert packer.repack_completed == 3
 
 
+def test_a_tick_with_no_answering_worker_never_repacks() -> None:
+    packer = Packer()
+    k = knobs()
+    run(packer, poll(1.0, models={"a": W}), k)  # baseline
+    placed = run(packer, poll(50.0), k).repack  # first budget spent: a compute repack
+    assert placed is not None and packer.assignment
+    assert packer.request_repack() == 1
+    silent = PollSummary(fleet_compute=500.0)  # every poll failed this round
+    assert packer.tick(silent, k, W, 1.0).repack is None
+    assert packer.assignment == placed.assignment  # kept, not emptied
+    assert packer.repack_completed == 0  # still pending
+    served = run(packer, poll(500.0), k)
+    assert served.repack is not None and served.repack.trigger == "operator"
+    assert packer.repack_completed == 1
+
+
 # -- repack: rates, costs, utilization --------------------------------------------------
 
 

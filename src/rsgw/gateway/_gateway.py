@@ -19,11 +19,12 @@ import trio
 
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
-from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE, merge_expositions
 from rsgw._net import split_host_port
+from rsgw.gateway._lpt import LptScheduler
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
+from rsgw.gateway._packing import Packing
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
 from rsgw.gateway._schedulers import LeastOutstandingScheduler, RoundRobinScheduler, Scheduler
@@ -32,6 +33,7 @@ from rsgw.grpc._client import Channel
 from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._meta import RoutingMetaTracker
+from rsgw.scheduling._packer import Packer
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class RunningGateway:
         admin_port: int,
         server: GrpcServer,
         service: GatewayService,
+        packing: Packing | None,
         cancel_scope: trio.CancelScope,
     ) -> None:
         self.config = config
@@ -67,6 +70,8 @@ class RunningGateway:
         self.admin_port = admin_port
         self._server = server
         self._service = service
+        #: lpt_packing's shell (placement, repacks); None in the other modes.
+        self.packing = packing
         self._cancel_scope = cancel_scope
 
     @property
@@ -99,14 +104,10 @@ async def serve_gateway(
     Raises:
         ListenError: the gRPC or admin address is busy or cannot be bound.
         GatewayWedged: every worker probe hung for `wedge_exit_rounds` rounds.
-        ConfigError: a setting this version cannot serve.
+        StartupError: under lpt_packing, the fleet is not all up within the startup
+            wait, or a worker does not batch or serves a different model set.
     """
     mode = config.scheduling.mode
-    if mode is SchedulingMode.LPT_PACKING:
-        raise ConfigError(
-            "scheduling.mode 'lpt_packing' is not available in this version; "
-            "use 'round_robin' or 'least_outstanding'"
-        )
     for warning in config.warnings:
         logger.warning(warning)
     if config.env_overrides:
@@ -138,7 +139,7 @@ async def serve_gateway(
             probe_timeout=config.probe_timeout_seconds,
             wedge_rounds=config.wedge_exit_rounds,
         )
-        scheduler = _scheduler(config, pool, prober, metrics)
+        scheduler, packing = _scheduler(config, pool, prober, metrics)
         service = GatewayService(
             pool,
             prober,
@@ -150,6 +151,9 @@ async def serve_gateway(
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)
         bound_admin = await nursery.start(serve_admin, app, admin_host, admin_port)
+        if packing is not None:
+            await packing.start()  # waits for the fleet; the first placement is in force
+            await nursery.start(packing.serve)
         await nursery.start(prober.serve)
         server = GrpcServer(
             service.handlers(),
@@ -171,30 +175,38 @@ async def serve_gateway(
             },
         )
         task_status.started(
-            RunningGateway(config, bound_grpc, bound_admin, server, service, nursery.cancel_scope)
+            RunningGateway(
+                config, bound_grpc, bound_admin, server, service, packing, nursery.cancel_scope
+            )
         )
         await trio.sleep_forever()
 
 
 def _scheduler(
     config: GatewayConfig, pool: WorkerPool, prober: Prober, metrics: GatewayMetrics
-) -> Scheduler:
+) -> tuple[Scheduler, Packing | None]:
     """The scheduler for `scheduling.mode`, wired to its metrics and metadata polls."""
     scheduling = config.scheduling
-    if scheduling.mode is SchedulingMode.ROUND_ROBIN:
-        logger.info("gateway scheduling", extra={"mode": str(scheduling.mode)})
-        return RoundRobinScheduler()
+    mode = scheduling.mode
+    if mode is SchedulingMode.ROUND_ROBIN:
+        logger.info("gateway scheduling", extra={"mode": str(mode)})
+        return RoundRobinScheduler(), None
+    tracker = RoutingMetaTracker(scheduling.routing_meta_halflife)
+    if mode is SchedulingMode.LPT_PACKING:
+        lpt = LptScheduler(scheduling, Packer())
+        packing = Packing(
+            lpt, pool, prober, metrics, tracker, startup_wait=config.startup_wait_seconds
+        )
+        prober.on_ready = MetaPoller(pool, prober, tracker, lpt, packing.on_poll).poll
+        logger.info("gateway scheduling", extra={"mode": str(mode)})
+        return lpt, packing
     basis = WorkBasis(scheduling.work_basis)
     scheduler = LeastOutstandingScheduler(basis)
-    metrics.track_inflight_work(str(basis), scheduler.loads)
+    metrics.track_inflight_work(lambda: str(basis), scheduler.loads)
     if scheduler.needs_routing_meta:
-        tracker = RoutingMetaTracker(scheduling.routing_meta_halflife)
         prober.on_ready = MetaPoller(pool, prober, tracker, scheduler).poll
-    logger.info(
-        "gateway scheduling",
-        extra={"mode": str(scheduling.mode), "work_basis": str(basis)},
-    )
-    return scheduler
+    logger.info("gateway scheduling", extra={"mode": str(mode), "work_basis": str(basis)})
+    return scheduler, None
 
 
 @asynccontextmanager

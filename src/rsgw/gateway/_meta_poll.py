@@ -5,24 +5,54 @@ call runs under the prober's watchdog; a poll that hangs resets that worker's
 channel (REFERENCE.md §5.4), exactly as a hung ServerReady probe does, and the
 worker is simply absent from this round's sample. The pure tracker turns the
 cumulative counters into per-model costs and the scheduler gets the new snapshot
-by reference.
+by reference. Under lpt_packing the same answers also feed the packer (`on_poll`),
+so one round costs one poll per worker whatever reads it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._pool import WorkerPool, fan_out
-from rsgw.gateway._prober import Prober, ProbeResult
+from rsgw.gateway._prober import Prober
 from rsgw.gateway._schedulers import Scheduler
-from rsgw.scheduling._meta import ModelCounters, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._meta import ModelCounters, RoutingMeta, RoutingMetaTracker, WorkerCounters
 
 logger = logging.getLogger(__name__)
 
 CONTROL_STATUS = b"/reactant_control.ControlService/ModelControlStatus"
 _REQUEST = cpb.ModelControlStatusRequest().SerializeToString()
+
+#: What a poll hands on: the answering workers' counters (poll order), the new
+#: routing metadata, and the ready set the round saw.
+PollListener = Callable[[Mapping[str, WorkerCounters], RoutingMeta, frozenset[str]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlAnswer:
+    """One worker's ModelControlStatus: its counters, or None (failed or `timed_out`)."""
+
+    counters: WorkerCounters | None
+    timed_out: bool = False
+
+
+async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> ControlAnswer:
+    """One bounded ModelControlStatus call; a hang resets the worker's channel."""
+    result = await prober.probe(url, CONTROL_STATUS, _REQUEST)
+    if result.timed_out:
+        logger.warning(
+            "ModelControlStatus poll timed out; resetting the worker's channel",
+            extra={"worker": pool.label(url)},
+        )
+        pool.channels[url].reset("reset after a hung ModelControlStatus poll")
+        return ControlAnswer(None, True)
+    if result.reply is None:
+        return ControlAnswer(None)
+    return ControlAnswer(to_counters(cpb.ModelControlStatusResponse.FromString(result.reply)))
 
 
 class MetaPoller:
@@ -34,36 +64,30 @@ class MetaPoller:
         prober: Prober,
         tracker: RoutingMetaTracker,
         scheduler: Scheduler,
+        on_poll: PollListener | None = None,
     ) -> None:
         self._pool = pool
         self._prober = prober
         self.tracker = tracker
         self._scheduler = scheduler
+        self._on_poll = on_poll
         self.polls = 0
 
     async def poll(self, ready: frozenset[str]) -> None:
         urls = [url for url in self._pool.urls if url in ready]
-        results = await fan_out(urls, self._one)
+        results = await fan_out(
+            urls, lambda url: poll_control_status(self._prober, self._pool, url)
+        )
         polled: dict[str, WorkerCounters] = {}
         for url in urls:
-            result = results[url]
-            if isinstance(result, WorkerCounters):
-                polled[url] = result
-        self._scheduler.meta_refreshed(self.tracker.refresh(polled))
+            answer = results[url]
+            if isinstance(answer, ControlAnswer) and answer.counters is not None:
+                polled[url] = answer.counters
+        meta = self.tracker.refresh(polled)
+        self._scheduler.meta_refreshed(meta)
         self.polls += 1
-
-    async def _one(self, url: str) -> WorkerCounters | None:
-        result: ProbeResult = await self._prober.probe(url, CONTROL_STATUS, _REQUEST)
-        if result.timed_out:
-            logger.warning(
-                "ModelControlStatus poll timed out; resetting the worker's channel",
-                extra={"worker": self._pool.label(url)},
-            )
-            self._pool.channels[url].reset("reset after a hung ModelControlStatus poll")
-            return None
-        if result.reply is None:
-            return None
-        return to_counters(cpb.ModelControlStatusResponse.FromString(result.reply))
+        if self._on_poll is not None:
+            self._on_poll(MappingProxyType(polled), meta, ready)
 
 
 def to_counters(status: cpb.ModelControlStatusResponse) -> WorkerCounters:
@@ -84,4 +108,5 @@ def to_counters(status: cpb.ModelControlStatusResponse) -> WorkerCounters:
             }
         ),
         weight_cache_max_bytes=status.weight_cache_max_bytes,
+        discipline=status.discipline,
     )

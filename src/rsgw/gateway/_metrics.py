@@ -10,9 +10,11 @@ client sending random names grows neither memory nor series.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rsgw._exposition import LATENCY_BUCKETS, render_registry
@@ -20,6 +22,26 @@ from rsgw.grpc._status import StatusCode
 
 #: The model label of a request for a model no worker serves.
 UNKNOWN_MODEL = "_unknown_"
+#: `gateway_repacks_total{trigger}` values, exported from the start at 0.
+REPACK_TRIGGERS = ("startup", "compute", "operator")
+
+
+@dataclass(frozen=True, slots=True)
+class PackingView:
+    """lpt_packing's state as its metrics show it, built at scrape time.
+
+    Models and (model, worker URL) pairs that were placed once and are not any more
+    are listed with 0, so their gauges fall to zero instead of freezing.
+    """
+
+    replicas: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    placement_weight: Mapping[tuple[str, str], float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    outstanding: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    routed: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    fill_quantum: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    utilization: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class GatewayMetrics:
@@ -85,14 +107,34 @@ class GatewayMetrics:
             _ScalarGauge("gateway_inflight_requests", "In-flight RPCs (capped methods).", read)
         )
 
-    def track_inflight_work(self, basis: str, read: Callable[[], Mapping[str, float]]) -> None:
+    def track_inflight_work(
+        self, basis: Callable[[], str], read: Callable[[], Mapping[str, float]]
+    ) -> None:
         """Export `gateway_worker_inflight_work{worker,basis}`, read live at scrape time.
 
         The load the router compares when it picks a replica, so a routing decision
-        can be explained afterwards. Workers the scheduler no longer tracks are not
-        emitted, rather than frozen at their last value.
+        can be explained afterwards; `basis` is read at the same time, since
+        lpt_packing's work basis can change at runtime. Workers the scheduler no
+        longer tracks are not emitted, rather than frozen at their last value.
         """
         self.registry.register(_InflightWork(basis, read, self.worker_label))
+
+    def track_packing(self, read: Callable[[], PackingView]) -> Counter:
+        """Export lpt_packing's series (REFERENCE.md §6.1); returns the repack counter.
+
+        Everything but the repack counter is read live at scrape time, so no gauge
+        can be left stale by a code path that forgot to update it.
+        """
+        self.registry.register(_Packing(read, self.worker_label))
+        repacks = Counter(
+            "gateway_repacks",
+            "lpt_packing repacks by trigger (startup, compute, operator).",
+            ["trigger"],
+            registry=self.registry,
+        )
+        for trigger in REPACK_TRIGGERS:
+            repacks.labels(trigger)
+        return repacks
 
     def observe(self, rpc: str, model: str, code: StatusCode, seconds: float | None) -> None:
         """Count one handled RPC; `seconds` None records no latency (rejected at parse)."""
@@ -123,7 +165,10 @@ class GatewayMetrics:
 
 class _InflightWork(Collector):
     def __init__(
-        self, basis: str, read: Callable[[], Mapping[str, float]], label: Callable[[str], str]
+        self,
+        basis: Callable[[], str],
+        read: Callable[[], Mapping[str, float]],
+        label: Callable[[str], str],
     ) -> None:
         self._basis = basis
         self._read = read
@@ -138,9 +183,74 @@ class _InflightWork(Collector):
             "In-flight work per worker as the router compares it, in work_basis units.",
             labels=["worker", "basis"],
         )
+        basis = self._basis()
         for worker, value in loads:
-            family.add_metric([worker, self._basis], value)
+            family.add_metric([worker, basis], value)
         yield family
+
+
+class _Packing(Collector):
+    def __init__(self, read: Callable[[], PackingView], label: Callable[[str], str]) -> None:
+        self._read = read
+        self._label = label
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._read()
+        yield _by_model(
+            "gateway_model_replicas",
+            "Replicas in the model's placement (0 once unplaced).",
+            view.replicas,
+        )
+        yield self._by_replica(
+            GaugeMetricFamily,
+            "gateway_placement_weight",
+            "Placement weight of the replica (1/k; 0 once unplaced).",
+            view.placement_weight,
+        )
+        yield self._by_replica(
+            GaugeMetricFamily,
+            "gateway_replica_outstanding",
+            "In-flight items routed to the replica.",
+            view.outstanding,
+        )
+        if view.routed:  # no family while nothing was routed (REFERENCE.md §6.1)
+            yield self._by_replica(
+                CounterMetricFamily,
+                "gateway_replica_routed",
+                "Requests routed to the replica since it was placed.",
+                view.routed,
+            )
+        yield _by_model(
+            "gateway_model_fill_quantum", "The model's fill quantum, in items.", view.fill_quantum
+        )
+        yield _by_model(
+            "gateway_model_utilization",
+            "Arrival rate x cost per request at the last repack (GPU-seconds per second).",
+            view.utilization,
+        )
+
+    def _by_replica(
+        self,
+        kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+        name: str,
+        doc: str,
+        values: Mapping[tuple[str, str], float] | Mapping[tuple[str, str], int],
+    ) -> Metric:
+        family = kind(name, doc, labels=["model", "worker"])
+        for (model, worker), value in sorted(
+            ((m, self._label(url)), v) for (m, url), v in values.items()
+        ):
+            family.add_metric([model, worker], value)
+        return family
+
+
+def _by_model(
+    name: str, doc: str, values: Mapping[str, float] | Mapping[str, int]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["model"])
+    for model, value in sorted(values.items()):
+        family.add_metric([model], value)
+    return family
 
 
 class _ScalarGauge(Collector):

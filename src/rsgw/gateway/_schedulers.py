@@ -10,12 +10,16 @@ see the same least-loaded replica. The pure decisions live in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
+from rsgw.scheduling._fill import FillReservation
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._meta import RoutingMeta
 from rsgw.scheduling._outstanding import LeastOutstanding, Reservation, charge_for
 from rsgw.scheduling._routing import RoundRobin, RoutingTable
+
+#: What a scheduler's `select` hands out and takes back in `release`.
+AnyReservation: TypeAlias = Reservation | FillReservation
 
 
 class Scheduler(Protocol):
@@ -26,9 +30,9 @@ class Scheduler(Protocol):
 
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
-    ) -> tuple[tuple[str, ...], Reservation | None]: ...
+    ) -> tuple[tuple[str, ...], AnyReservation | None]: ...
 
-    def release(self, reservation: Reservation | None) -> None: ...
+    def release(self, reservation: AnyReservation | None) -> None: ...
 
     def table_swapped(self, table: RoutingTable) -> None: ...
 
@@ -48,7 +52,7 @@ class RoundRobinScheduler:
     ) -> tuple[tuple[str, ...], Reservation | None]:
         return self._rr.select(model, replicas), None
 
-    def release(self, reservation: Reservation | None) -> None:
+    def release(self, reservation: AnyReservation | None) -> None:
         pass
 
     def table_swapped(self, table: RoutingTable) -> None:
@@ -84,8 +88,8 @@ class LeastOutstandingScheduler:
             charge = charge_for(self.basis, meta.request_items(model, body), meta.item_cost(model))
         return self._core.select(model, replicas, charge)
 
-    def release(self, reservation: Reservation | None) -> None:
-        if reservation is not None:
+    def release(self, reservation: AnyReservation | None) -> None:
+        if isinstance(reservation, Reservation):
             self._core.release(reservation)
 
     def table_swapped(self, table: RoutingTable) -> None:

@@ -26,7 +26,10 @@ each replica's outstanding items, and per worker a float load in work-basis unit
   Loads are compared quantized (`load_key`), so float residue cannot decide.
 * Each reservation captures its units and weight; `release` subtracts exactly those,
   once. A worker load settles to exactly 0.0 when its worker holds no reservation.
-  `routed` only grows: it feeds a counter metric.
+  `routed` only grows while its pair stays placed: it feeds a counter metric.
+* A repack re-keys the counters (`rebuild`): pairs that stay keep their cells, dropped
+  ones are forgotten, and a reservation holds its cells, so a late release can never
+  push a new placement's counter below zero.
 """
 
 from __future__ import annotations
@@ -101,9 +104,27 @@ def resolve_fill_plan(
 
 
 @dataclass(eq=False, slots=True)
+class _Replica:
+    """The counters of one (model, worker) pair: in-flight items, requests routed."""
+
+    items: int = 0
+    routed: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _WorkerLoad:
+    """One worker's in-flight work (work-basis units) and its unreleased reservations."""
+
+    work: float = 0.0
+    held: int = 0
+
+
+@dataclass(eq=False, slots=True)
 class FillReservation:
     """One request's charge, returned by `FillRouter.select`, given to `release`.
 
+    It holds the counter cells it charged, so a release after a repack dropped them
+    lands on the orphaned cells and never disturbs the new placement's counters.
     Compared by identity: two equal requests are two reservations.
     """
 
@@ -111,6 +132,8 @@ class FillReservation:
     url: str
     units: int
     weight: float
+    _replica: _Replica = field(repr=False)
+    _load: _WorkerLoad = field(repr=False)
     released: bool = field(default=False, init=False)
 
 
@@ -131,11 +154,27 @@ class FillRouter:
     """
 
     def __init__(self) -> None:
-        self._outs: dict[tuple[str, str], int] = {}  # (model, url) -> outstanding items
-        self._routed: dict[tuple[str, str], int] = {}  # (model, url) -> requests routed
-        self._loads: dict[str, float] = {}  # url -> in-flight work (work_basis units)
-        self._held: dict[str, int] = {}  # url -> reservations not yet released
+        self._replicas: dict[tuple[str, str], _Replica] = {}
+        self._loads: dict[str, _WorkerLoad] = {}
         self._runs: dict[str, _Run] = {}
+
+    def rebuild(self, placements: Mapping[str, Sequence[str]]) -> None:
+        """Re-key the counters to a new assignment (model -> replica URLs).
+
+        Pairs and workers that stay keep their counters (in-flight work survives a
+        repack); the others are dropped, and their late releases land on the dropped
+        cells. Every model keeps its rotation cursor but its open run ends, so its next
+        request opens a run against the new placement (REFERENCE.md §4.6.4).
+        """
+        pairs = {(m, url) for m, urls in placements.items() for url in urls}
+        workers = {url for _, url in pairs}
+        self._replicas = {k: v for k, v in self._replicas.items() if k in pairs}
+        self._loads = {k: v for k, v in self._loads.items() if k in workers}
+        runs: dict[str, _Run] = {}
+        for model in placements:
+            previous = self._runs.get(model)
+            runs[model] = _Run(cursor=previous.cursor if previous is not None else 0)
+        self._runs = runs
 
     def select(
         self,
@@ -172,7 +211,7 @@ class FillRouter:
         n = len(workers)
         if n == 1:
             return (workers[0],), self._charge(model, workers[0], units, weight)
-        outs = [self._outs.get((model, w), 0) for w in workers]
+        outs = [self._items(model, w) for w in workers]
         run = self._runs.setdefault(model, _Run())
         q = plan.quantum
         least = policy is RoutingPolicy.FILL_LEAST
@@ -182,7 +221,7 @@ class FillRouter:
             return min(range(n), key=keys.__getitem__)
 
         def keyed(first: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-            loads = [load_key(self._loads.get(w, 0.0)) for w in workers]
+            loads = [load_key(self._work(w)) for w in workers]
             return [
                 (*first[j], *((loads[j],) if least else ()), (j - run.cursor) % n) for j in range(n)
             ]
@@ -209,38 +248,45 @@ class FillRouter:
         reservation = self._charge(model, workers[chosen], units, weight)
         return tuple(workers[j] for j in order), reservation
 
+    def _items(self, model: str, url: str) -> int:
+        cell = self._replicas.get((model, url))
+        return 0 if cell is None else cell.items
+
+    def _work(self, url: str) -> float:
+        cell = self._loads.get(url)
+        return 0.0 if cell is None else cell.work
+
     def _charge(self, model: str, url: str, units: int, weight: float) -> FillReservation:
-        key = (model, url)
-        self._outs[key] = self._outs.get(key, 0) + units
-        self._routed[key] = self._routed.get(key, 0) + 1
-        self._loads[url] = self._loads.get(url, 0.0) + weight
-        self._held[url] = self._held.get(url, 0) + 1
-        return FillReservation(model, url, units, weight)
+        replica = self._replicas.get((model, url))
+        if replica is None:
+            replica = self._replicas[(model, url)] = _Replica()
+        load = self._loads.get(url)
+        if load is None:
+            load = self._loads[url] = _WorkerLoad()
+        replica.items += units
+        replica.routed += 1
+        load.work += weight
+        load.held += 1
+        return FillReservation(model, url, units, weight, replica, load)
 
     def release(self, reservation: FillReservation) -> None:
         """Give back exactly the reservation's captured charge; a second call does nothing."""
         if reservation.released:
             return
         reservation.released = True
-        key = (reservation.model, reservation.url)
-        self._outs[key] = self._outs.get(key, 0) - reservation.units
-        url = reservation.url
-        held = self._held.get(url, 0) - 1
-        if held <= 0:
-            self._held.pop(url, None)
-            self._loads[url] = 0.0
-        else:
-            self._held[url] = held
-            self._loads[url] = settle(self._loads.get(url, 0.0) - reservation.weight)
+        reservation._replica.items -= reservation.units
+        load = reservation._load
+        load.held -= 1
+        load.work = 0.0 if load.held <= 0 else settle(load.work - reservation.weight)
 
     def outstanding(self) -> Mapping[tuple[str, str], int]:
         """A snapshot of outstanding items per (model, worker URL)."""
-        return MappingProxyType(dict(self._outs))
+        return MappingProxyType({k: v.items for k, v in self._replicas.items()})
 
     def routed(self) -> Mapping[tuple[str, str], int]:
         """A snapshot of requests routed per (model, worker URL); never decreases."""
-        return MappingProxyType(dict(self._routed))
+        return MappingProxyType({k: v.routed for k, v in self._replicas.items()})
 
     def loads(self) -> Mapping[str, float]:
         """A snapshot of per-worker in-flight work, for `gateway_worker_inflight_work`."""
-        return MappingProxyType(dict(self._loads))
+        return MappingProxyType({k: v.work for k, v in self._loads.items()})

@@ -78,6 +78,8 @@ class WorkerCounters:
 
     models: Mapping[str, ModelCounters] = field(default_factory=lambda: MappingProxyType({}))
     weight_cache_max_bytes: int = 0
+    #: The worker's request scheduler (`fifo`, `edf`, `fair`); lpt_packing checks it.
+    discipline: str = ""
 
 
 @dataclass(frozen=True, slots=True)

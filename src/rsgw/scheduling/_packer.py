@@ -19,7 +19,9 @@ Theory of operation (REFERENCE.md §4.4, §4.6.2, §4.6.3, §4.6.5)
   > 0), later ones for `rebalance_compute_seconds`. The tick report shows the threshold
   the tick compared against, so right after the first repack it still shows the first
   budget until the next tick ([9], kept).
-* An operator `request_repack` forces a repack on the next tick (trigger `operator`).
+* An operator `request_repack` forces a repack on the next tick (trigger `operator`)
+  that has an answering worker; a tick whose poll got no answer never repacks (the
+  original would install an empty placement).
   Several requests before one tick coalesce: the tick reads the requested sequence at
   its start and marks everything up to it completed, last, after the assignment and the
   report are published. An operator repack does not use up the first budget.
@@ -199,7 +201,9 @@ class Packer:
         forced = requested > self._repack_completed
         report: RepackReport | None = None
         compaction: CompactionPlan | None = None
-        if forced or self._compute_accum >= threshold:
+        # No answering worker means nothing to place on: keep the placement in force
+        # (an operator request stays pending) rather than install an empty one.
+        if (forced or self._compute_accum >= threshold) and poll.polled:
             if not forced:
                 self._did_first_tick_repack = True
             report = self.repack(poll, knobs, now, "operator" if forced else "compute")

@@ -17,7 +17,7 @@ from rsgw.scheduling._knobs import CompactionMode
 from rsgw.scheduling._meta import WorkerCounters
 from rsgw.scheduling._placement import Placement
 
-Trigger: TypeAlias = Literal["compute", "operator"]
+Trigger: TypeAlias = Literal["startup", "compute", "operator"]
 
 DRIFT_WARNING: Final = (
     "lpt_packing: model not on all ready workers; routing uniformly over its replicas"
@@ -133,7 +133,7 @@ class RepackReport:
     Attributes:
         now: the wall time the repack ran at.
         wall_seconds / compute_seconds: wall time and fleet compute since the last one.
-        trigger: `compute` or `operator`.
+        trigger: `startup`, `compute` or `operator`.
         count: repacks run so far, this one included.
         models: models placed, drifted ones included.
         moved: models whose worker set changed (new models are not moves).

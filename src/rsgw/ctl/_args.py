@@ -1,0 +1,238 @@
+"""`rsgw ctl`'s command line -> an `Invocation`, with no printing and no exiting.
+
+Pure: argparse does the work, but a parser that prints and calls `sys.exit` cannot
+be tested as a function and cannot word the errors the reference asks for
+(`unknown command '<c>'`). So `_Parser` collects help text and raises instead,
+and `parse_args` returns `Invocation` or `ShowHelp`, or raises `UsageError`
+carrying the usage of the (sub)command that failed; `rsgw.ctl._main` prints.
+
+The line is parsed in two steps: `[--gateway HOST:PORT] COMMAND REST...`, then
+REST by the command's own parser. `--gateway` is accepted after the command too,
+since operators append it to a line they already typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from rsgw._values import split_host_port
+from rsgw.ctl._commands import (
+    DEFAULT_GATEWAY,
+    DEFAULT_REPACK_WAIT_SECONDS,
+    POLICY_KEYS,
+    Command,
+    Invocation,
+    Repack,
+    SetPolicy,
+    SetReplicas,
+    ShowHelp,
+    Status,
+    UsageError,
+    parse_float,
+    parse_policy_updates,
+    parse_replicas,
+)
+
+DEFAULT_PROG = "rsgw ctl"
+FILL_MODES = ("run", "spread", "inflight", "inherit")
+
+_DESCRIPTION = """\
+Operator front end of the gateway's scheduler (GatewayControlService). Runtime
+changes apply at once but are not saved: a restart goes back to gateway.yml.
+
+commands:
+  status                     knobs, repack counters, models and workers
+  repack [--wait S]          repack now; wait up to S seconds for it (default 30)
+  set-replicas MODEL N|all|default|- [--fill-mode M] [--fill-factor F] [--allow-unknown]
+                             one model's replica count and fill override
+  set-policy KEY=VALUE ...   change scheduling knobs at runtime
+"""
+
+
+class _Exit(Exception):
+    """argparse wanted to exit (after `--help`); we return instead."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that collects what it would print and raises instead of exiting."""
+
+    def __init__(self, output: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._output = output
+
+    def print_help(self, file: object = None) -> None:
+        self._output.append(self.format_help())
+
+    def print_usage(self, file: object = None) -> None:
+        self._output.append(self.format_usage())
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if status:
+            raise UsageError(message or "bad usage", self.format_usage())
+        raise _Exit
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage())
+
+
+def _argtype(parse: Callable[[str, str], object], what: str) -> Callable[[str], object]:
+    """Wrap a coercion so argparse reports its UsageError as its own (exit 2, usage).
+
+    argparse already names the argument, so the coercion's `<what>: ` prefix goes.
+    """
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text, what)
+        except UsageError as exc:
+            message = exc.message.removeprefix(f"{what}: ")
+            raise argparse.ArgumentTypeError(message) from None
+
+    return convert
+
+
+def _gateway(text: str) -> str:
+    try:
+        _, port = split_host_port(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}") from None
+    if not 0 < port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {port}")
+    return text
+
+
+def _non_negative(what: str, hint: str = "") -> Callable[[str], object]:
+    def parse(text: str, what: str) -> float:
+        value = parse_float(text, what)
+        if value < 0:
+            raise UsageError(f"{what}: must be >= 0{hint}, got {text}")
+        return value
+
+    return _argtype(parse, what)
+
+
+def _add_gateway(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--gateway",
+        type=_gateway,
+        default=default,
+        metavar="HOST:PORT",
+        help=f"the gateway's gRPC address (default {DEFAULT_GATEWAY})",
+    )
+
+
+def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
+    def sub(name: str, description: str) -> _Parser:
+        parser = _Parser(output, prog=f"{prog} {name}", description=description)
+        _add_gateway(parser, argparse.SUPPRESS)
+        return parser
+
+    status = sub("status", "Print the scheduler's knobs, repack state, models and workers.")
+
+    repack = sub("repack", "Ask the gateway for a repack now and wait for it to run.")
+    repack.add_argument(
+        "--wait",
+        type=_non_negative("--wait"),
+        default=DEFAULT_REPACK_WAIT_SECONDS,
+        metavar="S",
+        help="seconds to wait for the repack; 0 returns at once (default 30; "
+        "the gateway caps it at 120)",
+    )
+
+    replicas = sub(
+        "set-replicas",
+        "Set one model's replica count and fill override; it takes effect at the next repack.",
+    )
+    replicas.add_argument("model", metavar="MODEL", help="the model's name")
+    replicas.add_argument(
+        "replicas",
+        type=_argtype(parse_replicas, "replicas"),
+        metavar="N|all|default|-",
+        help="workers to place it on: a count, all, or default/- to inherit default_replicas",
+    )
+    replicas.add_argument(
+        "--fill-mode",
+        choices=FILL_MODES,
+        default="",
+        help="how its requests fill its replicas; inherit uses routing_fill_mode "
+        "(default: unchanged)",
+    )
+    replicas.add_argument(
+        "--fill-factor",
+        type=_non_negative("--fill-factor", " (0 clears the override)"),
+        default=-1.0,
+        metavar="F",
+        help="fill quantum = round(F x max_batch); 0 clears the override (default: unchanged)",
+    )
+    replicas.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="store the override even if no worker serves the model yet",
+    )
+
+    policy = sub(
+        "set-policy",
+        "Change scheduling knobs at runtime (checked as gateway.yml is). Keys: "
+        + ", ".join(POLICY_KEYS)
+        + ". default_replicas takes a count or all; forbid_memory_oversubscription "
+        "takes true/false, 1/0 or yes/no.",
+    )
+    policy.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="knob and new value")
+    return {"status": status, "repack": repack, "set-replicas": replicas, "set-policy": policy}
+
+
+def _command(name: str, args: argparse.Namespace, usage: str) -> Command:
+    if name == "status":
+        return Status()
+    if name == "repack":
+        return Repack(wait_seconds=args.wait)
+    if name == "set-replicas":
+        return SetReplicas(
+            model=args.model,
+            replicas=args.replicas,
+            fill_mode=args.fill_mode,
+            fill_factor=args.fill_factor,
+            allow_unknown=args.allow_unknown,
+        )
+    try:
+        return SetPolicy(parse_policy_updates(args.pairs))
+    except UsageError as exc:
+        raise UsageError(exc.message, usage) from None
+
+
+def parse_args(argv: Sequence[str], *, prog: str = DEFAULT_PROG) -> Invocation | ShowHelp:
+    """Parse `rsgw ctl`'s arguments (without the program name).
+
+    Returns:
+        The gateway and command, or `ShowHelp` when `-h/--help` was asked for.
+
+    Raises:
+        UsageError: no command, an unknown command, an unknown flag, a missing or
+            unreadable argument; `usage` holds the failing (sub)command's usage.
+    """
+    output: list[str] = []
+    top = _Parser(
+        output,
+        prog=prog,
+        usage=f"{prog} [-h] [--gateway HOST:PORT] COMMAND ...",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_gateway(top, DEFAULT_GATEWAY)
+    top.add_argument("command", nargs="?", metavar="COMMAND", help=argparse.SUPPRESS)
+    top.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    commands = _command_parsers(prog, output)
+    try:
+        head = top.parse_args(list(argv))
+        if head.command is None:
+            raise UsageError("no command given", top.format_usage())
+        parser = commands.get(head.command)
+        if parser is None:
+            raise UsageError(f"unknown command '{head.command}'", top.format_usage())
+        args = parser.parse_args(head.rest)
+    except _Exit:
+        return ShowHelp("".join(output))
+    gateway: str = getattr(args, "gateway", head.gateway)
+    return Invocation(gateway, _command(head.command, args, parser.format_usage()))

@@ -1,0 +1,130 @@
+"""The shell of `rsgw ctl`: parse, make one call on rsgw's own gRPC client, print.
+
+Exit statuses (REFERENCE.md §7, DECISIONS.md §2): 0 done (and `--help`); 1 the
+call failed, with one stderr line naming the status code, the message and the
+gateway; 2 a command line we cannot run, with the error and the usage. The
+operator never sees a traceback: this is a tool for people, so anything we did
+not expect still becomes one line and exit 1.
+
+We dial with `rsgw.grpc._client.Channel` (trio + h2), not grpcio, so the tool
+needs only rsgw's runtime dependencies on the gateway host.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import trio
+from google.protobuf.message import DecodeError, Message
+
+from rsgw._errors import RsgwError
+from rsgw.ctl._args import DEFAULT_PROG, parse_args
+from rsgw.ctl._commands import Call, ShowHelp, UsageError, call_for
+from rsgw.ctl._render import format_error, render_reply
+from rsgw.grpc._client import Channel
+from rsgw.grpc._status import GrpcError, StatusCode
+
+#: Exit statuses.
+EXIT_OK = 0
+EXIT_CALL_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+class CallFailed(Exception):
+    """A call that did not produce a reply: a status code name and a message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+async def call_gateway(target: str, call: Call) -> Message:
+    """Make `call` on the gateway at `target` and decode its reply.
+
+    The channel's connection tasks live in a nursery of our own, which we cancel
+    once the one call is over; the channel is closed whatever happened, so the
+    socket never outlives the call.
+
+    Raises:
+        CallFailed: the gateway answered a non-OK status, could not be reached, did
+            not answer by the deadline, or answered bytes that are not the reply type.
+    """
+    failure: CallFailed | None = None
+    reply = b""
+    async with trio.open_nursery() as nursery:
+        channel = Channel(target, nursery)
+        try:
+            deadline = trio.current_time() + call.deadline_seconds
+            reply = await channel.unary(
+                call.path, call.request.SerializeToString(), deadline=deadline
+            )
+        except GrpcError as exc:
+            failure = CallFailed(exc.code.name, exc.message)
+        except RsgwError as exc:  # WorkerUnavailable: refused, reset, no answer to connect
+            failure = CallFailed(exc.grpc_status.name, str(exc))
+        finally:
+            await channel.aclose()
+            nursery.cancel_scope.cancel()
+    # Raised out here, not in the nursery, so the caller never sees an ExceptionGroup.
+    if failure is not None:
+        raise failure
+    try:
+        return call.response_type.FromString(reply)
+    except DecodeError as exc:
+        name = call.response_type.DESCRIPTOR.name
+        raise CallFailed(
+            StatusCode.INTERNAL.name, f"the reply is not a valid {name}: {exc}"
+        ) from exc
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
+    """Run `rsgw ctl` with `argv` (default `sys.argv[1:]`); return the exit status.
+
+    Args:
+        argv: the arguments after the program name.
+        prog: the program name shown in usage (`tools/gateway_ctl.py` passes its own).
+    """
+    try:
+        parsed = parse_args(sys.argv[1:] if argv is None else argv, prog=prog)
+    except UsageError as exc:
+        print(f"{exc.usage}{prog}: error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(parsed, ShowHelp):
+        _write(parsed.text.rstrip("\n"))
+        return EXIT_OK
+    target = parsed.gateway
+    try:
+        reply = trio.run(call_gateway, target, call_for(parsed.command))
+        text = render_reply(parsed.command, reply)
+    except CallFailed as exc:
+        print(format_error(exc.code, exc.message, target), file=sys.stderr)
+        return EXIT_CALL_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BaseExceptionGroup as group:
+        if group.split(KeyboardInterrupt)[1] is None:  # only Ctrl-C in there
+            return EXIT_INTERRUPTED
+        print(format_error("UNKNOWN", f"unexpected failure: {group!r}", target), file=sys.stderr)
+        return EXIT_CALL_FAILED
+    except Exception as exc:  # a bug in us; still one line for the operator
+        print(format_error("UNKNOWN", f"unexpected failure: {exc!r}", target), file=sys.stderr)
+        return EXIT_CALL_FAILED
+    _write(text)
+    return EXIT_OK
+
+
+def _write(text: str) -> None:
+    """Print to stdout; a reader that went away (`| head`) is not an error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would complain again when it flushes stdout at exit (see the `signal`
+        # module's note on SIGPIPE); point stdout at /dev/null so that flush succeeds.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

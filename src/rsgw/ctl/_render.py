@@ -1,0 +1,244 @@
+"""Replies of GatewayControlService as the text an operator reads (REFERENCE.md §7).
+
+Pure: protobuf messages in, strings out (no trailing newline), so every format is
+tested on hand-built replies without a gateway. Tables are aligned on their
+widest cell and lines never end in spaces, so the output diffs and greps cleanly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.ctl._commands import Command, SetPolicy
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+#: What the mutators' `persisted=false` means for the operator.
+NOT_PERSISTED_NOTE: Final = (
+    "note: runtime changes are not persisted; a restart reverts to gateway.yml"
+)
+
+_BYTE_UNITS: Final = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_replicas(replicas: int) -> str:
+    """A replica count in wire form as the operator writes it: -1 `all`, 0 `-` (none/default)."""
+    if replicas == -1:
+        return "all"
+    if replicas == 0:
+        return "-"
+    return str(replicas)
+
+
+def human_bytes(count: int) -> str:
+    """`1536` -> `1.5 KiB`; binary units, as worker weight budgets are written."""
+    if abs(count) < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in _BYTE_UNITS:
+        value /= 1024
+        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def format_budget(count: int) -> str:
+    """A weight budget; `-` when there is none (0: the worker's cache is disabled)."""
+    return "-" if count <= 0 else human_bytes(count)
+
+
+def format_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Rows aligned under `header`, columns two spaces apart, indented by two."""
+    table = [list(header), *(list(row) for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "  "
+        + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+
+
+def warning_lines(warnings: Iterable[str]) -> list[str]:
+    return [f"  warning: {warning}" for warning in warnings]
+
+
+def format_error(code: str, message: str, target: str) -> str:
+    """The one stderr line for a failed call, e.g. `error: UNAVAILABLE: ... (from h:p)`."""
+    return f"error: {code}: {message} (from {target})"
+
+
+# ---------------------------------------------------------------------------
+# status
+
+
+def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
+    """GetSchedulingStatus: mode, knobs, repack block, models, workers, warnings."""
+    lines = [f"mode: {status.mode}"]
+    if status.HasField("policy"):
+        lines += _knob_lines(status.policy)
+    else:
+        lines.append("(this scheduling mode has no runtime knobs)")
+    if status.HasField("repack"):
+        lines += _repack_block(status.repack)
+    if status.HasField("policy") or status.models:
+        lines += _model_lines(status.models)
+    if status.HasField("policy") or status.workers:
+        lines += _worker_lines(status.workers)
+    lines += warning_lines(status.warnings)
+    return "\n".join(lines)
+
+
+def _knob_lines(policy: cpb.SchedulingPolicy) -> list[str]:
+    if policy.generation == 0:
+        title = "knobs (as configured):"
+    else:
+        title = f"knobs (generation {policy.generation}, tuned at runtime):"
+    knobs = [
+        ("rebalance_compute_seconds", str(policy.rebalance_compute_seconds)),
+        ("first_rebalance_compute_seconds", str(policy.first_rebalance_compute_seconds)),
+        ("hysteresis", str(policy.hysteresis)),
+        ("ema_halflife_compute_seconds", str(policy.ema_halflife_compute_seconds)),
+        ("default_replicas", format_replicas(policy.default_replicas)),
+        ("routing_policy", policy.routing_policy),
+        ("work_basis", policy.work_basis),
+        ("routing_fill_mode", policy.routing_fill_mode),
+        ("routing_fill_factor", str(policy.routing_fill_factor)),
+        (
+            "compaction",
+            f"{policy.compaction_mode} every {policy.compaction_interval} repack(s)",
+        ),
+        ("forbid_memory_oversubscription", format_bool(policy.forbid_memory_oversubscription)),
+    ]
+    return [title, *format_table(("knob", "value"), knobs)[1:]]
+
+
+def _repack_block(repack: cpb.RepackStatus) -> list[str]:
+    # The first-repack budget is the one in force until the first traffic-driven repack.
+    armed = not repack.first_tick_repack_done
+    return [
+        f"repacks: {repack.repack_count} total, last trigger '{repack.last_trigger}' "
+        f"({repack.last_models_placed} models, {repack.last_models_moved} moved)",
+        f"  compute since last repack {repack.compute_accumulated_seconds:.1f} of "
+        f"{repack.active_threshold_seconds:.1f} GPU-seconds",
+        f"  first-repack budget armed {format_bool(armed)}",
+        f"  operator repacks {repack.operator_repacks_requested} requested, "
+        f"{repack.operator_repacks_completed} served",
+    ]
+
+
+def _placement(model: cpb.ModelSchedulingStatus) -> str:
+    text = "  ".join(
+        f"{replica.worker} {replica.routed_total}req/{replica.outstanding}it"
+        for replica in model.replicas
+    )
+    text = text or "-"
+    if not model.placed:
+        text += " [unplaced]"
+    if model.drifted:
+        text += " [drifted]"
+    return text
+
+
+def _model_lines(models: Sequence[cpb.ModelSchedulingStatus]) -> list[str]:
+    if not models:
+        return ["models: none"]
+    header = ("name", "cfg", "eff", "fill", "quant", "util", "cost", "placement")
+    rows = [
+        (
+            model.name,
+            format_replicas(model.configured_replicas),
+            str(model.effective_replicas),
+            model.fill_mode,
+            str(model.fill_quantum),
+            f"{model.utilization:.4f}",
+            f"{model.cost_seconds:.4f}",
+            _placement(model),
+        )
+        for model in models
+    ]
+    return ["models:", *format_table(header, rows)]
+
+
+def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus]) -> list[str]:
+    if not workers:
+        return ["workers: none"]
+    header = ("worker", "ready", "models", "in-flight", "weights", "budget")
+    rows = [
+        (
+            worker.worker,
+            format_bool(worker.ready),
+            str(worker.models_placed),
+            f"{worker.inflight_compute:.3f}",
+            human_bytes(worker.assigned_weight_bytes),
+            format_budget(worker.weight_budget_bytes),
+        )
+        for worker in workers
+    ]
+    lines = format_table(header, rows)
+    for i, worker in enumerate(workers, start=1):
+        if worker.oversubscribed:
+            lines[i] += "  OVERSUBSCRIBED"
+    return ["workers:", *lines]
+
+
+# ---------------------------------------------------------------------------
+# mutators
+
+
+def render_repack(reply: cpb.RepackResponse) -> str:
+    """Repack: whether it ran within the wait, then the counters it left behind."""
+    if reply.completed:
+        head = f"repack {reply.sequence} completed in {reply.waited_seconds:.2f}s"
+    else:
+        head = f"repack {reply.sequence} queued (not observed within {reply.waited_seconds:.2f}s)"
+    repack = reply.repack
+    lines = [
+        head,
+        f"  now {repack.repack_count} repack(s) total, last trigger '{repack.last_trigger}', "
+        f"{repack.last_models_moved} model(s) moved",
+    ]
+    return "\n".join(lines + warning_lines(reply.warnings))
+
+
+def render_placement(reply: cpb.SetModelPlacementResponse) -> str:
+    """SetModelPlacement: the override as stored and the plan it resolves to."""
+    lines = [
+        f"{reply.name}: replicas {format_replicas(reply.configured_replicas)} "
+        f"(effective {reply.effective_replicas}), fill {reply.fill_mode} "
+        f"quantum {reply.fill_quantum}",
+        *warning_lines(reply.warnings),
+    ]
+    if not reply.persisted:
+        lines.append(NOT_PERSISTED_NOTE)
+    return "\n".join(lines)
+
+
+def render_policy(keys: Sequence[str], reply: cpb.SetSchedulingPolicyResponse) -> str:
+    """SetSchedulingPolicy: the knobs applied, in the order given, and the new generation."""
+    lines = [
+        f"applied {', '.join(keys)} (generation {reply.applied.generation})",
+        *warning_lines(reply.warnings),
+    ]
+    if not reply.persisted:
+        lines.append(NOT_PERSISTED_NOTE)
+    return "\n".join(lines)
+
+
+def render_reply(command: Command, reply: Message) -> str:
+    """The text for the reply to `command` (the reply type `call_for(command)` names)."""
+    if isinstance(reply, cpb.GetSchedulingStatusResponse):
+        return render_status(reply)
+    if isinstance(reply, cpb.RepackResponse):
+        return render_repack(reply)
+    if isinstance(reply, cpb.SetModelPlacementResponse):
+        return render_placement(reply)
+    if isinstance(reply, cpb.SetSchedulingPolicyResponse) and isinstance(command, SetPolicy):
+        return render_policy(command.keys, reply)
+    raise TypeError(f"no rendering of {type(reply).__name__} for {command!r}")

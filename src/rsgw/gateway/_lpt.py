@@ -1,0 +1,158 @@
+"""lpt_packing's request path: placement first, fill quantum within it, discovery last.
+
+The packer (`rsgw.scheduling._packer`) decides where each model lives; this scheduler
+routes each request inside that decision (REFERENCE.md §4.5). Everything it reads is
+an immutable snapshot replaced by reference: the knobs (the control plane swaps
+them), the fill plans (republished every tick and on every knob change), the
+packer's assignment and cost snapshot (replaced by each repack) and the routing
+metadata (replaced by each poll). `select` reads them, picks and charges with no
+`await`, so no two requests can both see the same least-loaded replica.
+
+Where the original is weaker and we are not: a placed replica that discovery no
+longer lists (a dead or hung worker) is skipped at once instead of being tried
+first and failed over after its timeout, and a knob change keeps every model's
+batch locator (DECISIONS.md §3 item 4), so item counting never degrades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from rsgw._schema import SchedulingConfig
+from rsgw.gateway._schedulers import AnyReservation
+from rsgw.gateway._wire import peek_batch_size
+from rsgw.scheduling._fill import DEFAULT_FILL_PLAN, FillPlan, FillReservation, FillRouter
+from rsgw.scheduling._fill import resolve_fill_plan as resolve
+from rsgw.scheduling._knobs import WorkBasis
+from rsgw.scheduling._meta import RoutingMeta
+from rsgw.scheduling._packer import Packer
+from rsgw.scheduling._placement import Placement
+from rsgw.scheduling._reports import PollSummary
+from rsgw.scheduling._routing import RoundRobin, RoutingTable
+
+
+def fill_plans(
+    knobs: SchedulingConfig,
+    max_batch: Mapping[str, int],
+    batch_at: Mapping[str, tuple[str, int]],
+) -> Mapping[str, FillPlan]:
+    """Every polled model's plan, plus every overridden model's (REFERENCE.md §4.8).
+
+    An overridden model nobody reported yet gets a plan with max batch 0 (quantum 1),
+    so its fill mode applies before its first successful poll.
+    """
+    plans: dict[str, FillPlan] = {}
+    for model in sorted({*max_batch, *knobs.models}):
+        override = knobs.models.get(model)
+        batch_input, batch_axis = batch_at.get(model, ("", 0))
+        plans[model] = resolve(
+            knobs.routing_fill_mode,
+            knobs.routing_fill_factor,
+            override.fill_mode if override is not None else None,
+            override.fill_factor if override is not None else None,
+            max_batch.get(model, 0),
+            batch_input,
+            batch_axis,
+        )
+    return MappingProxyType(plans)
+
+
+class LptScheduler:
+    """The `Scheduler` of lpt_packing; the packing shell owns its packer and knobs."""
+
+    needs_routing_meta = True
+
+    def __init__(self, knobs: SchedulingConfig, packer: Packer) -> None:
+        self.packer = packer
+        self.router = FillRouter()
+        self._knobs = knobs
+        self._rr = RoundRobin()
+        self._meta = RoutingMeta()
+        self._max_batch: Mapping[str, int] = MappingProxyType({})
+        self._batch_at: Mapping[str, tuple[str, int]] = MappingProxyType({})
+        #: model -> fill plan in force (replaced, never mutated).
+        self.plans: Mapping[str, FillPlan] = fill_plans(knobs, self._max_batch, self._batch_at)
+
+    # -- snapshots the shell swaps ----------------------------------------------------
+
+    @property
+    def knobs(self) -> SchedulingConfig:
+        return self._knobs
+
+    @knobs.setter
+    def knobs(self, knobs: SchedulingConfig) -> None:
+        """Install new knobs and republish the plans against them, locators kept."""
+        self._knobs = knobs
+        self.plans = fill_plans(knobs, self._max_batch, self._batch_at)
+
+    @property
+    def max_batch(self) -> Mapping[str, int]:
+        """model -> the largest max batch the last poll reported."""
+        return self._max_batch
+
+    def polled(self, poll: PollSummary) -> None:
+        """A tick's poll: republish max batch, locators and plans (§4.6.2 step 2).
+
+        A model whose locator this poll lacks (its worker is mid-reload) keeps the
+        previous one, as the routing metadata does.
+        """
+        batch_at = {m: at for m, at in self._batch_at.items() if m in poll.max_batch}
+        batch_at.update(poll.batch_at)
+        self._max_batch = MappingProxyType(dict(poll.max_batch))
+        self._batch_at = MappingProxyType(batch_at)
+        self.plans = fill_plans(self._knobs, self._max_batch, self._batch_at)
+
+    def install(self, assignment: Mapping[str, Placement]) -> None:
+        """A repack's assignment is in force: re-key the fill counters to it."""
+        self.router.rebuild({model: placement.urls for model, placement in assignment.items()})
+
+    # -- Scheduler --------------------------------------------------------------------
+
+    def select(
+        self, model: str, replicas: tuple[str, ...], body: bytes
+    ) -> tuple[tuple[str, ...], AnyReservation | None]:
+        self.packer.record_arrival(model)
+        placement = self.packer.assignment.get(model)
+        urls = () if placement is None else tuple(u for u in placement.urls if u in replicas)
+        if not urls:  # not placed yet (or every replica gone): plain rotation
+            return self._rr.select(model, replicas), None
+        knobs = self._knobs
+        plan = self.plans.get(model, DEFAULT_FILL_PLAN)
+        units = 1
+        if plan.batch_axis >= 1:
+            units = peek_batch_size(body, plan.batch_input, plan.batch_axis) or 1
+        order, reservation = self.router.select(
+            model, urls, plan, knobs.routing_policy, units, self._weight(model, units, knobs)
+        )
+        if len(order) < len(replicas):  # last-resort failover over discovered replicas
+            order += tuple(u for u in self._rr.select(model, replicas) if u not in order)
+        return order, reservation
+
+    def release(self, reservation: AnyReservation | None) -> None:
+        if isinstance(reservation, FillReservation):
+            self.router.release(reservation)
+
+    def table_swapped(self, table: RoutingTable) -> None:
+        self._rr.forget_missing(table)
+
+    def meta_refreshed(self, meta: RoutingMeta) -> None:
+        self._meta = meta
+
+    def _weight(self, model: str, units: int, knobs: SchedulingConfig) -> float:
+        """The request's charge on its worker's load, in `work_basis` units (§4.5)."""
+        basis = knobs.work_basis
+        if basis is WorkBasis.ITEMS:
+            return float(units)
+        if basis is WorkBasis.COMPUTE:
+            return units * self._meta.item_cost(model)
+        costs = self.packer.cost_snapshot
+        cost = costs.get(model, 0.0)
+        if cost > 0:
+            return cost
+        mean = costs.get("", 0.0)
+        return mean if mean > 0 else 1.0
+
+    def loads(self) -> Mapping[str, float]:
+        """Live per-worker in-flight work, for `gateway_worker_inflight_work`."""
+        return self.router.loads()

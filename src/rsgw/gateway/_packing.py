@@ -1,0 +1,325 @@
+"""lpt_packing's I/O shell: startup, the repack loop, compaction, the operator handshake.
+
+The decisions are pure (`rsgw.scheduling._packer`, `_placement`, `_fill`); this
+module feeds them and carries out what they decide:
+
+* `start` (before the prober's first round): wait for the fleet and check it
+  (`_preconditions`), then the `startup` repack, so the first request already has a
+  placement.
+* Every prober round with a ready worker polls ModelControlStatus once
+  (`MetaPoller`); the answers reach the repack loop through a mailbox of capacity
+  one that keeps the latest poll (a slow compaction never queues stale polls). The
+  loop runs the packer's tick, installs a new assignment in the scheduler, logs the
+  `lpt_packing: repack` line and its warnings, and fans out CompactMemory when the
+  cadence says so.
+* An operator repack (`request_repack`) asks the packer, wakes the prober so the
+  tick comes now rather than at the end of the interval, and waits on the ticks until
+  the packer marks the request served.
+
+Everything the request path reads is swapped by reference in one synchronous step,
+so a request sees either the old assignment and counters or the new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import trio
+
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._schema import SchedulingConfig
+from rsgw.gateway._lpt import LptScheduler
+from rsgw.gateway._metrics import GatewayMetrics, PackingView
+from rsgw.gateway._pool import WorkerPool, fan_out
+from rsgw.gateway._preconditions import await_fleet
+from rsgw.gateway._prober import Prober
+from rsgw.scheduling._knobs import FillMode
+from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._reports import (
+    DRIFT_WARNING,
+    OVERSUBSCRIPTION_WARNING,
+    CompactionPlan,
+    PollSummary,
+    RepackReport,
+    summarize_poll,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPACT_MEMORY = b"/reactant_control.ControlService/CompactMemory"
+#: Deadline of each compaction call: reloading weights can take a while.
+COMPACTION_DEADLINE = 60.0
+
+#: The warning about `inflight` fill mode (REFERENCE.md §2.8; tests match `ONE replica`).
+PARKING_WARNING = (
+    "fill mode 'inflight' counts requests in flight, so a model whose in-flight "
+    "concurrency stays between 2 and its quantum and never drains is served by ONE replica "
+    "indefinitely while the others receive no traffic; diagnose with "
+    "gateway_replica_routed_total; prefer 'run', or 'spread'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RepackWait:
+    """What an operator repack request saw: its sequence and whether it was served."""
+
+    sequence: int
+    completed_sequence: int
+    completed: bool
+    waited_seconds: float
+
+
+class Packing:
+    """lpt_packing's shell around the packer and the scheduler; see the module docstring."""
+
+    def __init__(
+        self,
+        scheduler: LptScheduler,
+        pool: WorkerPool,
+        prober: Prober,
+        metrics: GatewayMetrics,
+        tracker: RoutingMetaTracker,
+        *,
+        startup_wait: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self.packer = scheduler.packer
+        self._pool = pool
+        self._prober = prober
+        self._metrics = metrics
+        self._tracker = tracker
+        self._startup_wait = startup_wait
+        self._mail: tuple[PollSummary, frozenset[str]] | None = None
+        self._mail_arrived = trio.Event()
+        self._ticked = trio.Event()
+        #: Models and (model, worker) pairs ever placed, so unplaced ones export 0.
+        self._exported_models: frozenset[str] = frozenset()
+        self._exported_pairs: frozenset[tuple[str, str]] = frozenset()
+        self._repacks = metrics.track_packing(self.metrics_view)
+        metrics.track_inflight_work(lambda: str(scheduler.knobs.work_basis), scheduler.loads)
+        #: Compactions sent (for tests and status): (worker, reload list) per call.
+        self.compactions: list[tuple[str, tuple[str, ...]]] = []
+
+    @property
+    def knobs(self) -> SchedulingConfig:
+        return self.scheduler.knobs
+
+    # -- startup ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Wait for the fleet, check it, and run the `startup` repack.
+
+        Raises:
+            StartupError: the fleet does not meet the preconditions.
+            GatewayWedged: every startup poll hung for `wedge_rounds` rounds.
+        """
+        answers = await await_fleet(
+            self._pool,
+            self._prober,
+            wait_seconds=self._startup_wait,
+            wedge_rounds=self._prober.wedge_rounds,
+        )
+        meta = self._tracker.refresh(answers)
+        self.scheduler.meta_refreshed(meta)
+        summary = summarize_poll(answers, fleet_compute=meta.fleet_compute_seconds)
+        knobs = self.knobs
+        self._log_settings(knobs)
+        self.scheduler.polled(summary)
+        self._installed(self.packer.repack(summary, knobs, time.time(), "startup"), knobs)
+
+    def _log_settings(self, knobs: SchedulingConfig) -> None:
+        logger.info(
+            "lpt_packing: scheduling",
+            extra={
+                "workers": len(self._pool.urls),
+                "rebalance_compute_seconds": knobs.rebalance_compute_seconds,
+                "first_rebalance_compute_seconds": knobs.first_rebalance_compute_seconds,
+                "hysteresis": knobs.hysteresis,
+                "ema_halflife_compute_seconds": knobs.resolved_ema_halflife,
+                "default_replicas": str(knobs.default_replicas),
+                "routing_policy": str(knobs.routing_policy),
+                "routing_fill_mode": str(knobs.routing_fill_mode),
+                "routing_fill_factor": knobs.routing_fill_factor,
+                "work_basis": str(knobs.work_basis),
+                "compaction_mode": str(knobs.compaction_mode),
+                "compaction_interval": knobs.compaction_interval,
+                "forbid_memory_oversubscription": knobs.forbid_memory_oversubscription,
+                "max_worker_share": knobs.max_worker_share,
+            },
+        )
+        if knobs.routing_fill_mode is FillMode.INFLIGHT:
+            logger.warning(PARKING_WARNING, extra={"scope": "fleet default"})
+        parked = sorted(m for m, o in knobs.models.items() if o.fill_mode is FillMode.INFLIGHT)
+        if parked:
+            logger.warning(PARKING_WARNING, extra={"scope": "per-model override", "models": parked})
+
+    # -- the repack loop ----------------------------------------------------------------
+
+    def on_poll(
+        self, polled: Mapping[str, WorkerCounters], meta: RoutingMeta, ready: frozenset[str]
+    ) -> None:
+        """A prober round's poll (from `MetaPoller`): post it for the loop, latest wins."""
+        self._mail = (summarize_poll(polled, fleet_compute=meta.fleet_compute_seconds), ready)
+        self._mail_arrived.set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The repack loop: one tick per posted poll, until cancelled."""
+        task_status.started()
+        while True:
+            await self._mail_arrived.wait()
+            self._mail_arrived = trio.Event()
+            mail, self._mail = self._mail, None
+            if mail is None:
+                continue
+            try:
+                compaction = self.tick(*mail)
+            except Exception:  # a bug in one tick must not stop packing
+                logger.exception("lpt_packing tick failed; keeping the placement in force")
+                continue
+            if compaction is not None:
+                await self._compact(compaction)
+
+    def tick(self, poll: PollSummary, ready: frozenset[str]) -> CompactionPlan | None:
+        """Run one tick (synchronously: requests see all of it or none of it)."""
+        knobs = self.knobs
+        outcome = self.packer.tick(poll, knobs, sorted(ready), time.time())
+        self.scheduler.polled(poll)
+        if outcome.repack is not None:
+            self._installed(outcome.repack, knobs)
+        ticked, self._ticked = self._ticked, trio.Event()
+        ticked.set()
+        return outcome.compaction
+
+    def _installed(self, report: RepackReport, knobs: SchedulingConfig) -> None:
+        """A repack ran: put its assignment in force, export it, and say so."""
+        self.scheduler.install(report.assignment)
+        self._exported_models |= set(report.assignment)
+        self._exported_pairs |= {
+            (model, url) for model, placement in report.assignment.items() for url in placement.urls
+        }
+        self._repacks.labels(report.trigger).inc()
+        log = report.log
+        logger.info(
+            "lpt_packing: repack",
+            extra={
+                "trigger": report.trigger,
+                "models": log.models,
+                "moved": log.moved,
+                "held_by_hysteresis": log.held_by_hysteresis,
+                "max_improvement": log.max_improvement,
+                "hysteresis": log.hysteresis,
+                "compute_seconds": log.compute_seconds,
+                "wall_seconds": log.wall_seconds,
+            },
+        )
+        label = self._pool.label
+        for drift in report.drift_warnings:
+            logger.warning(
+                DRIFT_WARNING,
+                extra={
+                    "model": drift.model,
+                    "replicas": [label(u) for u in drift.replicas],
+                    "ready": drift.ready,
+                },
+            )
+        for over in report.oversubscribed:
+            logger.warning(
+                OVERSUBSCRIPTION_WARNING,
+                extra={
+                    "worker": label(over.worker),
+                    "assigned": over.assigned,
+                    "budget": over.budget,
+                    "assigned_human": human_bytes(over.assigned),
+                    "budget_human": human_bytes(over.budget),
+                },
+            )
+        if report.over_budget_models:
+            logger.warning(
+                "lpt_packing: no worker has room for these models' weights; placed them "
+                "anyway (forbid_memory_oversubscription could not be honoured)",
+                extra={"models": list(report.over_budget_models)},
+            )
+
+    async def _compact(self, plan: CompactionPlan) -> None:
+        """CompactMemory on each changed worker, concurrently (REFERENCE.md §4.6.5)."""
+        workers = list(plan.reloads)
+        deadline = trio.current_time() + COMPACTION_DEADLINE
+
+        async def one(url: str) -> int:
+            request = cpb.CompactMemoryRequest(reload_models=plan.reloads[url])
+            self.compactions.append((url, plan.reloads[url]))
+            reply = await self._pool.channels[url].unary(
+                COMPACT_MEMORY, request.SerializeToString(), deadline=deadline
+            )
+            return cpb.CompactMemoryResponse.FromString(reply).reloaded_models
+
+        results = await fan_out(
+            workers, one, lambda url, s: self._metrics.observe_worker("CompactMemory", url, s)
+        )
+        failed = [self._pool.label(u) for u, r in results.items() if isinstance(r, Exception)]
+        logger.info(
+            "lpt_packing: compaction",
+            extra={
+                "mode": str(plan.mode),
+                "workers": len(workers) - len(failed),
+                "reloaded": sum(r for r in results.values() if isinstance(r, int)),
+                "failed": failed,
+            },
+        )
+
+    # -- the operator handshake ------------------------------------------------------------
+
+    async def request_repack(self, wait_seconds: float) -> RepackWait:
+        """Ask for a repack on the next tick and wait up to `wait_seconds` for it.
+
+        The prober is woken so the tick comes now. A request made before the first
+        tick waits for that tick (DECISIONS.md §3 item 12).
+        """
+        sequence = self.packer.request_repack()
+        self._prober.wake()
+        started = trio.current_time()
+        if wait_seconds > 0:
+            with trio.move_on_after(wait_seconds):
+                while self.packer.repack_completed < sequence:
+                    await self._ticked.wait()
+        completed = self.packer.repack_completed
+        return RepackWait(sequence, completed, completed >= sequence, trio.current_time() - started)
+
+    # -- metrics ------------------------------------------------------------------------
+
+    def metrics_view(self) -> PackingView:
+        """The live state for `/metrics`; unplaced but once-exported entries read 0."""
+        assignment = self.packer.assignment
+        report = self.packer.last_report
+        replicas = dict.fromkeys(self._exported_models, 0)
+        weights = dict.fromkeys(self._exported_pairs, 0.0)
+        outstanding = dict.fromkeys(self._exported_pairs, 0)
+        for model, placement in assignment.items():
+            replicas[model] = len(placement)
+            for url, weight in placement:
+                weights[(model, url)] = weight
+        outstanding.update(self.scheduler.router.outstanding())
+        return PackingView(
+            replicas=MappingProxyType(replicas),
+            placement_weight=MappingProxyType(weights),
+            outstanding=MappingProxyType(outstanding),
+            routed=self.scheduler.router.routed(),
+            fill_quantum=MappingProxyType({m: p.quantum for m, p in self.scheduler.plans.items()}),
+            utilization=report.utilization if report is not None else MappingProxyType({}),
+        )
+
+
+def human_bytes(count: float) -> str:
+    """`1.5 GiB`-style sizes for log lines and the operator CLI."""
+    if abs(count) < 1024:
+        return f"{count:.0f} B"
+    value = count / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

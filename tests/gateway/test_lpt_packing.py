@@ -1,0 +1,453 @@
+"""lpt_packing end to end: preconditions, repacks, compaction, drift, metrics (issue 8)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import trio
+
+from rsgw._config import GatewayConfig, ListenConfig
+from rsgw._errors import ListenError, StartupError
+from rsgw._schema import ModelOverride, SchedulingConfig
+from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._packing import Packing
+from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
+from rsgw.scheduling._reports import DRIFT_WARNING
+from rsgw.worker._batching import Discipline
+from rsgw.worker._catalogue import Catalogue
+from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
+from tests.gateway.fleet import Fleet, open_fleet
+from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request
+
+MODELS = """
+models:
+""" + "".join(
+    f"""
+  - name: {name}
+    max_batch_size: 8
+    launch_ms: 4
+    item_ms: 0.5
+    weight_bytes: 1000
+    load_ms: 1
+    inputs: [{{name: x, datatype: FP32, shape: [-1, 4]}}]
+    outputs: [{{name: y, datatype: FP32, shape: [-1, 4]}}]
+"""
+    for name in ("alpha", "beta", "gamma")
+)
+NAMES = ("alpha", "beta", "gamma")
+#: Workers keep a weight cache (room for every model), so CompactMemory does work.
+CACHED = {"weight_cache_bytes": 1 << 20}
+
+
+def catalogue(*, extra: bool = False) -> Catalogue:
+    text = MODELS
+    if extra:
+        text += (
+            MODELS.split("models:\n", 1)[1]
+            .replace("name: alpha", "name: delta", 1)
+            .split("\n  - name: beta")[0]
+        )
+    return catalogue_from_yaml(text, with_builtin=False)
+
+
+def lpt(**knobs: object) -> SchedulingConfig:
+    settings: dict[str, object] = {
+        "mode": SchedulingMode.LPT_PACKING,
+        "first_rebalance_compute_seconds": 0.02,
+        "rebalance_compute_seconds": 1000.0,
+        "compaction_mode": CompactionMode.EAGER,
+        "compaction_interval": 1,
+    }
+    settings.update(knobs)
+    return SchedulingConfig(**settings)  # type: ignore[arg-type]
+
+
+def body(model: str, rows: int = 1) -> bytes:
+    return infer_request(model, {"x": np.ones((rows, 4), dtype=np.float32)}).SerializeToString()
+
+
+def send(target: str, models: tuple[str, ...], each: int, concurrency: int = 1) -> list[str]:
+    """`each` requests per model, from `concurrency` threads; the failures' codes."""
+    failures: list[str] = []
+    lock = threading.Lock()
+    plan = [m for m in models for _ in range(each)]
+
+    def client(share: list[str]) -> None:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.unary_unary(MODEL_INFER)
+            for model in share:
+                try:
+                    call(body(model), timeout=30)
+                except grpc.RpcError as exc:
+                    with lock:
+                        failures.append(f"{model}: {exc.code()} {exc.details()}")
+
+    threads = [
+        threading.Thread(target=client, args=(plan[i::concurrency],)) for i in range(concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failures
+
+
+def packing(fleet: Fleet) -> Packing:
+    assert fleet.gateway.packing is not None
+    return fleet.gateway.packing
+
+
+def repacks(fleet: Fleet, trigger: str) -> float:
+    value = packing(fleet)._repacks.labels(trigger)._value.get()
+    return float(value)
+
+
+def served(fleet: Fleet, model: str) -> list[int]:
+    return [
+        c.requests_served if (c := w.service.device.counters.get(model)) else 0
+        for w in fleet.workers
+    ]
+
+
+def compactions(fleet: Fleet) -> list[int]:
+    return [w.service.device.memory.counters.compactions for w in fleet.workers]
+
+
+async def until(predicate: Callable[[], bool], seconds: float) -> None:
+    """Poll `predicate` on the Trio clock; fail the test after `seconds`."""
+    with trio.fail_after(seconds):
+        # Polling on purpose: the counters waited on have no event to wait on.
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+def leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+@pytest.fixture
+def records(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.INFO, logger="rsgw")
+    yield caplog
+
+
+def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == text]
+
+
+# -- preconditions ---------------------------------------------------------------------
+
+
+async def test_a_fair_worker_fails_startup_naming_it() -> None:
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with open_fleet(
+            3,
+            catalogues=[catalogue()] * 3,
+            worker_overrides=[{}, {"discipline": Discipline.FAIR}, {}],
+            scheduling=lpt(),
+        ):
+            pass
+    error = leaf(caught.value)
+    assert isinstance(error, StartupError)
+    assert "FIFO or EDF" in str(error) and "worker1" in str(error) and "'fair'" in str(error)
+
+
+async def test_a_different_model_set_fails_startup_naming_the_worker() -> None:
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with open_fleet(2, catalogues=[catalogue(), catalogue(extra=True)], scheduling=lpt()):
+            pass
+    error = leaf(caught.value)
+    assert isinstance(error, StartupError)
+    message = str(error)
+    assert "all models on all workers" in message and "worker1" in message
+    assert "delta" in message
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def with_late_worker(worker: RunningWorker, port: int, wait: float) -> GatewayConfig:
+    """A gateway over `worker` and a second endpoint where nothing listens yet."""
+    return GatewayConfig(
+        endpoints=(f"127.0.0.1:{worker.grpc_port}", f"127.0.0.1:{port}"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        health_interval_seconds=0.2,
+        startup_wait_seconds=wait,
+        scheduling=lpt(),
+    )
+
+
+def lone_worker(port: int = 0, name: str = "worker0") -> WorkerConfig:
+    return WorkerConfig(name=name, port=port, metrics_port=-1, catalogue=catalogue())
+
+
+async def test_without_a_wait_a_missing_worker_fails_startup() -> None:
+    async with trio.open_nursery() as nursery:
+        worker: RunningWorker = await nursery.start(serve_worker, lone_worker())
+        port = free_port()
+        with pytest.raises(BaseExceptionGroup) as caught:
+            await serve_gateway(with_late_worker(worker, port, 0.0))
+        error = leaf(caught.value)
+        assert isinstance(error, StartupError)
+        assert f"[127.0.0.1:{port}] unreachable over the control plane" in str(error)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_late_worker_is_waited_for_then_the_gateway_serves(
+    records: pytest.LogCaptureFixture,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        early: RunningWorker = await nursery.start(serve_worker, lone_worker())
+        port = free_port()
+        started: list[RunningGateway] = []
+
+        async def gateway() -> None:
+            started.append(await nursery.start(serve_gateway, with_late_worker(early, port, 60.0)))
+
+        nursery.start_soon(gateway)
+        waiting = "lpt_packing: waiting for all workers before serving"
+        await until(lambda: bool(messages(records, waiting)), 10)
+        assert not started
+        await nursery.start(serve_worker, lone_worker(port, "late"))
+        await until(lambda: bool(started), 15)
+        target = f"127.0.0.1:{started[0].grpc_port}"
+        assert await trio.to_thread.run_sync(send, target, NAMES, 2) == []
+        nursery.cancel_scope.cancel()
+
+
+# -- repacks and compaction ---------------------------------------------------------------
+
+
+async def rounds_pass(fleet: Fleet, count: int) -> None:
+    prober = fleet.gateway.prober
+    target = prober.rounds + count
+    await until(lambda: prober.rounds >= target, 10)
+
+
+async def drive_until_compute_repack(fleet: Fleet) -> None:
+    """Traffic in rounds until the first compute-triggered repack lands."""
+    with trio.fail_after(30):
+        while repacks(fleet, "compute") < 1:
+            failures = await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3)
+            assert failures == []
+            await rounds_pass(fleet, 2)
+
+
+@pytest.mark.parametrize("mode", [CompactionMode.EAGER, CompactionMode.OFF])
+async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
+    mode: CompactionMode, records: pytest.LogCaptureFixture
+) -> None:
+    knobs = lpt(compaction_mode=mode, models={"gamma": ModelOverride(replicas=2)})
+    async with open_fleet(
+        3, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
+    ) as fleet:
+        packer = packing(fleet).packer
+        assert repacks(fleet, "startup") == 1
+        rounds = fleet.gateway.prober.rounds
+        await until(lambda: fleet.gateway.prober.rounds >= rounds + 5, 10)
+        assert repacks(fleet, "compute") == 0  # idle: nothing accrues
+        assert compactions(fleet) == [0, 0, 0]
+
+        await drive_until_compute_repack(fleet)
+        report = packer.last_report
+        assert report is not None and report.trigger == "compute"
+        sizes = {m: len(p) for m, p in packer.assignment.items()}
+        assert sizes == {"alpha": 1, "beta": 1, "gamma": 2}
+        lines = messages(records, "lpt_packing: repack")
+        assert [vars(r)["trigger"] for r in lines] == ["startup", "compute"]
+        assert {"models", "moved", "held_by_hysteresis", "max_improvement"} <= vars(
+            lines[-1]
+        ).keys()
+
+        changed = sorted(report.changed_workers)
+        if mode is CompactionMode.EAGER and changed:
+            await until(lambda: sum(compactions(fleet)) == len(changed), 10)
+            urls = list(fleet.gateway.config.endpoints)
+            assert [compactions(fleet)[urls.index(u)] for u in changed] == [1] * len(changed)
+        # The next repack waits for the full budget, not the first one.
+        rounds = fleet.gateway.prober.rounds
+        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 4, 3) == []
+        await until(lambda: fleet.gateway.prober.rounds >= rounds + 3, 10)
+        tick = packer.last_tick
+        assert tick is not None and tick.threshold == 1000.0
+        assert repacks(fleet, "compute") == 1
+        if mode is CompactionMode.OFF:
+            assert compactions(fleet) == [0, 0, 0]
+        else:
+            assert sum(compactions(fleet)) == len(changed)
+
+
+async def test_eager_compaction_reaches_each_changed_worker_once() -> None:
+    """Force a placement change with the operator handshake and count compactions."""
+    knobs = lpt(first_rebalance_compute_seconds=1000.0)
+    async with open_fleet(
+        3, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
+    ) as fleet:
+        shell = packing(fleet)
+        before = dict(shell.packer.assignment)
+        shell.scheduler.knobs = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
+        outcome = await shell.request_repack(20)
+        assert outcome.completed and outcome.sequence == 1
+        after = shell.packer.assignment
+        assert all(len(p) == 3 for p in after.values()) and before != after
+        report = shell.packer.last_report
+        assert report is not None and report.trigger == "operator"
+        changed = sorted(report.changed_workers)
+        assert changed
+        await until(lambda: sum(compactions(fleet)) == len(changed), 10)
+        urls = list(fleet.gateway.config.endpoints)
+        assert all(compactions(fleet)[urls.index(u)] == 1 for u in changed)
+
+
+# -- drift and lost workers ------------------------------------------------------------
+
+
+async def restart_without(fleet: Fleet, index: int, dropped: str) -> RunningWorker:
+    """Restart worker `index` on its port, serving every model but `dropped`."""
+    old = fleet.workers[index]
+    await old.aclose()
+    kept = "models:\n" + "".join(
+        "\n  - name:" + chunk
+        for chunk in MODELS.split("\n  - name:")[1:]
+        if not chunk.startswith(f" {dropped}\n")
+    )
+    config = WorkerConfig(
+        name=old.config.name,
+        gpu=old.config.gpu,
+        port=old.grpc_port,
+        metrics_port=-1,
+        catalogue=catalogue_from_yaml(kept, with_builtin=False),
+    )
+    with trio.fail_after(10):
+        while True:  # the old listener closes once its cancelled tasks unwind
+            try:
+                worker: RunningWorker = await fleet.nursery.start(serve_worker, config)
+                break
+            except (ListenError, BaseExceptionGroup) as exc:
+                if not isinstance(leaf(exc), ListenError):
+                    raise
+                await trio.sleep(0.02)
+    fleet.workers[index] = worker
+    return worker
+
+
+async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_warning(
+    records: pytest.LogCaptureFixture,
+) -> None:
+    knobs = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
+    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+        shell = packing(fleet)
+        urls = fleet.gateway.config.endpoints
+        assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls))
+        await restart_without(fleet, 2, "gamma")
+        await until(lambda: fleet.gateway.prober.table.replicas("gamma") == urls[:2], 10)
+        outcome = await shell.request_repack(20)
+        assert outcome.completed
+        assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls[:2]))
+        assert shell.packer.assignment["alpha"].urls == tuple(sorted(urls))
+        drift = messages(records, DRIFT_WARNING)
+        assert [vars(r)["model"] for r in drift] == ["gamma"]
+        assert vars(drift[0])["ready"] == 3
+        assert await trio.to_thread.run_sync(send, fleet.target, ("gamma",), 12, 3) == []
+        counts = served(fleet, "gamma")
+        assert counts[0] > 0 and counts[1] > 0 and counts[0] + counts[1] == 12
+
+
+async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fails_over() -> None:
+    knobs = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
+    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+        shell = packing(fleet)
+        lost = fleet.gateway.config.endpoints[1]
+        assert all(lost in p.urls for p in shell.packer.assignment.values())
+        await fleet.workers[1].aclose()
+        # Before any repack: the placement still names the lost worker, and no request fails.
+        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
+        await until(lambda: lost not in fleet.gateway.prober.ready, 10)
+        outcome = await shell.request_repack(20)
+        assert outcome.completed
+        assert all(lost not in p.urls for p in shell.packer.assignment.values())
+        assert all(len(p) == 2 for p in shell.packer.assignment.values())
+        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
+
+
+# -- metrics ------------------------------------------------------------------------------
+
+LPT_FAMILIES = {
+    "gateway_model_replicas": ("model",),
+    "gateway_placement_weight": ("model", "worker"),
+    "gateway_replica_outstanding": ("model", "worker"),
+    "gateway_replica_routed_total": ("model", "worker"),
+    "gateway_model_fill_quantum": ("model",),
+    "gateway_repacks_total": ("trigger",),
+    "gateway_model_utilization": ("model",),
+    "gateway_worker_inflight_work": ("worker", "basis"),
+}
+
+
+def samples(text: str, family: str) -> dict[str, float]:
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(family + "{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels[len(family) :]] = float(value)
+    return found
+
+
+async def test_every_lpt_metric_appears_with_its_labels_during_traffic() -> None:
+    knobs = lpt(models={"gamma": ModelOverride(replicas=2)})
+    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+        await drive_until_compute_repack(fleet)
+        url = f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics"
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def traffic() -> None:
+                await trio.to_thread.run_sync(send, fleet.target, NAMES, 20, 4)
+                done.set()
+
+            nursery.start_soon(traffic)
+            seen_work = False
+            text = ""
+            while not done.is_set():
+                text = (await client.get(url)).text
+                seen_work = seen_work or any(
+                    v > 0 for v in samples(text, "gateway_worker_inflight_work").values()
+                )
+                await trio.sleep(0.01)
+        for family, labels in LPT_FAMILIES.items():
+            found = samples(text, family)
+            assert found, family
+            for key in found:
+                # prometheus_client writes labels in name order (docs/decisions.md).
+                names = [part.split("=")[0] for part in key.strip("{}").split(",")]
+                assert names == sorted(labels), (family, key)
+        assert seen_work
+        assert samples(text, "gateway_model_replicas") == {
+            '{model="alpha"}': 1.0,
+            '{model="beta"}': 1.0,
+            '{model="gamma"}': 2.0,
+        }
+        assert samples(text, "gateway_repacks_total") == {
+            '{trigger="startup"}': 1.0,
+            '{trigger="compute"}': 1.0,
+            '{trigger="operator"}': 0.0,
+        }
+        assert samples(text, "gateway_model_fill_quantum") == {
+            f'{{model="{m}"}}': 8.0 for m in NAMES
+        }
+        work = samples(text, "gateway_worker_inflight_work")
+        assert all(k.startswith('{basis="compute"') for k in work)
+        routed = samples(text, "gateway_replica_routed_total")
+        assert {k.split(",")[0] for k in routed} == {f'{{model="{m}"' for m in NAMES}
