@@ -20,6 +20,7 @@ import pytest
 
 from rsgw._cli import main as rsgw_main
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._values import human_bytes
 from rsgw.ctl import main
 from rsgw.ctl._args import parse_args
 from rsgw.ctl._commands import (
@@ -40,7 +41,6 @@ from rsgw.ctl._main import CallFailed, call_gateway
 from rsgw.ctl._render import (
     NOT_PERSISTED_NOTE,
     format_replicas,
-    human_bytes,
     render_placement,
     render_policy,
     render_repack,
@@ -305,7 +305,7 @@ knobs (generation 2, tuned at runtime):
   compaction                       eager every 1 repack(s)
   forbid_memory_oversubscription   true
 repacks: 3 total, last trigger 'operator' (5 models, 2 moved)
-  compute since last repack 12.3 of 600.0 GPU-seconds
+  compute since last repack 12.34 of 600 GPU-seconds
   first-repack budget armed false
   operator repacks 2 requested, 1 served
 models:

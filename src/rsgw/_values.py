@@ -181,3 +181,18 @@ def read_yaml(path: str, *, what: str, missing: str | None = None) -> object:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {path}: not UTF-8 text ({exc.reason})") from None
     return parse_yaml(text, f"{what} {path}")
+
+
+BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(count: int) -> str:
+    """`1536` -> `1.5 KiB`; binary units, as worker weight budgets are written."""
+    if abs(count) < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in BYTE_UNITS:
+        value /= 1024
+        if abs(value) < 1024 or unit == BYTE_UNITS[-1]:
+            break
+    return f"{value:.1f} {unit}"

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._values import human_bytes
 from rsgw.ctl._commands import Command, SetPolicy
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ NOT_PERSISTED_NOTE: Final = (
     "note: runtime changes are not persisted; a restart reverts to gateway.yml"
 )
 
-_BYTE_UNITS: Final = ("KiB", "MiB", "GiB", "TiB", "PiB")
-
 
 def format_replicas(replicas: int) -> str:
     """A replica count in wire form as the operator writes it: -1 `all`, 0 `-` (none/default)."""
@@ -31,18 +30,6 @@ def format_replicas(replicas: int) -> str:
     if replicas == 0:
         return "-"
     return str(replicas)
-
-
-def human_bytes(count: int) -> str:
-    """`1536` -> `1.5 KiB`; binary units, as worker weight budgets are written."""
-    if abs(count) < 1024:
-        return f"{count} B"
-    value = float(count)
-    for unit in _BYTE_UNITS:
-        value /= 1024
-        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
-            break
-    return f"{value:.1f} {unit}"
 
 
 def format_budget(count: int) -> str:
@@ -125,8 +112,8 @@ def _repack_block(repack: cpb.RepackStatus) -> list[str]:
     return [
         f"repacks: {repack.repack_count} total, last trigger '{repack.last_trigger}' "
         f"({repack.last_models_placed} models, {repack.last_models_moved} moved)",
-        f"  compute since last repack {repack.compute_accumulated_seconds:.1f} of "
-        f"{repack.active_threshold_seconds:.1f} GPU-seconds",
+        f"  compute since last repack {repack.compute_accumulated_seconds:.4g} of "
+        f"{repack.active_threshold_seconds:.4g} GPU-seconds",
         f"  first-repack budget armed {format_bool(armed)}",
         f"  operator repacks {repack.operator_repacks_requested} requested, "
         f"{repack.operator_repacks_completed} served",

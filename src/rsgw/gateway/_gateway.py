@@ -21,6 +21,7 @@ from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
 from rsgw._exposition import CONTENT_TYPE, merge_expositions
 from rsgw._net import split_host_port
+from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._lpt import LptScheduler
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
@@ -155,8 +156,9 @@ async def serve_gateway(
             await packing.start()  # waits for the fleet; the first placement is in force
             await nursery.start(packing.serve)
         await nursery.start(prober.serve)
+        control = GatewayControl(mode, packing, prober, metrics)
         server = GrpcServer(
-            service.handlers(),
+            service.handlers() | control.handlers(),
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
         )

@@ -32,6 +32,7 @@ import trio
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._schema import SchedulingConfig
+from rsgw._values import human_bytes
 from rsgw.gateway._lpt import LptScheduler
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
@@ -39,6 +40,7 @@ from rsgw.gateway._preconditions import await_fleet
 from rsgw.gateway._prober import Prober
 from rsgw.scheduling._knobs import FillMode
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._policy import PARKING_WARNING
 from rsgw.scheduling._reports import (
     DRIFT_WARNING,
     OVERSUBSCRIPTION_WARNING,
@@ -53,14 +55,6 @@ logger = logging.getLogger(__name__)
 COMPACT_MEMORY = b"/reactant_control.ControlService/CompactMemory"
 #: Deadline of each compaction call: reloading weights can take a while.
 COMPACTION_DEADLINE = 60.0
-
-#: The warning about `inflight` fill mode (REFERENCE.md §2.8; tests match `ONE replica`).
-PARKING_WARNING = (
-    "fill mode 'inflight' counts requests in flight, so a model whose in-flight "
-    "concurrency stays between 2 and its quantum and never drains is served by ONE replica "
-    "indefinitely while the others receive no traffic; diagnose with "
-    "gateway_replica_routed_total; prefer 'run', or 'spread'"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +95,23 @@ class Packing:
         self._exported_pairs: frozenset[tuple[str, str]] = frozenset()
         self._repacks = metrics.track_packing(self.metrics_view)
         metrics.track_inflight_work(lambda: str(scheduler.knobs.work_basis), scheduler.loads)
+        #: Bumped by every accepted runtime knob change; 0 = as configured.
+        self.generation = 0
         #: Compactions sent (for tests and status): (worker, reload list) per call.
         self.compactions: list[tuple[str, tuple[str, ...]]] = []
 
     @property
     def knobs(self) -> SchedulingConfig:
         return self.scheduler.knobs
+
+    def retune(self, knobs: SchedulingConfig) -> int:
+        """Put a new knob set in force (the control plane); returns the new generation.
+
+        In memory only: a restart reverts to gateway.yml.
+        """
+        self.scheduler.knobs = knobs
+        self.generation += 1
+        return self.generation
 
     # -- startup ------------------------------------------------------------------------
 
@@ -311,15 +316,3 @@ class Packing:
             fill_quantum=MappingProxyType({m: p.quantum for m, p in self.scheduler.plans.items()}),
             utilization=report.utilization if report is not None else MappingProxyType({}),
         )
-
-
-def human_bytes(count: float) -> str:
-    """`1.5 GiB`-style sizes for log lines and the operator CLI."""
-    if abs(count) < 1024:
-        return f"{count:.0f} B"
-    value = count / 1024
-    for unit in ("KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
