@@ -88,6 +88,17 @@ def test_equal_utilization_orders_by_memory_then_name() -> None:
     assert result.assignment["a"].urls == ("http://w1",)
 
 
+@given(st.integers(1, 6), st.integers(0, 30))
+def test_a_cold_start_spreads_models_over_the_workers(workers: int, models: int) -> None:
+    """No demand measured and no memory budget: every score is 0, so the model count
+    decides, and no worker hosts two more models than another (the original stacked
+    them all on the first worker)."""
+    urls = [f"http://w{i}" for i in range(workers)]
+    result = assign({f"m{j:02}": 0.0 for j in range(models)}, workers=urls)
+    hosted = [sum(url in p.urls for p in result.assignment.values()) for url in urls]
+    assert max(hosted) - min(hosted) <= 1
+
+
 def test_memory_pressure_counts() -> None:
     # Compute alone ties w0 and w1 for "y" (0.4 each, so w0 by name); w0's weights are
     # 7/8 full, so its pressure is higher and "y" goes to w1.

@@ -108,7 +108,7 @@ def check_fleet(pool: WorkerPool, answers: dict[str, WorkerCounters]) -> None:
         if answer.discipline not in BATCHING_DISCIPLINES:
             raise StartupError(
                 "lpt_packing scheduling requires worker FIFO or EDF discipline; worker "
-                f"{pool.label(url)} ({url}) reports {answer.discipline!r} (restart it with "
+                f"{_named(pool, url)} reports {answer.discipline!r} (restart it with "
                 "--discipline fifo or edf, or choose another scheduling.mode)"
             )
     reference, expected = next(iter(answers.items()))
@@ -120,10 +120,16 @@ def check_fleet(pool: WorkerPool, answers: dict[str, WorkerCounters]) -> None:
             extra = _listed(have - want)
             raise StartupError(
                 "lpt_packing scheduling requires all models on all workers; "
-                f"{pool.label(url)} ({url}) serves {len(have)} models but "
-                f"{pool.label(reference)} ({reference}) serves {len(want)} models "
+                f"{_named(pool, url)} serves {len(have)} models but "
+                f"{_named(pool, reference)} serves {len(want)} models "
                 f"(model sets differ: missing [{missing}], extra [{extra}])"
             )
+
+
+def _named(pool: WorkerPool, url: str) -> str:
+    """`worker1 (127.0.0.1:8081)`, or just the URL for a worker without a name."""
+    label = pool.label(url)
+    return url if label == url else f"{label} ({url})"
 
 
 def _listed(names: set[str]) -> str:

@@ -20,6 +20,10 @@ Longest-processing-time-first packing over two resources (REFERENCE.md §4.6.6):
 * A single-replica model stays where it was unless moving improves its pressure by more
   than `hysteresis`, because batching depends on traffic staying where the queues are.
   A multi-replica model prefers its previous members only as a tie-break.
+* Equal pressure goes to the worker hosting fewer models, then the smaller URL. The
+  original took the smallest URL, so a cold start (no demand measured, no memory
+  budget) stacked every model on the first worker until the first repack; spreading
+  them costs nothing and serves the first minutes from every GPU.
 * With `forbid_memory_oversubscription`, a model goes only to workers where its weights
   still fit whenever enough of them exist; otherwise it degrades to the unconstrained
   choice and is listed in `over_budget_models`, which the shell logs as a warning. The
@@ -148,6 +152,7 @@ def compute_assignment(
         return AssignmentResult()
     cload = dict.fromkeys(urls, 0.0)
     mload = dict.fromkeys(urls, 0)
+    hosted = dict.fromkeys(urls, 0)  # models placed so far: the tie-break after pressure
     cap = {w: float(c) if (c := mem_cap.get(w, 0)) > 0 else math.inf for w in urls}
 
     def score(w: str, uc: float, wm: int) -> float:
@@ -170,7 +175,7 @@ def compute_assignment(
         if k == 1:
             fitting = [w for w in urls if fits(w, wm)]
             candidates = fitting if forbid_memory_oversubscription and fitting else urls
-            best = min(candidates, key=lambda w: score(w, u, wm))  # first minimum
+            best = min(candidates, key=lambda w: (score(w, u, wm), hosted[w]))  # first minimum
             chosen_one = best
             if before is not None and len(before) == 1 and before.urls[0] in cload:
                 wp = before.urls[0]
@@ -190,6 +195,7 @@ def compute_assignment(
                     int(forbid_memory_oversubscription and not fits(w, wm)),
                     score(w, share, wm),
                     0 if w in members else 1,
+                    hosted[w],
                     w,
                 )
                 for w in urls
@@ -200,6 +206,7 @@ def compute_assignment(
         for w in chosen:
             cload[w] += u / k
             mload[w] += wm
+            hosted[w] += 1
         placement = Placement(tuple((w, 1.0 / k) for w in sorted(chosen)))
         assignment[model] = placement
         if before is not None and set(before.urls) != set(placement.urls):
