@@ -236,11 +236,11 @@ async def rounds_pass(fleet: Fleet, count: int) -> None:
     await until(lambda: prober.rounds >= target, 10)
 
 
-async def drive_until_compute_repack(fleet: Fleet) -> None:
-    """Traffic in rounds until the first compute-triggered repack lands."""
+async def drive_until_compute_repack(fleet: Fleet, mix: tuple[str, ...] = NAMES) -> None:
+    """Traffic in rounds (each model of `mix` 6 times) until a compute repack lands."""
     with trio.fail_after(30):
         while repacks(fleet, "compute") < 1:
-            failures = await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3)
+            failures = await trio.to_thread.run_sync(send, fleet.target, mix, 6, 3)
             assert failures == []
             await rounds_pass(fleet, 2)
 
@@ -249,7 +249,11 @@ async def drive_until_compute_repack(fleet: Fleet) -> None:
 async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
     mode: CompactionMode, records: pytest.LogCaptureFixture
 ) -> None:
-    knobs = lpt(compaction_mode=mode, models={"gamma": ModelOverride(replicas=2)})
+    knobs = lpt(
+        compaction_mode=mode,
+        ema_halflife_compute_seconds=0.01,  # demand figures adopt the first samples
+        models={"gamma": ModelOverride(replicas=2)},
+    )
     async with open_fleet(
         3, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
     ) as fleet:
@@ -260,7 +264,9 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         assert repacks(fleet, "compute") == 0  # idle: nothing accrues
         assert compactions(fleet) == [0, 0, 0]
 
-        await drive_until_compute_repack(fleet)
+        # gamma (two replicas) hot, beta warm, alpha idle: alpha has to leave its
+        # startup worker (which gamma now loads) for beta's, so the placement changes.
+        await drive_until_compute_repack(fleet, ("gamma",) * 6 + ("beta",))
         report = packer.last_report
         assert report is not None and report.trigger == "compute"
         sizes = {m: len(p) for m, p in packer.assignment.items()}
@@ -272,7 +278,8 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         ).keys()
 
         changed = sorted(report.changed_workers)
-        if mode is CompactionMode.EAGER and changed:
+        assert changed
+        if mode is CompactionMode.EAGER:
             await until(lambda: sum(compactions(fleet)) == len(changed), 10)
             urls = list(fleet.gateway.config.endpoints)
             assert [compactions(fleet)[urls.index(u)] for u in changed] == [1] * len(changed)
