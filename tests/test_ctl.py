@@ -305,7 +305,7 @@ knobs (generation 2, tuned at runtime):
   compaction                       eager every 1 repack(s)
   forbid_memory_oversubscription   true
 repacks: 3 total, last trigger 'operator' (5 models, 2 moved)
-  compute since last repack 12.34 of 600 GPU-seconds
+  compute since last repack 12.34 of 600.00 GPU-seconds
   first-repack budget armed false
   operator repacks 2 requested, 1 served
 models:

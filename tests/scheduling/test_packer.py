@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rsgw._schema import ModelOverride, SchedulingConfig
 from rsgw.scheduling._knobs import CompactionMode, Replicas, SchedulingMode
 from rsgw.scheduling._meta import ModelCounters, WorkerCounters, ewma
-from rsgw.scheduling._packer import Packer, _moves
+from rsgw.scheduling._packer import MAX_DEFERRED_TICKS, Packer, _moves
 from rsgw.scheduling._placement import Placement
 from rsgw.scheduling._reports import CompactionPlan, PollSummary, TickOutcome, summarize_poll
 
@@ -201,6 +201,28 @@ def test_a_tick_with_no_answering_worker_never_repacks() -> None:
     served = run(packer, poll(500.0), k)
     assert served.repack is not None and served.repack.trigger == "operator"
     assert packer.repack_completed == 1
+
+
+def test_a_compute_repack_waits_a_few_ticks_for_a_complete_poll() -> None:
+    packer = Packer()
+    k = knobs()
+    run(packer, poll(1.0, workers=W3, models={"a": W3}), k)  # baseline
+    partial = poll(50.0, workers=W, models={"a": W})  # w2 is ready but did not answer
+    for _ in range(MAX_DEFERRED_TICKS):
+        assert packer.tick(partial, k, W3, 1.0).repack is None
+    assert packer.tick(partial, k, W3, 1.0).repack is not None  # not forever
+    packer = Packer()
+    run(packer, poll(1.0, workers=W3, models={"a": W3}), k)
+    assert packer.tick(partial, k, W3, 1.0).repack is None
+    complete = packer.tick(poll(60.0, workers=W3, models={"a": W3}), k, W3, 2.0)
+    assert complete.repack is not None and complete.repack.polled == W3
+
+
+def test_an_operator_repack_does_not_wait_for_a_complete_poll() -> None:
+    packer = Packer()
+    packer.request_repack()
+    partial = poll(1.0, workers=W, models={"a": W})
+    assert packer.tick(partial, knobs(), W3, 1.0).repack is not None
 
 
 # -- repack: rates, costs, utilization --------------------------------------------------

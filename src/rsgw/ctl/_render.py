@@ -112,8 +112,8 @@ def _repack_block(repack: cpb.RepackStatus) -> list[str]:
     return [
         f"repacks: {repack.repack_count} total, last trigger '{repack.last_trigger}' "
         f"({repack.last_models_placed} models, {repack.last_models_moved} moved)",
-        f"  compute since last repack {repack.compute_accumulated_seconds:.4g} of "
-        f"{repack.active_threshold_seconds:.4g} GPU-seconds",
+        f"  compute since last repack {repack.compute_accumulated_seconds:.2f} of "
+        f"{repack.active_threshold_seconds:.2f} GPU-seconds",
         f"  first-repack budget armed {format_bool(armed)}",
         f"  operator repacks {repack.operator_repacks_requested} requested, "
         f"{repack.operator_repacks_completed} served",

@@ -195,7 +195,7 @@ class GatewayControl:
                 f"no worker currently serves '{name}'; the override is stored and applies "
                 "once it is loaded"
             )
-        plan = packing.scheduler.plans[name]
+        plan = packing.scheduler.plan_for(name)
         if plan.mode is FillMode.INFLIGHT:
             warnings.append(PARKING_WARNING)
         warnings.extend(projection(packing, name, effective))
@@ -231,10 +231,12 @@ class GatewayControl:
         if wait > MAX_REPACK_WAIT:
             wait = MAX_REPACK_WAIT
             warnings.append(f"wait_seconds clamped to the server maximum of {MAX_REPACK_WAIT}s")
+        # The prober's last round is the freshest word on readiness; ticks run on it.
         if wait > 0 and not self._prober.ready:
             raise GrpcError(
                 StatusCode.UNAVAILABLE,
-                "no worker was ready at the last prober round; a repack needs at least one",
+                "no worker was ready at the last prober tick; a repack needs at least one "
+                "ready worker (check the workers, then retry)",
             )
         outcome = await packing.request_repack(wait)
         if not outcome.completed:

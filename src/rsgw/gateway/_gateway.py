@@ -9,6 +9,7 @@ on, so the first request already has a routing table), then the gRPC listener.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -195,7 +196,12 @@ def _scheduler(
         return RoundRobinScheduler(), None
     tracker = RoutingMetaTracker(scheduling.routing_meta_halflife)
     if mode is SchedulingMode.LPT_PACKING:
-        lpt = LptScheduler(scheduling, Packer())
+        # The EMA halflife is held resolved, as the original's knobs hold it: a configured
+        # 0 means "the rebalance budget at startup", not "whatever it is later".
+        resolved = dataclasses.replace(
+            scheduling, ema_halflife_compute_seconds=scheduling.resolved_ema_halflife
+        )
+        lpt = LptScheduler(resolved, Packer())
         packing = Packing(
             lpt, pool, prober, metrics, tracker, startup_wait=config.startup_wait_seconds
         )

@@ -94,14 +94,23 @@ class LptScheduler:
     def polled(self, poll: PollSummary) -> None:
         """A tick's poll: republish max batch, locators and plans (§4.6.2 step 2).
 
-        A model whose locator this poll lacks (its worker is mid-reload) keeps the
-        previous one, as the routing metadata does.
+        What this poll lacks keeps its previous value (a worker mid-reload reports no
+        locator; a worker that missed the poll reports nothing), as the routing
+        metadata does, so item counting never degrades for a round. State stays
+        bounded by the models the fleet ever reported.
         """
-        batch_at = {m: at for m, at in self._batch_at.items() if m in poll.max_batch}
-        batch_at.update(poll.batch_at)
-        self._max_batch = MappingProxyType(dict(poll.max_batch))
-        self._batch_at = MappingProxyType(batch_at)
+        if not poll.polled:
+            return
+        self._max_batch = MappingProxyType({**self._max_batch, **poll.max_batch})
+        self._batch_at = MappingProxyType({**self._batch_at, **poll.batch_at})
         self.plans = fill_plans(self._knobs, self._max_batch, self._batch_at)
+
+    def plan_for(self, model: str) -> FillPlan:
+        """The model's plan in force, or the one it would get with no poll yet."""
+        plan = self.plans.get(model)
+        if plan is None:
+            plan = fill_plans(self._knobs, {model: 0}, {})[model]
+        return plan
 
     def install(self, assignment: Mapping[str, Placement]) -> None:
         """A repack's assignment is in force: re-key the fill counters to it."""
@@ -121,7 +130,8 @@ class LptScheduler:
         plan = self.plans.get(model, DEFAULT_FILL_PLAN)
         units = 1
         if plan.batch_axis >= 1:
-            units = peek_batch_size(body, plan.batch_input, plan.batch_axis) or 1
+            extent = peek_batch_size(body, plan.batch_input, plan.batch_axis)
+            units = extent if extent > 0 else 1  # a negative dim must not charge < 0
         order, reservation = self.router.select(
             model, urls, plan, knobs.routing_policy, units, self._weight(model, units, knobs)
         )

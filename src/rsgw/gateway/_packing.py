@@ -172,32 +172,43 @@ class Packing:
         self._mail_arrived.set()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The repack loop: one tick per posted poll, until cancelled."""
-        task_status.started()
-        while True:
-            await self._mail_arrived.wait()
-            self._mail_arrived = trio.Event()
-            mail, self._mail = self._mail, None
-            if mail is None:
-                continue
-            try:
-                compaction = self.tick(*mail)
-            except Exception:  # a bug in one tick must not stop packing
-                logger.exception("lpt_packing tick failed; keeping the placement in force")
-                continue
-            if compaction is not None:
-                await self._compact(compaction)
+        """The repack loop: one tick per posted poll, until cancelled.
+
+        Compactions run beside the loop (a worker reloading weights can take a while),
+        so ticks, and the operator repacks waiting on them, never queue behind one.
+        """
+        async with trio.open_nursery() as compactions:
+            task_status.started()
+            while True:
+                await self._mail_arrived.wait()
+                self._mail_arrived = trio.Event()
+                mail, self._mail = self._mail, None
+                if mail is None:
+                    continue
+                try:
+                    compaction = self.tick(*mail)
+                except Exception:  # a bug in one tick must not stop packing
+                    logger.exception("lpt_packing tick failed; keeping the placement in force")
+                    continue
+                if compaction is not None:
+                    compactions.start_soon(self._compact, compaction)
 
     def tick(self, poll: PollSummary, ready: frozenset[str]) -> CompactionPlan | None:
-        """Run one tick (synchronously: requests see all of it or none of it)."""
-        knobs = self.knobs
-        outcome = self.packer.tick(poll, knobs, sorted(ready), time.time())
-        self.scheduler.polled(poll)
-        if outcome.repack is not None:
-            self._installed(outcome.repack, knobs)
-        ticked, self._ticked = self._ticked, trio.Event()
-        ticked.set()
-        return outcome.compaction
+        """Run one tick (synchronously: requests see all of it or none of it).
+
+        Waiters on the operator handshake are woken even if the tick fails, so a bug
+        costs them their repack, not their whole wait.
+        """
+        try:
+            knobs = self.knobs
+            outcome = self.packer.tick(poll, knobs, sorted(ready), time.time())
+            if outcome.repack is not None:
+                self._installed(outcome.repack, knobs)
+            self.scheduler.polled(poll)
+            return outcome.compaction
+        finally:
+            ticked, self._ticked = self._ticked, trio.Event()
+            ticked.set()
 
     def _installed(self, report: RepackReport, knobs: SchedulingConfig) -> None:
         """A repack ran: put its assignment in force, export it, and say so."""
@@ -308,11 +319,16 @@ class Packing:
             for url, weight in placement:
                 weights[(model, url)] = weight
         outstanding.update(self.scheduler.router.outstanding())
+        quantum = dict.fromkeys(self._exported_models, 0)
+        quantum.update((m, p.quantum) for m, p in self.scheduler.plans.items())
+        utilization = dict.fromkeys(self._exported_models, 0.0)
+        if report is not None:
+            utilization.update(report.utilization)
         return PackingView(
             replicas=MappingProxyType(replicas),
             placement_weight=MappingProxyType(weights),
             outstanding=MappingProxyType(outstanding),
             routed=self.scheduler.router.routed(),
-            fill_quantum=MappingProxyType({m: p.quantum for m, p in self.scheduler.plans.items()}),
-            utilization=report.utilization if report is not None else MappingProxyType({}),
+            fill_quantum=MappingProxyType(quantum),
+            utilization=MappingProxyType(utilization),
         )

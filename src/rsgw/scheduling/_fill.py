@@ -139,9 +139,13 @@ class FillReservation:
 
 @dataclass(slots=True)
 class _Run:
-    """A model's current run: its replica index (-1 = none), cursor and units spent."""
+    """A model's current run: its replica's URL ("" = none), cursor and units spent.
 
-    target: int = -1
+    The target is a URL, not an index, so a replica list that changes under an open
+    run (discovery lost one) cannot silently move the run to another worker.
+    """
+
+    target: str = ""
     cursor: int = 0
     units: int = 0
 
@@ -228,21 +232,22 @@ class FillRouter:
 
         if plan.mode is FillMode.SPREAD:
             chosen = argmin(keyed([(o,) for o in outs]))
-            run.cursor, run.target, run.units = (chosen + 1) % n, chosen, units
+            run.cursor, run.target, run.units = (chosen + 1) % n, workers[chosen], units
         elif plan.mode is FillMode.INFLIGHT:
             progress = [(o // q, -o) for o in outs]
             chosen = argmin(keyed(progress))
             if progress.count(min(progress)) > 1:
                 run.cursor = (chosen + 1) % n
-            run.target, run.units = chosen, units
+            run.target, run.units = workers[chosen], units
         else:
             floor_q = min(o // q for o in outs)
             behind = [o // q > floor_q for o in outs]
-            if not 0 <= run.target < n or run.units >= q or behind[run.target] or sum(outs) == 0:
+            target = workers.index(run.target) if run.target in workers else -1
+            if target < 0 or run.units >= q or behind[target] or sum(outs) == 0:
                 chosen = argmin(keyed([(int(b),) for b in behind]))
-                run.cursor, run.target, run.units = (chosen + 1) % n, chosen, units
+                run.cursor, run.target, run.units = (chosen + 1) % n, workers[chosen], units
             else:
-                chosen = run.target
+                chosen = target
                 run.units += units
         order = sorted(range(n), key=lambda j: (j != chosen, outs[j] // q, outs[j], workers[j]))
         reservation = self._charge(model, workers[chosen], units, weight)

@@ -21,7 +21,9 @@ Theory of operation (REFERENCE.md §4.4, §4.6.2, §4.6.3, §4.6.5)
   budget until the next tick ([9], kept).
 * An operator `request_repack` forces a repack on the next tick (trigger `operator`)
   that has an answering worker; a tick whose poll got no answer never repacks (the
-  original would install an empty placement).
+  original would install an empty placement). A traffic-driven repack also waits (up
+  to `MAX_DEFERRED_TICKS` ticks) while a ready worker is missing from the poll, rather
+  than pack that worker's models onto the others because one answer was slow.
   Several requests before one tick coalesce: the tick reads the requested sequence at
   its start and marks everything up to it completed, last, after the assignment and the
   report are published. An operator repack does not use up the first budget.
@@ -60,6 +62,9 @@ from rsgw.scheduling._reports import (
     Trigger,
 )
 
+#: Ticks a traffic-driven repack may wait for a poll that every ready worker answered.
+MAX_DEFERRED_TICKS = 3
+
 
 def replica_overrides(knobs: SchedulingConfig) -> dict[str, Replicas]:
     """model -> replica count, for the overrides that set one (others inherit)."""
@@ -95,6 +100,7 @@ class Packer:
         self._repacks_since_compaction = 0
         self._last_tick: TickReport | None = None
         self._last_report: RepackReport | None = None
+        self._deferred = 0
 
     # -- published state ----------------------------------------------------------
 
@@ -202,8 +208,16 @@ class Packer:
         report: RepackReport | None = None
         compaction: CompactionPlan | None = None
         # No answering worker means nothing to place on: keep the placement in force
-        # (an operator request stays pending) rather than install an empty one.
-        if (forced or self._compute_accum >= threshold) and poll.polled:
+        # (an operator request stays pending) rather than install an empty one. A
+        # ready worker missing from the poll (one slow answer) would have its models
+        # packed onto the others and its weights compacted away, so a traffic-driven
+        # repack waits for a complete poll, for at most MAX_DEFERRED_TICKS ticks.
+        due = forced or self._compute_accum >= threshold
+        partial = not set(ready) <= set(poll.polled)
+        if due and not forced and partial and self._deferred < MAX_DEFERRED_TICKS:
+            self._deferred += 1
+        elif due and poll.polled:
+            self._deferred = 0
             if not forced:
                 self._did_first_tick_repack = True
             report = self.repack(poll, knobs, now, "operator" if forced else "compute")

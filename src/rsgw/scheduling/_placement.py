@@ -101,8 +101,9 @@ class AssignmentResult:
         memory_load: worker -> projected resident bytes (full weights per replica).
         stats: counts for the repack log line.
         oversubscribed: workers whose projected memory exceeds their budget.
-        over_budget_models: models placed on at least one worker where their weights
-            did not fit, in placement order; non-empty means "log the warning".
+        over_budget_models: with forbid_memory_oversubscription, models placed on at
+            least one worker where their weights did not fit (the guard's fallback), in
+            placement order; non-empty means "log the warning".
     """
 
     assignment: Mapping[str, Placement] = field(default_factory=lambda: MappingProxyType({}))
@@ -201,7 +202,7 @@ def compute_assignment(
                 for w in urls
             )
             chosen = [w for *_, w in ranked[:k]]
-        if any(not fits(w, wm) for w in chosen):
+        if forbid_memory_oversubscription and any(not fits(w, wm) for w in chosen):
             over_budget.append(model)
         for w in chosen:
             cload[w] += u / k

@@ -1,0 +1,86 @@
+"""lpt_packing's request path over real packer state, without sockets (REFERENCE.md §4.5)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from rsgw._schema import SchedulingConfig
+from rsgw.gateway._lpt import LptScheduler
+from rsgw.scheduling._fill import FillReservation
+from rsgw.scheduling._knobs import FillMode, SchedulingMode, WorkBasis
+from rsgw.scheduling._packer import Packer
+from rsgw.scheduling._reports import PollSummary
+from tests.helpers import infer_request
+
+A, B = "127.0.0.1:1", "127.0.0.1:2"
+
+
+def summary(*, polled: tuple[str, ...] = (A, B), locator: bool = True) -> PollSummary:
+    return PollSummary(
+        max_batch=MappingProxyType({"m": 8} if polled else {}),
+        batch_at=MappingProxyType({"m": ("x", 1)} if locator and polled else {}),
+        workers=MappingProxyType({"m": polled} if polled else {}),
+        polled=polled,
+    )
+
+
+def scheduler(basis: WorkBasis = WorkBasis.ITEMS) -> LptScheduler:
+    knobs = SchedulingConfig(
+        mode=SchedulingMode.LPT_PACKING, work_basis=basis, default_replicas="all"
+    )
+    lpt = LptScheduler(knobs, Packer())
+    poll = summary()
+    lpt.polled(poll)
+    lpt.install(lpt.packer.repack(poll, knobs, 0.0, "startup").assignment)
+    return lpt
+
+
+def body(rows: int) -> bytes:
+    request = infer_request("m", {"x": np.zeros((max(rows, 1), 4), dtype=np.float32)})
+    request.inputs[0].shape[0] = rows  # what a client may claim, whatever it sends
+    return request.SerializeToString()
+
+
+def test_items_are_counted_from_the_published_locator() -> None:
+    lpt = scheduler()
+    order, reservation = lpt.select("m", (A, B), body(5))
+    assert isinstance(reservation, FillReservation) and reservation.units == 5
+    assert sorted(order) == [A, B] and lpt.loads()[order[0]] == 5.0
+    lpt.release(reservation)
+    assert lpt.loads()[order[0]] == 0.0
+
+
+def test_a_negative_extent_charges_one_item_never_less() -> None:
+    lpt = scheduler()
+    _, reservation = lpt.select("m", (A, B), body(-3))
+    assert isinstance(reservation, FillReservation) and reservation.units == 1
+    assert min(lpt.loads().values()) >= 0.0
+
+
+def test_a_poll_nobody_answered_keeps_plans_and_locators() -> None:
+    lpt = scheduler()
+    lpt.polled(summary(polled=()))
+    assert lpt.plans["m"].quantum == 8 and lpt.plans["m"].batch_input == "x"
+    lpt.polled(summary(locator=False))  # a worker mid-reload reports no locator
+    assert lpt.plans["m"].batch_input == "x"
+
+
+def test_replicas_discovery_lost_are_skipped_and_unplaced_models_rotate() -> None:
+    lpt = scheduler()
+    order, reservation = lpt.select("m", (B,), body(1))  # A is gone from the table
+    assert order == (B,) and isinstance(reservation, FillReservation)
+    order, none = lpt.select("other", (A, B), body(1))
+    assert none is None and sorted(order) == [A, B]
+
+
+def test_a_knob_change_keeps_locators_and_plan_for_covers_unknown_models() -> None:
+    lpt = scheduler()
+    lpt.knobs = SchedulingConfig(
+        mode=SchedulingMode.LPT_PACKING, routing_fill_mode=FillMode.SPREAD, routing_fill_factor=2
+    )
+    assert lpt.plans["m"].mode is FillMode.SPREAD and lpt.plans["m"].quantum == 16
+    assert lpt.plans["m"].batch_input == "x"
+    ghost = lpt.plan_for("ghost")
+    assert ghost.mode is FillMode.SPREAD and ghost.quantum == 1
