@@ -216,6 +216,22 @@ async def test_stream_cap_queues_extra_calls(served: tuple[int, Peer, trio.Nurse
     assert peer.max_in_flight == 2
 
 
+async def test_uncapped_calls_do_not_queue_behind_a_full_cap(
+    served: tuple[int, Peer, trio.Nursery],
+) -> None:
+    port, peer, nursery = served
+    ch = channel(port, nursery, max_concurrent_streams=2)
+    async with trio.open_nursery() as calls:
+        for _ in range(3):
+            calls.start_soon(ch.unary, b"/t.T/Gated", b"")
+        with trio.fail_after(5):
+            await peer.started.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            assert peer.in_flight == 2  # the cap is full, one call waits
+            assert await ch.unary(b"/t.T/Echo", b"ping", uncapped=True) == b"ping"
+        peer.gate.set()
+
+
 async def test_send_limit() -> None:
     async with trio.open_nursery() as nursery:
         ch = Channel("127.0.0.1:1", nursery, max_send_message_bytes=10)

@@ -238,8 +238,12 @@ def test_arrivals_fold_into_rate_on_the_compute_clock() -> None:
         assert packer.record_arrival("a")
     outcome = run(packer, poll(120.0), k, now=15.0)  # 10 s wall, 10 compute-s = halflife
     assert outcome.repack is not None and outcome.repack.wall_seconds == 10.0
-    assert packer.rates()["a"] == pytest.approx(1.0)  # halfway from 0 to 2/s
+    assert packer.rates()["a"] == pytest.approx(2.0)  # the first sample is adopted
     assert packer.pending_arrivals() == {}
+    for _ in range(40):
+        packer.record_arrival("a")
+    run(packer, poll(130.0), k, now=25.0)  # 4/s over 10 s, one halflife of compute
+    assert packer.rates()["a"] == pytest.approx(3.0)  # halfway from 2/s to 4/s
 
 
 def test_zero_compute_repack_discards_arrivals_kept_bug_7() -> None:
@@ -281,8 +285,7 @@ def test_utilization_is_rate_times_cost() -> None:
         packer.record_arrival("a")
     outcome = run(packer, poll(120.0, models=models, sums={"a": (5.0, 10, 10)}), k, now=10.0)
     assert outcome.repack is not None
-    rate = ewma(0.0, 1.0, 10.0, 10.0)
-    assert outcome.repack.utilization == {"a": pytest.approx(rate * 0.5), "b": 0.0}
+    assert outcome.repack.utilization == {"a": pytest.approx(1.0 * 0.5), "b": 0.0}
     assert set(outcome.repack.assignment) == {"a", "b"}
 
 

@@ -19,6 +19,7 @@ from rsgw.scheduling._placement import (
 )
 
 W = ["http://w0", "http://w1", "http://w2", "http://w3"]
+W4 = W
 GB = 1 << 30
 
 
@@ -97,6 +98,47 @@ def test_a_cold_start_spreads_models_over_the_workers(workers: int, models: int)
     result = assign({f"m{j:02}": 0.0 for j in range(models)}, workers=urls)
     hosted = [sum(url in p.urls for p in result.assignment.values()) for url in urls]
     assert max(hosted) - min(hosted) <= 1
+
+
+ZIPF = {f"m{i:02}": 0.6 / i for i in range(1, 13)}  # twelve models, Zipf demand
+STRIPED = {f"m{i:02}": single(W4[(i - 1) % 4]) for i in range(1, 13)}
+
+
+def packed(**kwargs: object) -> AssignmentResult:
+    """Twelve models of 300 bytes on four 1000-byte workers: three fit on each."""
+    return assign(
+        ZIPF,
+        workers=W4,
+        memory=dict.fromkeys(ZIPF, 300),
+        mem_cap=dict.fromkeys(W4, 1000),
+        forbid=True,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_memory_bound_ties_are_broken_by_compute() -> None:
+    """Every worker ends at the same memory fraction, so pressure ties everywhere; the
+    compute tie-break still pairs the hottest model with the coldest ones (striping
+    in name order would put m01, m05 and m09 together)."""
+    result = packed()
+    striped = max(sum(u for m, u in ZIPF.items() if STRIPED[m].urls == (w,)) for w in W4)
+    assert max(result.compute_load.values()) < striped
+    hot = result.assignment["m01"].urls[0]
+    assert sorted(m for m, p in result.assignment.items() if p.urls == (hot,)) == [
+        "m01",
+        "m08",
+        "m12",
+    ]
+
+
+def test_hysteresis_compares_compute_when_memory_ties() -> None:
+    moved = packed(previous=STRIPED, hysteresis=0.1)
+    assert moved.stats.moved > 0
+    assert max(moved.compute_load.values()) < max(
+        sum(u for m, u in ZIPF.items() if STRIPED[m].urls == (w,)) for w in W4
+    )
+    held = packed(previous=STRIPED, hysteresis=100.0)
+    assert held.stats.moved == 0 and held.assignment == STRIPED
 
 
 def test_memory_pressure_counts() -> None:

@@ -181,7 +181,8 @@ class Prober:
         with trio.move_on_after(self.probe_timeout):
             try:
                 deadline = trio.current_time() + min(PROBE_DEADLINE, self.probe_timeout)
-                return ProbeResult(await channel.unary(path, request, deadline=deadline), False)
+                reply = await channel.unary(path, request, deadline=deadline, uncapped=True)
+                return ProbeResult(reply, False)
             except GrpcError as exc:
                 return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED)
             except WorkerUnavailable:

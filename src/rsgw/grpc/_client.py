@@ -154,11 +154,15 @@ class Channel:
         *,
         deadline: float = math.inf,
         metadata: HeaderBlock = (),
+        uncapped: bool = False,
     ) -> bytes:
         """Call `path` with `request`; return the response message.
 
         Args:
             deadline: absolute, on the Trio clock; forwarded as `grpc-timeout`.
+            uncapped: skip the stream cap. For the gateway's own control-plane calls
+                (health probes, metadata polls): a few per round, and they must not
+                queue behind a full load of inference, or a busy worker looks hung.
 
         Raises:
             GrpcError: the peer's status, or DEADLINE_EXCEEDED at `deadline`.
@@ -168,7 +172,7 @@ class Channel:
         if len(request) > self.max_send_message_bytes:
             raise too_large(len(request), self.max_send_message_bytes, "sent")
         with trio.CancelScope(deadline=deadline) as scope:
-            async with self._slots:
+            async with contextlib.nullcontext() if uncapped else self._slots:
                 connection = await self._connect()
                 return await connection.call(self._headers(path, deadline, metadata), request)
         assert scope.cancelled_caught

@@ -246,11 +246,18 @@ class Packer:
         halflife = knobs.resolved_ema_halflife
 
         # Arrival rates: the counts since the last repack, per wall second, blended on
-        # the compute clock; with no compute they are dropped unblended ([7], kept).
+        # the compute clock; with no compute they are dropped unblended ([7], kept). A
+        # model's first sample is adopted as is, as costs are: the original blended it
+        # into 0, so after the first repack every utilization read a small fraction of
+        # the truth (0.5% with the default budgets) and memory decided every placement.
         arrivals, self._arrivals = self._arrivals, {}
         for model, count in arrivals.items():
             sample = count / wall if wall > 0 else 0.0
-            self._rate[model] = ewma(self._rate.get(model, 0.0), sample, compute, halflife)
+            old_rate = self._rate.get(model)
+            if old_rate is None and compute > 0 and sample > 0:
+                self._rate[model] = sample
+            else:
+                self._rate[model] = ewma(old_rate or 0.0, sample, compute, halflife)
 
         # Costs per request, from the deltas of the summed counters.
         for model, (total_compute, total_requests, _) in poll.sums.items():

@@ -20,10 +20,14 @@ Longest-processing-time-first packing over two resources (REFERENCE.md §4.6.6):
 * A single-replica model stays where it was unless moving improves its pressure by more
   than `hysteresis`, because batching depends on traffic staying where the queues are.
   A multi-replica model prefers its previous members only as a tie-break.
-* Equal pressure goes to the worker hosting fewer models, then the smaller URL. The
-  original took the smallest URL, so a cold start (no demand measured, no memory
-  budget) stacked every model on the first worker until the first repack; spreading
-  them costs nothing and serves the first minutes from every GPU.
+* Equal pressure goes to the worker with less compute load, then to the one hosting
+  fewer models, then the smaller URL; hysteresis compares compute the same way when
+  the pressures are equal. The original took the smallest URL. When memory is the
+  binding resource (every worker holding as many models as fit, the usual case on a
+  packed node) all pressures tie at the memory fraction, and the original's placement
+  degraded to striping models over workers in name order, whatever their demand; and a
+  cold start (no demand measured, no memory budget) stacked every model on the first
+  worker. Both tie-breaks keep the heaviest-first packing meaningful in those cases.
 * With `forbid_memory_oversubscription`, a model goes only to workers where its weights
   still fit whenever enough of them exist; otherwise it degrades to the unconstrained
   choice and is listed in `over_budget_models`, which the shell logs as a warning. The
@@ -120,6 +124,11 @@ def replica_count(replicas: Replicas, workers: int) -> int:
     return max(1, min(wanted, workers))
 
 
+def improvement(previous: float, best: float) -> float:
+    """How much better `best` is than `previous`, relatively (`previous/best - 1`)."""
+    return previous / best - 1 if best > 0 else 0.0
+
+
 def compute_assignment(
     workers: Sequence[str],
     utilization: Mapping[str, float],
@@ -176,14 +185,16 @@ def compute_assignment(
         if k == 1:
             fitting = [w for w in urls if fits(w, wm)]
             candidates = fitting if forbid_memory_oversubscription and fitting else urls
-            best = min(candidates, key=lambda w: (score(w, u, wm), hosted[w]))  # first minimum
+            best = min(candidates, key=lambda w: (score(w, u, wm), cload[w], hosted[w]))
             chosen_one = best
             if before is not None and len(before) == 1 and before.urls[0] in cload:
                 wp = before.urls[0]
-                best_score, prev_score = score(best, u, wm), score(wp, u, wm)
-                gain = prev_score / best_score - 1 if best_score > 0 else 0.0
+                gain = improvement(score(wp, u, wm), score(best, u, wm))
+                if math.isclose(score(wp, u, wm), score(best, u, wm), rel_tol=1e-9):
+                    # Memory-bound at the same level: compute decides, as in the choice.
+                    gain = improvement(cload[wp] + u, cload[best] + u)
                 max_improvement = max(max_improvement, gain)
-                if wp in candidates and prev_score <= best_score * (1 + hysteresis):
+                if wp in candidates and gain <= hysteresis:
                     held += best != wp
                     chosen_one = wp
             chosen = [chosen_one]
@@ -196,6 +207,7 @@ def compute_assignment(
                     int(forbid_memory_oversubscription and not fits(w, wm)),
                     score(w, share, wm),
                     0 if w in members else 1,
+                    cload[w],
                     hosted[w],
                     w,
                 )
