@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Fleet benchmark (issue 10): does lpt_packing make the GPUs batch better?
+
+Runs the issue's fixed scenario (four simulated `fifo` workers, twelve Zipf-popular
+models whose weights fit the fleet only when packed three per worker, open-loop Poisson
+load at 70% of the one-GPU-per-model full-batch capacity) through `rsgw run` once per
+scheduling mode and repetition, each on a fresh fleet, and reports per mode the median
+and min-max over the runs of: achieved throughput, p50/p99 latency, rows per dispatch,
+weight loads and evictions, and how evenly compute fell on the GPUs; plus a plot of the
+latency CDFs.
+
+Run from the repository root, in the virtual environment of `pip install -e '.[test]'`:
+
+    python bench/fleet                 # full run: 3 modes x 3 runs x (20 s + 60 s)
+    python bench/fleet --quick         # smoke run: 1 run per mode, 10 s + 20 s
+    python bench/fleet --modes round_robin,least_outstanding --json out.json
+
+See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _scenario as sc
+
+MODES = ("round_robin", "least_outstanding", "lpt_packing")
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PLOT = REPO / "docs" / "fleet_latency_cdf.png"
+# A call that has not answered within this many seconds counts as failed. It bounds how
+# long a run drains after its last send, and so the whole benchmark's length; it is
+# about 30 full-batch times at the chosen time scale, far beyond any healthy latency.
+DEADLINE_S = 5.0
+# lpt_packing's first repack budget, in fleet GPU-seconds: small enough that the packer,
+# ticked every prober round (2 s here), repacks within the first seconds of the warm-up
+# even while the fleet still spends most device time loading weights.
+FIRST_REPACK_COMPUTE_S = 2.0
+QUICK_WARMUP_S = 10.0
+QUICK_MEASURE_S = 20.0
+SEED = 1000  # repetition k uses SEED + k in every mode
+
+
+def modes_arg(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(MODES)}")
+    return modes
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python bench/fleet",
+        description="Issue 10's fleet scenario through rsgw, per scheduling mode: "
+        "throughput, latency, batch size, weight traffic and GPU balance. "
+        "See docs/benchmarks.md.",
+    )
+    p.add_argument("--modes", type=modes_arg, default=list(MODES), help="default: all three")
+    p.add_argument(
+        "--repeat", type=int, help=f"runs per mode (default {sc.REPEAT}; 1 with --quick)"
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 run per mode, 10 s + 20 s")
+    p.add_argument("--warmup", type=positive, help=f"seconds before the window ({sc.WARMUP_S:g})")
+    p.add_argument("--duration", type=positive, help=f"measured seconds ({sc.MEASURE_S:g})")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        help=f"latency CDF PNG (default {DEFAULT_PLOT.relative_to(REPO)} for a full run of "
+        "the scenario, a file in the temporary directory otherwise)",
+    )
+    p.add_argument("--json", type=Path, help="also write every run's figures to this file")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else sc.REPEAT
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    args.modes = [m for m in MODES if m in args.modes]  # tables and runs in one order
+    args.warmup = args.warmup or (QUICK_WARMUP_S if args.quick else sc.WARMUP_S)
+    args.duration = args.duration or (QUICK_MEASURE_S if args.quick else sc.MEASURE_S)
+    args.full = (
+        not args.quick
+        and args.repeat == sc.REPEAT
+        and args.warmup == sc.WARMUP_S
+        and args.duration == sc.MEASURE_S
+        and list(args.modes) == list(MODES)
+    )
+    if args.plot is None:
+        args.plot = (
+            DEFAULT_PLOT if args.full else Path(tempfile.gettempdir()) / "rsgw-fleet-cdf.png"
+        )
+    return args
+
+
+def ensure_matplotlib() -> str | None:
+    """matplotlib for the plot: pip-installs it into this environment when missing.
+
+    Returns None when it is available, else why not (the tables are still printed).
+    """
+    if importlib.util.find_spec("matplotlib") is not None:
+        return None
+    print("installing matplotlib with pip (for the plot) ...", flush=True)
+    install = [sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"]
+    done = subprocess.run(install, capture_output=True, text=True, check=False)
+    importlib.invalidate_caches()
+    if done.returncode or importlib.util.find_spec("matplotlib") is None:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        return f"pip install matplotlib failed: {lines[-1] if lines else done.returncode}"
+    return None
+
+
+def rsgw_source() -> str:
+    """Where the rsgw under test comes from, with its git commit when it is a checkout."""
+    import rsgw
+
+    src = Path(rsgw.__file__).resolve().parent
+    text = str(src)
+    git = shutil.which("git")
+    if git:
+        head = subprocess.run(
+            [git, "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if head.returncode == 0:
+            status = subprocess.run(
+                [git, "-C", str(src), "status", "--porcelain", "--", "."],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            dirty = ", with uncommitted changes" if status.stdout.strip() else ""
+            text += f" (git {head.stdout.strip()}{dirty})"
+    return text
+
+
+def machine() -> str:
+    import grpc
+
+    from rsgw._version import __version__
+
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return "\n".join(
+        [
+            f"machine: nproc {os.cpu_count()}, CPU {model}, {platform.system()} "
+            f"{platform.release()}; python {platform.python_version()}, rsgw {__version__}, "
+            f"grpcio {grpc.__version__}",
+            f"rsgw under test: {rsgw_source()}",
+        ]
+    )
+
+
+def repack_times(gateway: Any, started_wall: float) -> list[tuple[float, str]]:
+    """(seconds from the start of the load, trigger) of each repack the gateway logged.
+
+    The `startup` repack is the initial placement, made before any traffic; the issue's
+    "first repack" is the first one after it (trigger `compute`, or `operator`).
+    """
+    import _fleet
+
+    times = []
+    for record in _fleet.log_events(gateway, "lpt_packing: repack"):
+        ts = record.get("ts")
+        if isinstance(ts, int | float):
+            times.append((float(ts) - started_wall, str(record.get("trigger", "?"))))
+    return sorted(times)
+
+
+def one_run(mode: str, rep: int, args: argparse.Namespace, load: sc.Load, workdir: Path) -> Any:
+    """A fresh fleet, the load, the figures."""
+    import _fleet
+    import _load
+    import _measure
+
+    rundir = workdir / f"{mode}-{rep}"
+    rundir.mkdir()
+    catalogue = workdir / "models.yaml"
+    seed = SEED + rep
+    schedule = _load.poisson_schedule(load.offered, args.warmup + args.duration, seed)
+    fleet = _fleet.start_fleet(mode, rundir, catalogue, load.time_scale, FIRST_REPACK_COMPUTE_S)
+    try:
+        snap = lambda: _measure.snapshot(fleet)  # noqa: E731
+        outcome = _load.drive(
+            fleet.grpc_port,
+            schedule,
+            DEADLINE_S,
+            DEADLINE_S + 1.0,
+            [("start", args.warmup, snap), ("end", args.warmup + args.duration, snap)],
+        )
+        fleet.check_alive()
+    finally:
+        fleet.stop()
+    repacks = repack_times(fleet.gateway, outcome.started_wall)
+    return _measure.summarise(mode, rep, seed, outcome, args.warmup, args.duration, repacks)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    try:
+        import grpc  # noqa: F401
+
+        import rsgw  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"bench/fleet: {exc}: run it in the virtual environment of "
+            "`pip install -e '.[test]'` (the test extra brings grpcio)",
+            file=sys.stderr,
+        )
+        return 2
+    no_plot = ensure_matplotlib()
+    if no_plot:
+        print(f"bench/fleet: {no_plot}; no plot this time", file=sys.stderr)
+
+    import _fleet
+    import _report
+
+    load = sc.offered_load()
+    print(machine())
+    print(sc.describe(load))
+    print(
+        f"runs: modes {', '.join(args.modes)}; {args.repeat} per mode; warm-up "
+        f"{args.warmup:g} s, measured {args.duration:g} s; call deadline {DEADLINE_S:g} s; "
+        f"prober every {_fleet.HEALTH_INTERVAL_S:g} s; lpt_packing first repack after "
+        f"{FIRST_REPACK_COMPUTE_S:g} GPU-s",
+        flush=True,
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="rsgw-fleet-"))
+    (workdir / "models.yaml").write_text(sc.catalogue_yaml())
+    print(f"work directory {workdir}\n", flush=True)
+
+    runs = []
+    failures: list[str] = []
+    refused: set[str] = set()
+    for rep in range(1, args.repeat + 1):
+        for mode in args.modes:  # every mode once per repetition: noise hits them alike
+            if mode in refused:
+                continue
+            t0 = time.monotonic()
+            try:
+                run = one_run(mode, rep, args, load, workdir)
+            except Exception as exc:  # one failed run must not lose the others' results
+                text = str(exc) if isinstance(exc, _fleet.FleetError) else repr(exc)
+                failures.append(f"rep {rep} {mode}: {text}")
+                print(f"rep {rep} {_report.label(mode)} FAILED: {text}", flush=True)
+                if "not available in this version" in text:
+                    refused.add(mode)  # the gateway refuses the mode: no use trying again
+                continue
+            runs.append(run)
+            print(_report.describe_run(run, time.monotonic() - t0), flush=True)
+
+    total = time.monotonic() - started
+    print()
+    if runs:
+        print("Results: median (min-max) over the runs; latency from the scheduled send time;")
+        print(f"a call failed or unanswered within {DEADLINE_S:g} s counts as slower than any\n")
+        print(_report.results_table(runs, args.modes))
+        print("\nContext (same format; CPUs are averages over the window):\n")
+        print(_report.context_table(runs, args.modes))
+        print("\n" + _report.errors_line(runs, args.modes))
+        lpt = [r for r in runs if r.mode == "lpt_packing"]
+        if lpt:
+            firsts = ", ".join(
+                "none" if r.first_repack_s is None else f"{r.first_repack_s:.1f} s" for r in lpt
+            )
+            print(
+                "lpt_packing: first repack after the startup placement, from the start of "
+                f"the load: {firsts}; repacks in the window: "
+                f"{', '.join(str(r.repacks_in_window) for r in lpt)}"
+            )
+            late = [
+                r.rep for r in lpt if r.first_repack_s is None or r.first_repack_s >= args.warmup
+            ]
+            if late:
+                print(
+                    f"WARNING: in run(s) {', '.join(map(str, late))} lpt_packing did not repack "
+                    f"inside the {args.warmup:g} s warm-up: the window measured its startup "
+                    "placement (or both)"
+                )
+        if not no_plot:
+            title = (
+                f"bench/fleet: {sc.WORKERS} workers, {sc.MODELS} models, "
+                f"{load.offered:.0f} req/s offered, time scale {load.time_scale:g}"
+            )
+            _report.plot_cdf(runs, args.modes, args.plot, title)
+            print(f"latency CDF plot: {args.plot}")
+    print(f"total time {total:.0f} s")
+    if args.json:
+        data = {
+            "scenario": {
+                "workers": sc.WORKERS,
+                "models": sc.MODELS,
+                "weight_bytes": sc.weight_bytes(),
+                "budget_bytes": sc.BUDGET_BYTES,
+                "raw_capacity_rps": load.raw_capacity,
+                "capacity_rps": load.capacity,
+                "packing": [list(g) for g in load.packing.groups],
+                "time_scale": load.time_scale,
+                "offered_rps": load.offered,
+                "warmup_s": args.warmup,
+                "measure_s": args.duration,
+                "deadline_s": DEADLINE_S,
+                "first_rebalance_compute_seconds": FIRST_REPACK_COMPUTE_S,
+                "health_interval_seconds": _fleet.HEALTH_INTERVAL_S,
+            },
+            "rsgw": rsgw_source(),
+            "runs": [r.to_json() for r in runs],
+            "failures": failures,
+            "total_s": total,
+        }
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"JSON: {args.json}")
+    if failures:
+        for line in failures:
+            print(f"failed: {line.splitlines()[0]}", file=sys.stderr)
+        print(f"logs kept in {workdir}", file=sys.stderr)
+        return 1
+    if args.keep:
+        print(f"work directory kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,253 @@
+"""Starting and stopping one fleet: four `rsgw worker` processes and `rsgw run` in front.
+
+Every run gets a fresh fleet, so no run inherits another's weight caches, counters or
+packer state. Ports are all picked by the processes themselves (port 0) and read back
+from their "serving" log lines; readiness is polled with a deadline: each worker's
+"worker serving" line, then the gateway's, then its admin `/metrics` showing every model
+routable on every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _scenario as sc
+import yaml
+
+START_TIMEOUT = 60.0  # seconds for the whole fleet to come up (four workers share 2 cores)
+POLL_S = 0.05
+# The gateway's prober round (default 10 s) also ticks lpt_packing's packer and refreshes
+# least_outstanding's per-model costs; 2 s lets the first repack happen inside the
+# warm-up. Every mode runs with it, so they differ only in scheduling.mode.
+HEALTH_INTERVAL_S = 2.0
+
+
+class FleetError(Exception):
+    """A process that would not start, or died."""
+
+
+@dataclass
+class Proc:
+    """One child process in its own process group, with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 12) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("    " + line for line in text[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL what is left after 5 s (never anything but ours)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+
+def spawn(name: str, argv: Sequence[str], log: Path, env: dict[str, str]) -> Proc:
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=env,
+            start_new_session=True,
+        )
+    return Proc(name, popen, log)
+
+
+def log_event(proc: Proc, event: str) -> dict[str, Any] | None:
+    """The first JSON log line of `proc` whose event is `event`, if any yet."""
+    with contextlib.suppress(OSError):
+        for line in proc.log.read_text(errors="replace").splitlines():
+            if event not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == event:
+                    return record
+    return None
+
+
+def log_events(proc: Proc, needle: str) -> list[dict[str, Any]]:
+    """Every JSON log line of `proc` whose event mentions `needle` (case-insensitive)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in proc.log.read_text(errors="replace").splitlines():
+            if needle not in line.lower():
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and needle in str(record.get("event", "")).lower():
+                    found.append(record)
+    return found
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
+        body: bytes = reply.read()
+    return body.decode()
+
+
+def clean_env() -> dict[str, str]:
+    """The caller's environment without any gateway setting that would change the scenario."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("REACTANT_GATEWAY_")}
+
+
+@dataclass
+class Fleet:
+    """A running fleet: the workers (gRPC and metrics ports) and the gateway."""
+
+    mode: str
+    workers: list[Proc]
+    gateway: Proc
+    grpc_port: int = 0
+    admin_port: int = 0
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [*self.workers, self.gateway]
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if not proc.alive():
+                raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
+
+    def stop(self) -> None:
+        # The gateway first, so it does not log every worker's departure as a failure.
+        for proc in [self.gateway, *self.workers]:
+            proc.stop()
+
+
+def gateway_config(mode: str, workers: Sequence[Proc], first_repack: float) -> dict[str, Any]:
+    """gateway.yml: the defaults, but for the mode (and lpt_packing's first budget)."""
+    scheduling: dict[str, Any] = {"mode": mode, "work_basis": "compute"}
+    if mode == "lpt_packing":
+        scheduling["first_rebalance_compute_seconds"] = first_repack
+    return {
+        "endpoints": [f"127.0.0.1:{w.info['grpc_port']}" for w in workers],
+        "metrics_endpoints": [f"127.0.0.1:{w.info['metrics_port']}" for w in workers],
+        "worker_names": [w.name for w in workers],
+        "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
+        "logging": {"level": "info", "format": "json"},
+        "scheduling": scheduling,
+    }
+
+
+def wait_for(what: str, procs: Sequence[Proc], ready: Any, deadline: float) -> None:
+    """Poll `ready()` until true; fail when a process dies or the deadline passes."""
+    while True:
+        for proc in procs:
+            if not proc.alive():
+                raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"  {p.name}:\n{p.tail()}" for p in procs)
+            raise FleetError(f"{what} not ready after {START_TIMEOUT:.0f}s:\n{tails}")
+        time.sleep(POLL_S)
+
+
+def routable(admin_port: int) -> bool:
+    """The gateway routes every model to every worker (its own /metrics says so)."""
+    try:
+        text = http_get(admin_port, "/metrics", timeout=2.0)
+    except OSError:
+        return False
+    table = 0.0
+    ready = 0.0
+    for line in text.splitlines():
+        if line.startswith("gateway_routing_table_size"):
+            table = float(line.split()[-1])
+        elif line.startswith("gateway_worker_ready{"):
+            ready += float(line.split()[-1])
+    return table >= sc.MODELS and ready >= sc.WORKERS
+
+
+def start_fleet(
+    mode: str, workdir: Path, catalogue: Path, time_scale: float, first_repack: float
+) -> Fleet:
+    """Four workers, then the gateway; returns once every model is routable."""
+    deadline = time.monotonic() + START_TIMEOUT
+    env = clean_env()
+    workers = []
+    for k in range(sc.WORKERS):
+        name = f"gpu{k}"
+        argv = [
+            sys.executable,
+            "-m",
+            "rsgw",
+            "worker",
+            *("--name", name, "--gpu", str(k), "--host", "127.0.0.1"),
+            *("--port", "0", "--metrics-port", "0", "--models", str(catalogue)),
+            *("--discipline", "fifo", "--weight-cache-bytes", str(sc.BUDGET_BYTES)),
+            *("--time-scale", f"{time_scale:g}", "--log-format", "json"),
+        ]
+        workers.append(spawn(name, argv, workdir / f"{name}.log", env))
+    gateway: Proc | None = None
+    try:
+
+        def workers_serving() -> bool:
+            for w in workers:
+                if not w.info:
+                    w.info = log_event(w, "worker serving") or {}
+            return all(w.info for w in workers)
+
+        wait_for("workers", workers, workers_serving, deadline)
+        config = workdir / "gateway.yml"
+        config.write_text(
+            yaml.safe_dump(gateway_config(mode, workers, first_repack), sort_keys=False)
+        )
+        genv = dict(env)
+        genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{HEALTH_INTERVAL_S:g}"
+        genv["REACTANT_GATEWAY_STARTUP_WAIT_SECONDS"] = f"{START_TIMEOUT:g}"
+        argv = [sys.executable, "-m", "rsgw", "run", "--config", str(config)]
+        gateway = spawn("gateway", argv, workdir / "gateway.log", genv)
+        fleet = Fleet(mode, workers, gateway)
+
+        def gateway_serving() -> bool:
+            assert gateway is not None
+            gateway.info = log_event(gateway, "gateway serving") or {}
+            return bool(gateway.info)
+
+        wait_for("gateway", fleet.procs, gateway_serving, deadline)
+        fleet.grpc_port = int(gateway.info["grpc_port"])
+        fleet.admin_port = int(gateway.info["metrics_port"])
+        wait_for("gateway routing table", fleet.procs, lambda: routable(fleet.admin_port), deadline)
+        return fleet
+    except BaseException:
+        if gateway is not None:
+            gateway.stop()
+        for w in workers:
+            w.stop()
+        raise

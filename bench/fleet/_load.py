@@ -1,0 +1,151 @@
+"""The open-loop load: Poisson arrivals of one-row ModelInfer calls, and what they saw.
+
+grpcio's asyncio API (C-core underneath) on one connection to the gateway: its per-call
+cost in Python is small enough that one process sends 400 calls/s on a shared core
+without falling behind. Each request is sent at its scheduled time whether or not
+earlier ones have answered (open loop), so a slow fleet meets the same arrivals as a
+fast one. Latency is measured from the *scheduled* send time, so any lag of the sender
+counts against the latency rather than hiding it (no coordinated omission); the lag is
+reported so that a run whose sender fell behind can be told apart.
+
+The arrival sequence depends only on the seed: repetition k of every mode replays the
+same requests at the same times, so the modes are compared on identical traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import _scenario as sc
+import grpc
+
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+OK = "OK"
+UNANSWERED = "UNANSWERED"  # still in flight when the drain gave up
+CONNECT_TIMEOUT_S = 10.0
+
+
+def request_body(model: str) -> bytes:
+    """One row of the scenario's FP32 input, serialized once per model."""
+    return pb.ModelInferRequest(
+        model_name=model,
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(
+                name="INPUT0", datatype="FP32", shape=[1, sc.ROW_ELEMENTS]
+            )
+        ],
+        raw_input_contents=[bytes(4 * sc.ROW_ELEMENTS)],
+    ).SerializeToString()
+
+
+@dataclass
+class Schedule:
+    """Arrival times (seconds from the start of the load) and model indices (0-based)."""
+
+    times: list[float]
+    models: list[int]
+
+
+def poisson_schedule(rate: float, duration: float, seed: int) -> Schedule:
+    """Exponential gaps at `rate`/s for `duration` s; each request's model drawn by Zipf."""
+    rng = random.Random(seed)
+    shares = sc.popularity()
+    cumulative = []
+    total = 0.0
+    for share in shares:
+        total += share
+        cumulative.append(total)
+    times: list[float] = []
+    models: list[int] = []
+    t = rng.expovariate(rate)
+    while t < duration:
+        times.append(t)
+        u = rng.random() * total
+        models.append(next(i for i, c in enumerate(cumulative) if u < c))
+        t += rng.expovariate(rate)
+    return Schedule(times, models)
+
+
+@dataclass
+class Outcome:
+    """Per request: when it was due, how late it left, when it ended, and how."""
+
+    schedule: Schedule
+    lag: list[float]
+    done: list[float]  # seconds from the start of the load; nan when never answered
+    codes: list[str]
+    marks: dict[str, Any] = field(default_factory=dict)  # snapshots taken at the marks
+    mark_times: dict[str, float] = field(default_factory=dict)
+    started_wall: float = 0.0  # time.time() at the start of the load
+
+
+async def _drive(
+    port: int,
+    schedule: Schedule,
+    deadline: float,
+    drain: float,
+    marks: Sequence[tuple[str, float, Callable[[], Any]]],
+) -> Outcome:
+    loop = asyncio.get_running_loop()
+    bodies = [request_body(sc.model_name(i + 1)) for i in range(sc.MODELS)]
+    n = len(schedule.times)
+    outcome = Outcome(schedule, [math.nan] * n, [math.nan] * n, [UNANSWERED] * n)
+    options = [("grpc.max_concurrent_streams", 4096), ("grpc.enable_retries", 0)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        infer = channel.unary_unary(MODEL_INFER)
+        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+        start = loop.time()
+        outcome.started_wall = time.time()
+
+        async def call(i: int) -> None:
+            try:
+                await infer(bodies[schedule.models[i]], timeout=deadline)
+                outcome.codes[i] = OK
+            except grpc.aio.AioRpcError as exc:
+                outcome.codes[i] = exc.code().name
+            outcome.done[i] = loop.time() - start
+
+        async def mark(name: str, at: float, snapshot: Callable[[], Any]) -> None:
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            outcome.mark_times[name] = loop.time() - start
+            outcome.marks[name] = await loop.run_in_executor(None, snapshot)
+
+        markers = [asyncio.create_task(mark(*m)) for m in marks]
+        pending: set[asyncio.Task[None]] = set()
+        for i, due in enumerate(schedule.times):
+            delay = start + due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            outcome.lag[i] = loop.time() - start - due
+            task = asyncio.create_task(call(i))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.wait(set(pending), timeout=drain)
+        for task in list(pending):
+            task.cancel()
+        await asyncio.gather(*markers)
+    return outcome
+
+
+def drive(
+    port: int,
+    schedule: Schedule,
+    deadline: float,
+    drain: float,
+    marks: Sequence[tuple[str, float, Callable[[], Any]]],
+) -> Outcome:
+    """Send `schedule` to the gateway on `port`; take each mark's snapshot at its time.
+
+    A call gets `deadline` seconds; after the last send, calls still in flight get up to
+    `drain` seconds before they are given up (and counted UNANSWERED).
+    """
+    return asyncio.run(_drive(port, schedule, deadline, drain, marks))

@@ -1,0 +1,160 @@
+"""The tables (median and min-max per mode over the runs) and the latency CDF plot."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _measure import RunResult
+
+
+def fmt(value: float) -> str:
+    """Three significant figures, no exponent; inf means every such request failed."""
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "fail"
+    if value == int(value) and abs(value) >= 1:
+        return f"{int(value):,}"
+    if value == 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{digits}f}"
+
+
+def cell(values: Sequence[float]) -> str:
+    """median (min-max) over the runs; the bare value for one run."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt(values[0])
+    ordered = sorted(values)
+    return f"{fmt(statistics.median(ordered))} ({fmt(ordered[0])}-{fmt(ordered[-1])})"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table, padded so it reads in a terminal too."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def label(mode: str) -> str:
+    return "least_outstanding (compute)" if mode == "least_outstanding" else mode
+
+
+def by_mode(runs: Sequence[RunResult], modes: Sequence[str]) -> list[tuple[str, list[RunResult]]]:
+    return [(m, [r for r in runs if r.mode == m]) for m in modes if any(r.mode == m for r in runs)]
+
+
+def results_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
+    """The issue's figures, one row per mode."""
+    columns: list[tuple[str, Callable[[RunResult], float]]] = [
+        ("offered req/s", lambda r: r.offered_rps),
+        ("achieved req/s", lambda r: r.throughput_rps),
+        ("p50 ms", lambda r: r.p50_ms),
+        ("p99 ms", lambda r: r.p99_ms),
+        ("rows/dispatch", lambda r: r.rows_per_dispatch),
+        ("weight loads", lambda r: r.loads),
+        ("evictions", lambda r: r.evicts),
+        ("GPU compute s min", lambda r: min(r.compute_s)),
+        ("GPU compute s max", lambda r: max(r.compute_s)),
+        ("compute spread", lambda r: r.compute_spread),
+    ]
+    rows = [
+        [label(mode), *(cell([get(r) for r in group]) for _, get in columns)]
+        for mode, group in by_mode(runs, modes)
+    ]
+    return table(["mode", *(name for name, _ in columns)], rows)
+
+
+def context_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
+    """What explains the figures, and whether the machine kept up."""
+    columns: list[tuple[str, Callable[[RunResult], float]]] = [
+        ("failed %", lambda r: 100 * (r.sent - r.ok) / r.sent if r.sent else math.nan),
+        ("device time loading %", lambda r: 100 * r.load_share),
+        ("dispatches", lambda r: r.dispatches),
+        ("worker sheds", lambda r: r.worker_shed),
+        ("sender lag p99 ms", lambda r: r.lag_p99_ms),
+        ("gateway CPUs", lambda r: r.cpu["gateway"]),
+        ("workers CPUs", lambda r: r.cpu["workers"]),
+        ("generator CPUs", lambda r: r.cpu["generator"]),
+        ("others CPUs", lambda r: r.cpu["others"]),
+        ("steal CPUs", lambda r: r.cpu["steal"]),
+    ]
+    rows = [
+        [label(mode), *(cell([get(r) for r in group]) for _, get in columns)]
+        for mode, group in by_mode(runs, modes)
+    ]
+    return table(["mode", *(name for name, _ in columns)], rows)
+
+
+def errors_line(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
+    parts = []
+    for mode, group in by_mode(runs, modes):
+        codes: dict[str, int] = {}
+        for r in group:
+            for code, n in r.errors.items():
+                codes[code] = codes.get(code, 0) + n
+        sent = sum(r.sent for r in group)
+        text = ", ".join(f"{c} {n:,}" for c, n in sorted(codes.items())) or "none"
+        parts.append(f"{label(mode)}: {text} (of {sent:,} sent)")
+    return "failed requests by status, all runs: " + "; ".join(parts)
+
+
+def describe_run(r: RunResult, took: float) -> str:
+    """One line per run, printed as it finishes."""
+    gpu = "/".join(f"{c:.0f}" for c in r.compute_s)
+    rows = "/".join(f"{x:.1f}" for x in r.gpu_rows_per_dispatch)
+    served = "/".join(str(n) for n in r.gpu_requests)
+    repack = ""
+    if r.mode == "lpt_packing":
+        first = "none" if r.first_repack_s is None else f"{r.first_repack_s:.1f}s"
+        placed = " ".join(f"{w}:{','.join(ms)}" for w, ms in (r.placement or {}).items())
+        repack = f"  first repack {first}, {r.repacks_in_window} in window; placement {placed}"
+    return (
+        f"rep {r.rep} {label(r.mode):<27} {r.throughput_rps:6.1f}/{r.offered_rps:5.1f} req/s  "
+        f"p50 {fmt(r.p50_ms):>6} p99 {fmt(r.p99_ms):>6} ms  rows/dispatch "
+        f"{r.rows_per_dispatch:5.2f} (per GPU {rows}; served {served})  loads {r.loads} "
+        f"evicts {r.evicts}  compute s {gpu}  "
+        f"failed {r.sent - r.ok}  lag p99 {r.lag_p99_ms:.1f} ms{repack}  ({took:.0f}s)"
+    )
+
+
+def plot_cdf(runs: Sequence[RunResult], modes: Sequence[str], path: Path, title: str) -> None:
+    """Latency CDF per mode, every run of the mode pooled; failures keep the curve below 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for mode, group in by_mode(runs, modes):
+        latencies = sorted(x for r in group for x in r.ok_latencies_ms)
+        sent = sum(r.sent for r in group)
+        if not latencies or not sent:
+            continue
+        ys = [(i + 1) / sent for i in range(len(latencies))]
+        ok = len(latencies) / sent
+        ax.step(latencies, ys, where="post", label=f"{label(mode)} ({ok:.1%} answered)")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, ms (wall clock, time-scaled workers)")
+    ax.set_ylabel("fraction of requests sent in the window")
+    ax.set_ylim(0, 1.0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.axhline(0.5, color="grey", linewidth=0.6)
+    ax.axhline(0.99, color="grey", linewidth=0.6)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=9)  # failing modes hug the bottom
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
