@@ -57,7 +57,7 @@ def poll(
     """A summary where every model in `models` (default: "a" everywhere) is reported."""
     reporters = {"a": workers} if models is None else models
     return PollSummary(
-        sums=dict(sums or {}),
+        served={workers[0]: {m: (c, r) for m, (c, r, _) in (sums or {}).items()}},
         mem=dict(mem or {}),
         mem_cap=dict.fromkeys(workers, cap),
         workers={m: tuple(urls) for m, urls in reporters.items()},
@@ -87,7 +87,10 @@ def test_summarize_poll_sums_counters_and_keeps_poll_facts() -> None:
         ),
     }
     summary = summarize_poll(answers)
-    assert summary.sums == {"a": (5.0, 15, 25), "b": (1.0, 1, 1)}
+    assert summary.served == {
+        "http://w0": {"a": (2.0, 10)},
+        "http://w1": {"a": (3.0, 5), "b": (1.0, 1)},
+    }
     assert summary.mem == {"a": 300, "b": 50}
     assert summary.max_batch == {"a": 16, "b": 0}
     assert summary.batch_at == {"a": ("x", 1), "b": ("y", 2)}
@@ -273,6 +276,29 @@ def test_costs_per_request_from_deltas() -> None:
     # A restart (negative delta) re-baselines and leaves the cost alone.
     third = run(packer, poll(140.0, sums={"a": (1.0, 5, 5)}), k)
     assert third.repack is not None and third.repack.cost == second.repack.cost
+
+
+def test_a_worker_missing_a_poll_keeps_its_cost_baseline() -> None:
+    """w0 costs 0.1 s per request, w1 0.2 s; w1 misses the middle repack's poll. With
+    baselines per (worker, model), every request's work is counted once: the middle
+    sample is w0's alone, the last one w0's new work plus w1's two intervals. (Deltas of
+    fleet-wide sums read the miss as a restart, skipped the sample, and then gave 0.175.)
+    A halflife of almost nothing makes each cost the latest sample."""
+    packer = Packer()
+    k = knobs(first=0.0, rebalance=1e9, halflife=1e-9)
+
+    def served(n: int, *, w1: bool = True) -> PollSummary:
+        counts = {"http://w0": {"a": (0.1 * n, n)}}
+        if w1:
+            counts["http://w1"] = {"a": (0.2 * n, n)}
+        return dataclasses.replace(poll(0.0), served=counts, fleet_compute=100.0 + n)
+
+    packer.tick(served(0), k, W, 0.0)  # the fleet-compute baseline
+    for n, w1, cost in ((100, True, 0.15), (200, False, 0.1), (300, True, 50.0 / 300)):
+        packer.request_repack()
+        outcome = packer.tick(served(n, w1=w1), k, W, float(n))
+        assert outcome.repack is not None
+        assert packer.cost_snapshot["a"] == pytest.approx(cost)
 
 
 def test_utilization_is_rate_times_cost() -> None:

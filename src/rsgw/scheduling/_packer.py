@@ -87,7 +87,7 @@ class Packer:
         self._arrivals: dict[str, int] = {}
         self._rate: dict[str, float] = {}
         self._cost: dict[str, float] = {}
-        self._cost_baseline: dict[str, tuple[float, int]] = {}
+        self._cost_baseline: dict[tuple[str, str], tuple[float, int]] = {}
         self._last_rebalance: float | None = None
         self._compute_accum = 0.0
         self._last_fleet_compute = 0.0
@@ -259,14 +259,21 @@ class Packer:
             else:
                 self._rate[model] = ewma(old_rate or 0.0, sample, compute, halflife)
 
-        # Costs per request, from the deltas of the summed counters.
-        for model, (total_compute, total_requests, _) in poll.sums.items():
-            b_compute, b_requests = self._cost_baseline.get(model, (0.0, 0))
-            self._cost_baseline[model] = (total_compute, total_requests)
-            d_compute = total_compute - b_compute
-            d_requests = total_requests - b_requests
-            if d_compute < 0 or d_requests < 0:
-                continue
+        # Costs per request, from the counters' deltas since the last repack, taken
+        # per (worker, model) and summed: a worker that missed a poll keeps its
+        # baseline, so its return counts only its new work (the original took deltas of
+        # fleet-wide sums, and a missed poll read as a restart). A pair whose counters
+        # went back re-baselines and contributes nothing.
+        deltas: dict[str, tuple[float, int]] = {}
+        for url, models in poll.served.items():
+            for model, (total_compute, total_requests) in models.items():
+                b_compute, b_requests = self._cost_baseline.get((url, model), (0.0, 0))
+                self._cost_baseline[(url, model)] = (total_compute, total_requests)
+                d_compute, d_requests = total_compute - b_compute, total_requests - b_requests
+                if d_compute >= 0 and d_requests >= 0:
+                    c, r = deltas.get(model, (0.0, 0))
+                    deltas[model] = (c + d_compute, r + d_requests)
+        for model, (d_compute, d_requests) in deltas.items():
             if d_requests > 0:
                 sample = d_compute / d_requests
                 old = self._cost.get(model) or sample

@@ -33,18 +33,21 @@ class PollSummary:
     """One probe round's ModelControlStatus answers, aggregated (REFERENCE.md §4.3).
 
     Attributes:
-        sums: model -> (Σ total_compute_seconds, Σ requests_served, Σ rows_served) over
-            the answering workers.
+        served: worker -> model -> (total_compute_seconds, requests_served), the
+            cumulative counters of each answering worker (costs are deltas per pair).
         mem: model -> the largest weight_nbytes any answering worker reported.
         max_batch: model -> the largest max_batch_size reported.
         batch_at: model -> the first non-empty (batch_input_name, batch_axis) seen.
         mem_cap: worker -> weight_cache_max_bytes, for the answering workers.
         workers: model -> the answering workers that reported it, in poll order.
         polled: the answering workers, in poll order.
-        fleet_compute: the fleet's cumulative compute-seconds (Σ of `sums` compute).
+        fleet_compute: the fleet's cumulative compute-seconds (Σ of `served` compute,
+            unless the caller passes its own accounting).
     """
 
-    sums: Mapping[str, tuple[float, int, int]] = field(default_factory=lambda: MappingProxyType({}))
+    served: Mapping[str, Mapping[str, tuple[float, int]]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     mem: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     max_batch: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     batch_at: Mapping[str, tuple[str, int]] = field(default_factory=lambda: MappingProxyType({}))
@@ -64,27 +67,25 @@ def summarize_poll(
         fleet_compute: the fleet compute to report; None sums the answers' compute, as
             REFERENCE does (a worker missing one poll then reads as a restart).
     """
-    sums: dict[str, tuple[float, int, int]] = {}
+    served: dict[str, Mapping[str, tuple[float, int]]] = {}
+    total = 0.0
     mem: dict[str, int] = {}
     max_batch: dict[str, int] = {}
     batch_at: dict[str, tuple[str, int]] = {}
     workers: dict[str, list[str]] = {}
     for url, answer in polled.items():
+        served[url] = MappingProxyType(
+            {m: (c.total_compute_seconds, c.requests_served) for m, c in answer.models.items()}
+        )
         for model, c in answer.models.items():
-            compute, requests, rows = sums.get(model, (0.0, 0, 0))
-            sums[model] = (
-                compute + c.total_compute_seconds,
-                requests + c.requests_served,
-                rows + c.rows_served,
-            )
+            total += c.total_compute_seconds
             mem[model] = max(mem.get(model, 0), c.weight_nbytes)
             max_batch[model] = max(max_batch.get(model, c.max_batch_size), c.max_batch_size)
             if c.batch_input_name and model not in batch_at:
                 batch_at[model] = (c.batch_input_name, c.batch_axis)
             workers.setdefault(model, []).append(url)
-    total = sum(compute for compute, _, _ in sums.values())
     return PollSummary(
-        sums=MappingProxyType(sums),
+        served=MappingProxyType(served),
         mem=MappingProxyType(mem),
         max_batch=MappingProxyType(max_batch),
         batch_at=MappingProxyType(batch_at),
