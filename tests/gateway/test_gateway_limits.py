@@ -187,6 +187,41 @@ async def test_gateway_admission_cap_sheds_and_counts() -> None:
         assert fleet.gateway._service.metrics.shed._value.get() == 1
 
 
+async def test_a_worker_holding_its_share_sheds_its_models_only() -> None:
+    """worker0 alone serves `slow`; two slow calls fill its share (2 of the 4 the gateway
+    admits). A third slow call is shed at once, while `simple` (on both workers) skips
+    the full worker and is served by the other: one hot worker's backlog cannot take
+    the whole admission cap from the models of every other worker."""
+    hot = catalogue_from_yaml(SLOW.replace("launch_ms: 300", "launch_ms: 3000"))
+    limits = GrpcLimits(max_concurrent_requests_per_worker=2)
+    async with open_fleet(
+        2,
+        catalogues=[hot, catalogue_from_yaml("models: []")],
+        grpc=limits,
+        health_interval_seconds=60,
+    ) as fleet:
+        service = fleet.gateway._service
+        worker0 = fleet.gateway.config.endpoints[0]
+        async with trio.open_nursery() as nursery:
+            for seed in range(2):
+                nursery.start_soon(
+                    partial(trio.to_thread.run_sync, call, fleet.target, simple_body(seed, "slow"))
+                )
+            with trio.fail_after(10):
+                while service.held.get(worker0, 0) < 2:  # noqa: ASYNC110 - a counter
+                    await trio.sleep(0.005)
+            error = await rpc_error(lambda: call(fleet.target, simple_body(9, "slow")))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at its limit of 2 concurrent requests" in (error.details() or "")
+            for seed in range(4):  # round robin would send two of these to worker0
+                await trio.to_thread.run_sync(call, fleet.target, simple_body(seed))
+            assert service.held.get(worker0, 0) == 2  # still busy with the slow pair
+        assert service.metrics.shed._value.get() == 1
+        counters = fleet.workers[1].service.device.counters
+        assert counters["simple"].requests_served == 4
+    assert service.held == {worker0: 0, fleet.gateway.config.endpoints[1]: 0}
+
+
 async def test_forwarded_deadline_is_at_most_the_clients() -> None:
     """A recording stand-in worker: the real worker cannot report what it received."""
     received: list[float] = []

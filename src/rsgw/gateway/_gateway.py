@@ -148,6 +148,7 @@ async def serve_gateway(
             metrics,
             request_timeout=config.worker_client.request_timeout_seconds,
             max_concurrent_requests=config.max_concurrent_requests,
+            max_requests_per_worker=config.grpc.max_concurrent_requests_per_worker,
             scheduler=scheduler,
         )
         prober.on_swap = service.on_table_swap

@@ -132,12 +132,11 @@ class LptScheduler:
         if plan.batch_axis >= 1:
             extent = peek_batch_size(body, plan.batch_input, plan.batch_axis)
             units = extent if extent > 0 else 1  # a negative dim must not charge < 0
-        order, reservation = self.router.select(
+        # The placement only: the service falls back on the other discovered replicas
+        # after a failure, never to spill load (that would move weights).
+        return self.router.select(
             model, urls, plan, knobs.routing_policy, units, self._weight(model, units, knobs)
         )
-        if len(order) < len(replicas):  # last-resort failover over discovered replicas
-            order += tuple(u for u in self._rr.select(model, replicas) if u not in order)
-        return order, reservation
 
     def release(self, reservation: AnyReservation | None) -> None:
         if isinstance(reservation, FillReservation):

@@ -76,6 +76,7 @@ class GatewayService:
         *,
         request_timeout: float = 60.0,
         max_concurrent_requests: int = 0,
+        max_requests_per_worker: int = 0,
         scheduler: Scheduler | None = None,
     ) -> None:
         self.pool = pool
@@ -83,7 +84,11 @@ class GatewayService:
         self.metrics = metrics
         self.request_timeout = request_timeout
         self.max_concurrent_requests = max_concurrent_requests
+        #: ModelInfer calls one worker may hold at once (sent or waiting for a stream).
+        self.max_requests_per_worker = max_requests_per_worker
         self.inflight = 0
+        #: worker URL -> ModelInfer calls held for it now.
+        self.held: dict[str, int] = {}
         self.scheduler: Scheduler = scheduler or RoundRobinScheduler()
         metrics.max_concurrent.set(max_concurrent_requests)
         if max_concurrent_requests:
@@ -159,7 +164,7 @@ class GatewayService:
                     StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
                 ) from exc
             try:
-                response = await self._forward(model, body, order, call.deadline)
+                response = await self._forward(model, body, order, replicas, call.deadline)
             finally:
                 self.scheduler.release(reservation)
             code = StatusCode.OK
@@ -173,21 +178,47 @@ class GatewayService:
             self.metrics.observe("ModelInfer", label, code, seconds)
 
     async def _forward(
-        self, model: str, body: bytes, order: tuple[str, ...], client_deadline: float
+        self,
+        model: str,
+        body: bytes,
+        order: tuple[str, ...],
+        replicas: tuple[str, ...],
+        client_deadline: float,
     ) -> bytes:
-        """Send `body` to the replicas in `order` until one answers; see module docstring."""
+        """Send `body` to the replicas in `order` until one answers; see module docstring.
+
+        A replica already holding its share of calls (`max_requests_per_worker`) is
+        passed over, and when every replica in `order` is, the call is shed: one hot
+        worker's backlog must not take the whole gateway's admission cap and starve
+        the models of every other worker. Replicas outside `order` (discovered, but
+        not chosen by the scheduler, e.g. outside lpt_packing's placement) are a last
+        resort after a failure only, never for spill-over, so a busy replica does not
+        drag its model's weights onto another GPU.
+        """
         deadline = min(client_deadline, trio.current_time() + self.request_timeout)
         pool = self.pool
+        cap = self.max_requests_per_worker
+        held = self.held
         last: GrpcError | None = None
-        for url in order:
+        targets = order
+        index = 0
+        while True:
+            if index == len(targets):
+                if targets is not order or last is None:
+                    break
+                targets = order + tuple(u for u in replicas if u not in order)  # last resort
+                if index == len(targets):
+                    break
+            url = targets[index]
+            index += 1
+            if cap and held.get(url, 0) >= cap:
+                continue
             if pool.gate.closed(url):
                 await pool.gate.wait_open(url)
             if trio.current_time() >= deadline:
-                raise GrpcError(
-                    StatusCode.DEADLINE_EXCEEDED,
-                    f'deadline exceeded at gateway for model "{model}"',
-                )
+                raise _gateway_deadline(model)
             started = time.perf_counter()
+            held[url] = held.get(url, 0) + 1
             try:
                 return await pool.channels[url].unary(MODEL_INFER, body, deadline=deadline)
             except GrpcError as exc:
@@ -212,11 +243,17 @@ class GatewayService:
             except WorkerUnavailable as exc:
                 last = GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}")
             finally:
+                held[url] -= 1
                 self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
-        assert last is not None
+        if last is None:  # nothing was tried: every chosen replica holds its share
+            self.metrics.shed.inc()
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f'every replica of model "{model}" is at its limit of {cap} concurrent requests',
+            )
         logger.warning(
             "every replica failed",
-            extra={"model": model, "replicas": len(order), "status": last.code.name},
+            extra={"model": model, "replicas": len(targets), "status": last.code.name},
         )
         raise last
 
