@@ -1,0 +1,64 @@
+"""`rsgw run` under lpt_packing, as an operator runs it: a bad fleet is one line, exit 1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from tests.helpers import WorkerProcess
+
+
+def run_gateway(*workers: WorkerProcess, wait: str = "0") -> subprocess.CompletedProcess[str]:
+    endpoints = ",".join(f"127.0.0.1:{w.grpc_port}" for w in workers)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rsgw",
+            "run",
+            "--workers",
+            endpoints,
+            "--listen-grpc",
+            "127.0.0.1:0",
+            "--listen-metrics",
+            "127.0.0.1:0",
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("REACTANT_")},
+            "REACTANT_GATEWAY_SCHEDULING_MODE": "lpt_packing",
+            "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS": wait,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_fair_worker_stops_rsgw_run_with_one_line(
+    worker_process_factory: Callable[..., WorkerProcess],
+) -> None:
+    fifo = worker_process_factory("--name", "a")
+    fair = worker_process_factory("--name", "b", "--discipline", "fair")
+    done = run_gateway(fifo, fair)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("rsgw run: lpt_packing scheduling requires worker FIFO or EDF")
+    assert f"127.0.0.1:{fair.grpc_port}" in last and "'fair'" in last
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unreachable_worker_without_a_wait_stops_rsgw_run_with_one_line(
+    worker_process_factory: Callable[..., WorkerProcess],
+) -> None:
+    up = worker_process_factory("--name", "a")
+    gone = worker_process_factory("--name", "b")
+    gone.stop()
+    done = run_gateway(up, gone, wait="0")
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"[127.0.0.1:{gone.grpc_port}] unreachable over the control plane" in last
+    assert "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS" in last
+    assert "Traceback" not in done.stderr
