@@ -97,8 +97,6 @@ class Packing:
         metrics.track_inflight_work(lambda: str(scheduler.knobs.work_basis), scheduler.loads)
         #: Bumped by every accepted runtime knob change; 0 = as configured.
         self.generation = 0
-        #: Compactions sent (for tests and status): (worker, reload list) per call.
-        self.compactions: list[tuple[str, tuple[str, ...]]] = []
 
     @property
     def knobs(self) -> SchedulingConfig:
@@ -267,7 +265,6 @@ class Packing:
 
         async def one(url: str) -> int:
             request = cpb.CompactMemoryRequest(reload_models=plan.reloads[url])
-            self.compactions.append((url, plan.reloads[url]))
             reply = await self._pool.channels[url].unary(
                 COMPACT_MEMORY, request.SerializeToString(), deadline=deadline
             )
