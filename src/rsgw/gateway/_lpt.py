@@ -88,7 +88,7 @@ class LptScheduler:
 
     @property
     def max_batch(self) -> Mapping[str, int]:
-        """model -> the largest max batch the last poll reported."""
+        """model -> its max batch: the last poll's, or an earlier one's if it lacked it."""
         return self._max_batch
 
     def polled(self, poll: PollSummary) -> None:
