@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import grpc
 import httpx
@@ -14,7 +16,7 @@ import pytest
 import trio
 
 from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import ListenError, StartupError
+from rsgw._errors import GatewayWedged, ListenError, StartupError
 from rsgw._schema import ModelOverride, SchedulingConfig
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._packing import Packing
@@ -224,6 +226,32 @@ async def test_a_late_worker_is_waited_for_then_the_gateway_serves(
         await until(lambda: bool(started), 15)
         target = f"127.0.0.1:{started[0].grpc_port}"
         assert await trio.to_thread.run_sync(send, target, NAMES, 2) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged() -> None:
+    """A listener that accepts and then says nothing: every ModelControlStatus poll hits
+    its watchdog, so after `wedge_exit_rounds` rounds startup gives up (the supervisor
+    restarts the gateway with a fresh client stack) instead of waiting forever."""
+
+    async def silent(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        config = GatewayConfig(
+            endpoints=(f"127.0.0.1:{port}",),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+            startup_wait_seconds=math.inf,
+            probe_timeout_seconds=0.2,
+            wedge_exit_rounds=2,
+            scheduling=lpt(),
+        )
+        with trio.fail_after(20), pytest.raises(BaseExceptionGroup) as caught:
+            await serve_gateway(config)
+        assert isinstance(leaf(caught.value), GatewayWedged)
         nursery.cancel_scope.cancel()
 
 
