@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsgw.scheduling._knobs import ALL, Replicas
@@ -376,3 +376,59 @@ def test_forbid_places_on_fitting_workers_whenever_enough_fit(problem: Problem) 
     if sum(memory.values()) <= min(cap.values()):
         assert result.oversubscribed == frozenset()
         assert result.over_budget_models == ()
+
+
+@st.composite
+def with_previous(draw: st.DrawFn) -> tuple[Problem, dict[str, Placement]]:
+    """A problem and a previous placement putting some models on one worker each."""
+    problem = draw(problems())
+    previous = {
+        m: single(draw(st.sampled_from(problem.workers)))
+        for m in problem.utilization
+        if draw(st.booleans())
+    }
+    return problem, previous
+
+
+@settings(max_examples=500)
+@given(with_previous())
+def test_single_replica_models_stay_within_the_hysteresis_band(
+    case: tuple[Problem, dict[str, Placement]],
+) -> None:
+    """Replayed heaviest first from the result: a single-replica model whose previous
+    worker is still a candidate stays there whenever moving would improve its pressure
+    by no more than `hysteresis` (relatively). When the two pressures are equal (the
+    memory-bound case), the band is measured on compute load instead, as the choice
+    itself breaks that tie."""
+    problem, previous = case
+    result = problem.run(previous)
+    workers = sorted(set(problem.workers))
+    cap = {w: c if (c := problem.mem_cap.get(w, 0)) > 0 else math.inf for w in workers}
+    cload = dict.fromkeys(workers, 0.0)
+    mload = dict.fromkeys(workers, 0)
+    utilization, memory = problem.utilization, problem.memory
+    for model in sorted(utilization, key=lambda m: (-utilization[m], -memory[m], m)):
+        u, wm = utilization[model], memory[model]
+        placement = result.assignment[model]
+        before = previous.get(model)
+        if len(placement) == 1 and before is not None and before.urls[0] in cload:
+
+            def score(w: str, u: float = u, wm: int = wm) -> float:
+                mem = (mload[w] + wm) / cap[w] if cap[w] != math.inf else 0.0
+                return max(cload[w] + u, mem)
+
+            fitting = [w for w in workers if mload[w] + wm <= cap[w]]
+            candidates = fitting if problem.forbid and fitting else workers
+            wp = before.urls[0]
+            best = min(score(w) for w in candidates)
+            if math.isclose(score(wp), best, rel_tol=1e-9):
+                tied = [w for w in candidates if score(w) == best]
+                floor = min(cload[w] + u for w in tied)
+                within = cload[wp] + u <= floor * (1 + problem.hysteresis)
+            else:
+                within = score(wp) <= best * (1 + problem.hysteresis)
+            if wp in candidates and within:
+                assert placement.urls == (wp,), model
+        for w in placement.urls:
+            cload[w] += u / len(placement)
+            mload[w] += wm

@@ -189,12 +189,12 @@ def compute_assignment(
             chosen_one = best
             if before is not None and len(before) == 1 and before.urls[0] in cload:
                 wp = before.urls[0]
-                gain = improvement(score(wp, u, wm), score(best, u, wm))
-                if math.isclose(score(wp, u, wm), score(best, u, wm), rel_tol=1e-9):
+                stay, move = score(wp, u, wm), score(best, u, wm)
+                if math.isclose(stay, move, rel_tol=1e-9):
                     # Memory-bound at the same level: compute decides, as in the choice.
-                    gain = improvement(cload[wp] + u, cload[best] + u)
-                max_improvement = max(max_improvement, gain)
-                if wp in candidates and gain <= hysteresis:
+                    stay, move = cload[wp] + u, cload[best] + u
+                max_improvement = max(max_improvement, improvement(stay, move))
+                if wp in candidates and stay <= move * (1 + hysteresis):
                     held += best != wp
                     chosen_one = wp
             chosen = [chosen_one]
