@@ -118,7 +118,7 @@ class NodeProcess:
         self.process.wait(STOP_SECONDS)
 
 
-def start_node(directory: Path, *args: str) -> NodeProcess:
+def start_node(directory: Path, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
     """`python -m rsgw node NODE_FILE *args`, once it logged "node serving"."""
     node_file = write_node_file(directory)
     fd, log_path = tempfile.mkstemp(prefix="rsgw-node-", suffix=".log", dir=directory)
@@ -128,7 +128,7 @@ def start_node(directory: Path, *args: str) -> NodeProcess:
             stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=fd,
-            env=node_environment(),
+            env=node_environment() | (env or {}),
             start_new_session=True,
         )
     finally:
@@ -149,8 +149,10 @@ def start_node(directory: Path, *args: str) -> NodeProcess:
 
 
 @contextlib.contextmanager
-def running_node(directory: Path, *args: str) -> Iterator[NodeProcess]:
-    node = start_node(directory, *args)
+def running_node(
+    directory: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[NodeProcess]:
+    node = start_node(directory, *args, env=env)
     try:
         yield node
     finally:
@@ -332,6 +334,33 @@ def test_stop_leaves_no_child_and_frees_every_port(tmp_path: Path, how: str) -> 
 
 # ---------------------------------------------------------------------------
 # A single-worker node, in process through `serve_node` and its handle.
+
+
+def test_a_node_serves_lpt_packing_and_rsgw_ctl_reaches_it(tmp_path: Path) -> None:
+    """The embedded gateway under lpt_packing: it waits for its workers (the supervisor
+    sets an infinite startup wait), places every model, serves, and answers `rsgw ctl`."""
+    mode = {"REACTANT_GATEWAY_SCHEDULING_MODE": "lpt_packing"}
+    with running_node(tmp_path, "--gpus", "2", env=mode) as node:
+        target = f"127.0.0.1:{node.serving['grpc_port']}"
+        infer_simple(target)
+        status = subprocess.run(
+            [sys.executable, "-m", "rsgw", "ctl", "--gateway", target, "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith("mode: lpt_packing")
+        assert "last trigger 'startup'" in status.stdout
+        repack = subprocess.run(
+            [sys.executable, "-m", "rsgw", "ctl", "--gateway", target, "repack", "--wait", "30"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert repack.returncode == 0 and " completed in " in repack.stdout, repack.stderr
 
 
 async def test_single_worker_node_serves_the_public_ports_itself(tmp_path: Path) -> None:
