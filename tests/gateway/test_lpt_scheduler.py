@@ -12,6 +12,7 @@ from rsgw.scheduling._fill import FillReservation
 from rsgw.scheduling._knobs import FillMode, SchedulingMode, WorkBasis
 from rsgw.scheduling._packer import Packer
 from rsgw.scheduling._reports import PollSummary
+from rsgw.scheduling._routing import build_routing_table
 from tests.helpers import infer_request
 
 A, B = "127.0.0.1:1", "127.0.0.1:2"
@@ -84,3 +85,20 @@ def test_a_knob_change_keeps_locators_and_plan_for_covers_unknown_models() -> No
     assert lpt.plans["m"].batch_input == "x"
     ghost = lpt.plan_for("ghost")
     assert ghost.mode is FillMode.SPREAD and ghost.quantum == 1
+
+
+def test_busy_placed_replicas_shed_and_dead_ones_fall_back() -> None:
+    knobs = SchedulingConfig(mode=SchedulingMode.LPT_PACKING, work_basis=WorkBasis.ITEMS)
+    lpt = LptScheduler(knobs, Packer())
+    poll = summary()
+    lpt.polled(poll)
+    lpt.install(lpt.packer.repack(poll, knobs, 0.0, "startup").assignment)
+    placed = lpt.packer.assignment["m"].urls
+    other = B if placed == (A,) else A
+    lpt.table_swapped(build_routing_table({A: ["m"], B: ["m"]}, (A, B), 1))
+    # The placed replica is alive but holds its share: the service offers only the other.
+    assert lpt.select("m", (other,), body(1)) == ((), None)
+    # The placed replica is gone from discovery: the call may go to the survivor.
+    lpt.table_swapped(build_routing_table({other: ["m"]}, (A, B), 2))
+    order, reservation = lpt.select("m", (other,), body(1))
+    assert order == (other,) and reservation is None

@@ -260,7 +260,23 @@ def test_zero_compute_repack_discards_arrivals_kept_bug_7() -> None:
     outcome = run(packer, poll(100.0), k, now=10.0)  # operator repack, no compute
     assert outcome.repack is not None and outcome.repack.compute_seconds == 0.0
     assert packer.pending_arrivals() == {}
-    assert packer.rates()["a"] == 0.0  # the 5/s sample was dropped unblended
+    assert packer.rates().get("a", 0.0) == 0.0  # the 5/s sample was dropped unblended
+
+
+def test_a_first_rate_sample_is_adopted_even_after_a_repack_without_compute() -> None:
+    packer = Packer(known_models=["a"])
+    k = knobs(first=0.0, rebalance=1e9, halflife=10.0)
+    run(packer, poll(100.0), k, now=0.0)  # baseline
+    for _ in range(20):
+        packer.record_arrival("a")
+    packer.request_repack()
+    run(packer, poll(100.0), k, now=5.0)  # no compute since: the counts are dropped
+    assert "a" not in packer.rates()
+    for _ in range(20):
+        packer.record_arrival("a")
+    packer.request_repack()
+    run(packer, poll(101.0), k, now=15.0)  # 2/s over 10 s, 1 compute-second
+    assert packer.rates()["a"] == pytest.approx(2.0)
 
 
 def test_costs_per_request_from_deltas() -> None:

@@ -141,6 +141,22 @@ def test_hysteresis_compares_compute_when_memory_ties() -> None:
     assert held.stats.moved == 0 and held.assignment == STRIPED
 
 
+def test_a_zero_demand_model_does_not_move_for_a_memory_tie() -> None:
+    """Both workers at the same memory fraction; moving `idle` (no demand) to the
+    worker without compute load relieves nothing, so the hysteresis keeps it."""
+    previous = {"hot": single(W[0]), "idle": single(W[0]), "other": single(W[1])}
+    result = assign(
+        {"hot": 0.2, "idle": 0.0, "other": 0.0},
+        workers=W[:2],
+        memory={"hot": 0, "idle": 500, "other": 500},
+        mem_cap=dict.fromkeys(W[:2], 1000),
+        previous=previous,
+        hysteresis=100.0,
+    )
+    assert result.assignment == previous
+    assert result.stats.moved == 0
+
+
 def test_memory_pressure_counts() -> None:
     # Compute alone ties w0 and w1 for "y" (0.4 each, so w0 by name); w0's weights are
     # 7/8 full, so its pressure is higher and "y" goes to w1.
@@ -424,7 +440,7 @@ def test_single_replica_models_stay_within_the_hysteresis_band(
             if math.isclose(score(wp), best, rel_tol=1e-9):
                 tied = [w for w in candidates if score(w) == best]
                 floor = min(cload[w] + u for w in tied)
-                within = cload[wp] + u <= floor * (1 + problem.hysteresis)
+                within = floor <= 0 or cload[wp] + u <= floor * (1 + problem.hysteresis)
             else:
                 within = score(wp) <= best * (1 + problem.hysteresis)
             if wp in candidates and within:

@@ -68,6 +68,7 @@ class LptScheduler:
         self.router = FillRouter()
         self._knobs = knobs
         self._rr = RoundRobin()
+        self._table = RoutingTable()
         self._meta = RoutingMeta()
         self._max_batch: Mapping[str, int] = MappingProxyType({})
         self._batch_at: Mapping[str, tuple[str, int]] = MappingProxyType({})
@@ -121,11 +122,20 @@ class LptScheduler:
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
     ) -> tuple[tuple[str, ...], AnyReservation | None]:
+        """Route within the placement; `replicas` are the discovered ones with room.
+
+        An empty order means the model's placed replicas are all busy: the service
+        sheds the call rather than spill it (and its weights) onto another GPU.
+        """
         self.packer.record_arrival(model)
         placement = self.packer.assignment.get(model)
         urls = () if placement is None else tuple(u for u in placement.urls if u in replicas)
-        if not urls:  # not placed yet (or every replica gone): plain rotation
-            return self._rr.select(model, replicas), None
+        if not urls:
+            if placement is not None and any(
+                u in self._table.replicas(model) for u in placement.urls
+            ):
+                return (), None  # its replicas are alive but busy: shed, never spill
+            return self._rr.select(model, replicas), None  # unplaced, or its replicas gone
         knobs = self._knobs
         plan = self.plans.get(model, DEFAULT_FILL_PLAN)
         units = 1
@@ -143,6 +153,7 @@ class LptScheduler:
             self.router.release(reservation)
 
     def table_swapped(self, table: RoutingTable) -> None:
+        self._table = table
         self._rr.forget_missing(table)
 
     def meta_refreshed(self, meta: RoutingMeta) -> None:

@@ -30,7 +30,12 @@ class Scheduler(Protocol):
 
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
-    ) -> tuple[tuple[str, ...], AnyReservation | None]: ...
+    ) -> tuple[tuple[str, ...], AnyReservation | None]:
+        """The failover order (chosen replica first) and the charge to release.
+
+        `replicas` are the model's discovered replicas with room for another call
+        (never empty). An empty order sheds the call.
+        """
 
     def release(self, reservation: AnyReservation | None) -> None: ...
 

@@ -46,6 +46,9 @@ COMPACT_MEMORY = b"/reactant_control.ControlService/CompactMemory"
 FAILOVER_CODES = frozenset(
     {StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED}
 )
+#: Failures after which the call stays on the scheduler's replicas: a worker's own
+#: admission shed means it is busy, not gone, and spilling would move weights.
+NO_SPILL_CODES = frozenset({StatusCode.RESOURCE_EXHAUSTED})
 #: Worker statuses that blame the request itself, logged at debug only.
 CLIENT_FAULT_CODES = frozenset(
     {
@@ -156,15 +159,26 @@ class GatewayService:
                 logger.debug("model not found on any worker", extra={"model": model[:200]})
                 raise GrpcError(code, f'model "{model}" not found on any worker')
             label = model
+            # Replicas holding their share are not offered to the scheduler, so its
+            # choice (and the reservation it charges) is where the call really goes.
+            free = self._free(replicas)
             try:
-                order, reservation = self.scheduler.select(model, replicas, body)
+                order, reservation = (
+                    self.scheduler.select(model, free, body) if free else ((), None)
+                )
             except DecodeError as exc:  # the batch-extent walk met bad bytes
                 rejected = True
                 raise GrpcError(
                     StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
                 ) from exc
+            if not order:  # every replica the scheduler may use holds its share
+                rejected = True
+                raise self._shed(model)
             try:
                 response = await self._forward(model, body, order, replicas, call.deadline)
+            except _Shed:
+                rejected = True
+                raise
             finally:
                 self.scheduler.release(reservation)
             code = StatusCode.OK
@@ -177,6 +191,22 @@ class GatewayService:
             seconds = None if rejected else time.perf_counter() - started
             self.metrics.observe("ModelInfer", label, code, seconds)
 
+    def _free(self, replicas: tuple[str, ...]) -> tuple[str, ...]:
+        """The replicas not holding their share of calls (all of them when uncapped)."""
+        cap = self.max_requests_per_worker
+        if not cap:
+            return replicas
+        held = self.held
+        return tuple(url for url in replicas if held.get(url, 0) < cap)
+
+    def _shed(self, model: str) -> GrpcError:
+        self.metrics.shed.inc()
+        return _Shed(
+            StatusCode.RESOURCE_EXHAUSTED,
+            f'every replica of model "{model}" is at its limit of '
+            f"{self.max_requests_per_worker} concurrent requests",
+        )
+
     async def _forward(
         self,
         model: str,
@@ -187,13 +217,15 @@ class GatewayService:
     ) -> bytes:
         """Send `body` to the replicas in `order` until one answers; see module docstring.
 
-        A replica already holding its share of calls (`max_requests_per_worker`) is
-        passed over, and when every replica in `order` is, the call is shed: one hot
-        worker's backlog must not take the whole gateway's admission cap and starve
-        the models of every other worker. Replicas outside `order` (discovered, but
-        not chosen by the scheduler, e.g. outside lpt_packing's placement) are a last
-        resort after a failure only, never for spill-over, so a busy replica does not
-        drag its model's weights onto another GPU.
+        Each worker holds at most `max_requests_per_worker` calls (sent, or waiting for
+        the register gate or a stream): one hot worker's backlog must not take the
+        whole gateway's admission cap and starve the models of every other worker.
+        `model_infer` offers the scheduler only replicas below their share; one that
+        filled up since is passed over here, and if none is left the call is shed.
+        Replicas outside `order` (discovered, but not chosen by the scheduler, e.g.
+        outside lpt_packing's placement) are a last resort after a replica failed
+        (unreachable or not serving the model), never after a worker's own admission
+        shed, so a busy replica does not drag its model's weights onto another GPU.
         """
         deadline = min(client_deadline, trio.current_time() + self.request_timeout)
         pool = self.pool
@@ -204,7 +236,7 @@ class GatewayService:
         index = 0
         while True:
             if index == len(targets):
-                if targets is not order or last is None:
+                if targets is not order or last is None or last.code in NO_SPILL_CODES:
                     break
                 targets = order + tuple(u for u in replicas if u not in order)  # last resort
                 if index == len(targets):
@@ -213,13 +245,13 @@ class GatewayService:
             index += 1
             if cap and held.get(url, 0) >= cap:
                 continue
-            if pool.gate.closed(url):
-                await pool.gate.wait_open(url)
-            if trio.current_time() >= deadline:
-                raise _gateway_deadline(model)
+            held[url] = held.get(url, 0) + 1  # before any wait: the gate queue counts too
             started = time.perf_counter()
-            held[url] = held.get(url, 0) + 1
             try:
+                if pool.gate.closed(url):
+                    await pool.gate.wait_open(url)
+                if trio.current_time() >= deadline:
+                    raise _gateway_deadline(model)
                 return await pool.channels[url].unary(MODEL_INFER, body, deadline=deadline)
             except GrpcError as exc:
                 if exc.code is StatusCode.DEADLINE_EXCEEDED and trio.current_time() >= deadline:
@@ -246,11 +278,7 @@ class GatewayService:
                 held[url] -= 1
                 self.metrics.observe_worker("ModelInfer", url, time.perf_counter() - started)
         if last is None:  # nothing was tried: every chosen replica holds its share
-            self.metrics.shed.inc()
-            raise GrpcError(
-                StatusCode.RESOURCE_EXHAUSTED,
-                f'every replica of model "{model}" is at its limit of {cap} concurrent requests',
-            )
+            raise self._shed(model)
         logger.warning(
             "every replica failed",
             extra={"model": model, "replicas": len(targets), "status": last.code.name},
@@ -424,6 +452,10 @@ class GatewayService:
             raise
         finally:
             self.metrics.observe("CompactMemory", "", code, time.perf_counter() - started)
+
+
+class _Shed(GrpcError):
+    """A call shed because its replicas hold their share (no latency is observed)."""
 
 
 def _gateway_deadline(model: str) -> GrpcError:

@@ -254,10 +254,10 @@ class Packer:
         for model, count in arrivals.items():
             sample = count / wall if wall > 0 else 0.0
             old_rate = self._rate.get(model)
-            if old_rate is None and compute > 0 and sample > 0:
-                self._rate[model] = sample
-            else:
-                self._rate[model] = ewma(old_rate or 0.0, sample, compute, halflife)
+            if old_rate is not None:
+                self._rate[model] = ewma(old_rate, sample, compute, halflife)
+            elif compute > 0 and sample > 0:
+                self._rate[model] = sample  # no rate yet: adopt it (a missing rate reads 0)
 
         # Costs per request, from the counters' deltas since the last repack, taken
         # per (worker, model) and summed: a worker that missed a poll keeps its

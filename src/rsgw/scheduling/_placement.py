@@ -191,8 +191,11 @@ def compute_assignment(
                 wp = before.urls[0]
                 stay, move = score(wp, u, wm), score(best, u, wm)
                 if math.isclose(stay, move, rel_tol=1e-9):
-                    # Memory-bound at the same level: compute decides, as in the choice.
+                    # Memory-bound at the same level: compute decides, as in the choice;
+                    # moving to a worker with no compute at all relieves nothing.
                     stay, move = cload[wp] + u, cload[best] + u
+                    if move <= 0:
+                        stay = move
                 max_improvement = max(max_improvement, improvement(stay, move))
                 if wp in candidates and stay <= move * (1 + hysteresis):
                     held += best != wp
