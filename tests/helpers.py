@@ -79,19 +79,20 @@ def wait_until(
 
 
 async def wait_until_async(
-    predicate: Callable[[], bool], *, interval: float = 0.005, what: str = "condition"
+    predicate: Callable[[], bool],
+    seconds: float = WAIT_SECONDS,
+    *,
+    interval: float = 0.005,
+    what: str = "condition",
 ) -> None:
-    """The trio twin of `wait_until`: poll on the Trio clock for up to WAIT_SECONDS.
-
-    A caller needing another bound wraps the call in its own `trio.fail_after`.
-    """
-    with trio.move_on_after(WAIT_SECONDS):
+    """The trio twin of `wait_until`: poll on the Trio clock; fail after `seconds`."""
+    with trio.move_on_after(seconds):
         # Polling on purpose: what we wait for (a counter moved by a call that a
         # client thread sent) has no event to wait on.
         while not predicate():  # noqa: ASYNC110
             await trio.sleep(interval)
         return
-    raise AssertionError(f"timed out after {WAIT_SECONDS} s waiting for {what}")
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
 async def in_thread(fn: Callable[[], T]) -> T:

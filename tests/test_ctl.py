@@ -47,6 +47,7 @@ from rsgw.ctl._render import (
     render_reply,
     render_status,
 )
+from rsgw.scheduling._knobs import RUNTIME_KNOBS
 from tests.helpers import WorkerProcess
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gateway_ctl.py"
@@ -467,3 +468,8 @@ def test_program_exit_statuses(program: str, closed_port: int) -> None:
     assert done.stderr.startswith("error: UNAVAILABLE: ")
     assert done.stderr.endswith(f" (from {target})\n")
     assert "Traceback" not in done.stderr
+
+
+def test_set_policy_accepts_exactly_the_gateways_runtime_knobs() -> None:
+    """The CLI's own table of value readers must not drift from the gateway's."""
+    assert set(POLICY_KEYS) == RUNTIME_KNOBS

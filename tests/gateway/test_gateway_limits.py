@@ -207,9 +207,7 @@ async def test_a_worker_holding_its_share_sheds_its_models_only() -> None:
                 nursery.start_soon(
                     partial(trio.to_thread.run_sync, call, fleet.target, simple_body(seed, "slow"))
                 )
-            with trio.fail_after(10):
-                while service.held.get(worker0, 0) < 2:  # noqa: ASYNC110 - a counter
-                    await trio.sleep(0.005)
+            await wait_until_async(lambda: service.held.get(worker0, 0) == 2, 10)
             error = await rpc_error(lambda: call(fleet.target, simple_body(9, "slow")))
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "at its limit of 2 concurrent requests" in (error.details() or "")

@@ -6,7 +6,7 @@ import logging
 import math
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 
 import grpc
@@ -26,7 +26,7 @@ from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
 from tests.gateway.fleet import Fleet, open_fleet
-from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request
+from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request, wait_until_async
 
 MODELS = """
 models:
@@ -122,14 +122,6 @@ def compactions(fleet: Fleet) -> list[int]:
     return [w.service.device.memory.counters.compactions for w in fleet.workers]
 
 
-async def until(predicate: Callable[[], bool], seconds: float) -> None:
-    """Poll `predicate` on the Trio clock; fail the test after `seconds`."""
-    with trio.fail_after(seconds):
-        # Polling on purpose: the counters waited on have no event to wait on.
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
-
-
 def leaf(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
@@ -220,10 +212,10 @@ async def test_a_late_worker_is_waited_for_then_the_gateway_serves(
 
         nursery.start_soon(gateway)
         waiting = "lpt_packing: waiting for all workers before serving"
-        await until(lambda: bool(messages(records, waiting)), 10)
+        await wait_until_async(lambda: bool(messages(records, waiting)), 10)
         assert not started
         await nursery.start(serve_worker, lone_worker(port, "late"))
-        await until(lambda: bool(started), 15)
+        await wait_until_async(lambda: bool(started), 15)
         target = f"127.0.0.1:{started[0].grpc_port}"
         assert await trio.to_thread.run_sync(send, target, NAMES, 2) == []
         nursery.cancel_scope.cancel()
@@ -261,7 +253,7 @@ async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged() -> None:
 async def rounds_pass(fleet: Fleet, count: int) -> None:
     prober = fleet.gateway.prober
     target = prober.rounds + count
-    await until(lambda: prober.rounds >= target, 10)
+    await wait_until_async(lambda: prober.rounds >= target, 10)
 
 
 async def drive_until_compute_repack(fleet: Fleet, mix: tuple[str, ...] = NAMES) -> None:
@@ -288,7 +280,7 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         packer = packing(fleet).packer
         assert repacks(fleet, "startup") == 1
         rounds = fleet.gateway.prober.rounds
-        await until(lambda: fleet.gateway.prober.rounds >= rounds + 5, 10)
+        await wait_until_async(lambda: fleet.gateway.prober.rounds >= rounds + 5, 10)
         assert repacks(fleet, "compute") == 0  # idle: nothing accrues
         assert compactions(fleet) == [0, 0, 0]
 
@@ -308,13 +300,13 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         changed = sorted(report.changed_workers)
         assert changed
         if mode is CompactionMode.EAGER:
-            await until(lambda: sum(compactions(fleet)) == len(changed), 10)
+            await wait_until_async(lambda: sum(compactions(fleet)) == len(changed), 10)
             urls = list(fleet.gateway.config.endpoints)
             assert [compactions(fleet)[urls.index(u)] for u in changed] == [1] * len(changed)
         # The next repack waits for the full budget, not the first one.
         rounds = fleet.gateway.prober.rounds
         assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 4, 3) == []
-        await until(lambda: fleet.gateway.prober.rounds >= rounds + 3, 10)
+        await wait_until_async(lambda: fleet.gateway.prober.rounds >= rounds + 3, 10)
         tick = packer.last_tick
         assert tick is not None and tick.threshold == 1000.0
         assert repacks(fleet, "compute") == 1
@@ -341,7 +333,7 @@ async def test_eager_compaction_reaches_each_changed_worker_once() -> None:
         assert report is not None and report.trigger == "operator"
         changed = sorted(report.changed_workers)
         assert changed
-        await until(lambda: sum(compactions(fleet)) == len(changed), 10)
+        await wait_until_async(lambda: sum(compactions(fleet)) == len(changed), 10)
         urls = list(fleet.gateway.config.endpoints)
         assert all(compactions(fleet)[urls.index(u)] == 1 for u in changed)
 
@@ -387,7 +379,7 @@ async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_war
         urls = fleet.gateway.config.endpoints
         assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls))
         await restart_without(fleet, 2, "gamma")
-        await until(lambda: fleet.gateway.prober.table.replicas("gamma") == urls[:2], 10)
+        await wait_until_async(lambda: fleet.gateway.prober.table.replicas("gamma") == urls[:2], 10)
         outcome = await shell.request_repack(20)
         assert outcome.completed
         assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls[:2]))
@@ -409,7 +401,7 @@ async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fai
         await fleet.workers[1].aclose()
         # Before any repack: the placement still names the lost worker, and no request fails.
         assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
-        await until(lambda: lost not in fleet.gateway.prober.ready, 10)
+        await wait_until_async(lambda: lost not in fleet.gateway.prober.ready, 10)
         outcome = await shell.request_repack(20)
         assert outcome.completed
         assert all(lost not in p.urls for p in shell.packer.assignment.values())

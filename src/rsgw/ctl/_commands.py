@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.scheduling._policy import STARTUP_ONLY
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -206,11 +207,9 @@ POLICY_KEYS: Final[Mapping[str, Callable[[str, str], PolicyValue]]] = MappingPro
     }
 )
 
-#: Settings the gateway reads once at start-up (REFERENCE.md §2.8); naming one in
-#: set-policy gets the gateway's own advice without a round trip.
-STARTUP_ONLY_KEYS: Final = frozenset(
-    {"mode", "scheduling_mode", "max_worker_share", "endpoints", "listen"}
-)
+#: Settings the gateway reads once at start-up (the gateway's own table, REFERENCE.md
+#: §2.8); naming one in set-policy gets the gateway's advice without a round trip.
+STARTUP_ONLY_KEYS: Final = frozenset(STARTUP_ONLY)
 
 
 def parse_policy_updates(pairs: list[str]) -> tuple[tuple[str, PolicyValue], ...]:

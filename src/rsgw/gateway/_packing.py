@@ -38,6 +38,7 @@ from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._preconditions import await_fleet
 from rsgw.gateway._prober import Prober
+from rsgw.gateway._service import COMPACT_MEMORY
 from rsgw.scheduling._knobs import FillMode
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
 from rsgw.scheduling._policy import PARKING_WARNING
@@ -52,7 +53,6 @@ from rsgw.scheduling._reports import (
 
 logger = logging.getLogger(__name__)
 
-COMPACT_MEMORY = b"/reactant_control.ControlService/CompactMemory"
 #: Deadline of each compaction call: reloading weights can take a while.
 COMPACTION_DEADLINE = 60.0
 

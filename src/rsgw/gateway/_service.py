@@ -194,10 +194,12 @@ class GatewayService:
     def _free(self, replicas: tuple[str, ...]) -> tuple[str, ...]:
         """The replicas not holding their share of calls (all of them when uncapped)."""
         cap = self.max_requests_per_worker
-        if not cap:
-            return replicas
         held = self.held
-        return tuple(url for url in replicas if held.get(url, 0) < cap)
+        if cap:
+            for url in replicas:
+                if held.get(url, 0) >= cap:  # rare: only then build a new tuple
+                    return tuple(u for u in replicas if held.get(u, 0) < cap)
+        return replicas
 
     def _shed(self, model: str) -> GrpcError:
         self.metrics.shed.inc()
