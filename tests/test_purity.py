@@ -35,6 +35,7 @@ PURE = [
     "scheduling/_packer.py",
     "scheduling/_reports.py",
     "scheduling/_placement.py",
+    "scheduling/_policy.py",
     "scheduling/_routing.py",
     # The simulated worker's models.
     "worker/_batching.py",
