@@ -7,11 +7,11 @@ from rsgw._config import load_config as load_config
 from rsgw._errors import ConfigError as ConfigError
 from rsgw._errors import GatewayWedged as GatewayWedged
 from rsgw._errors import RsgwError as RsgwError
-from rsgw._probe import probe_worker_ready as probe_worker_ready
 from rsgw._version import __version__ as __version__
 from rsgw.gateway._gateway import RunningGateway as RunningGateway
 from rsgw.gateway._gateway import open_gateway as open_gateway
 from rsgw.gateway._gateway import serve_gateway as serve_gateway
+from rsgw.node._probe import probe_worker_ready as probe_worker_ready
 
 __all__ = [
     "ConfigError",

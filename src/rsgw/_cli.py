@@ -263,8 +263,9 @@ def _run_gateway(args: argparse.Namespace) -> None:
 
 
 def _run_node(args: argparse.Namespace) -> None:
-    from rsgw._node import BUILTIN_MODEL_REPO, default_node, load_node
-    from rsgw._supervisor import serve_node, visible_gpu_count
+    from rsgw.node._gpus import visible_gpu_count
+    from rsgw.node._node import BUILTIN_MODEL_REPO, default_node, load_node
+    from rsgw.node._supervisor import serve_node
     from rsgw.worker._catalogue import load_catalogue
 
     visible = visible_gpu_count() if args.gpus is None else None
@@ -280,7 +281,7 @@ def _run_node(args: argparse.Namespace) -> None:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from rsgw._probe import probe_worker_ready
+    from rsgw.node._probe import probe_worker_ready
 
     if trio.run(probe_worker_ready, args.node, args.worker):
         return 0

@@ -43,15 +43,12 @@ from rsgw._schema import (
     DEFAULT_HEALTH_INTERVAL_SECONDS,
     DEFAULT_STARTUP_WAIT_SECONDS,
     DEFAULT_WEDGE_EXIT_ROUNDS,
-    check_override,
     check_target,
 )
 from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
 from rsgw._schema import LoggingConfig as LoggingConfig
-from rsgw._schema import ModelOverride as ModelOverride
-from rsgw._schema import SchedulingConfig as SchedulingConfig
 from rsgw._schema import TlsConfig as TlsConfig
 from rsgw._schema import WorkerClientConfig as WorkerClientConfig
 from rsgw._values import must_be, read_yaml, show
@@ -62,6 +59,9 @@ from rsgw.scheduling._knobs import Replicas as Replicas
 from rsgw.scheduling._knobs import RoutingPolicy as RoutingPolicy
 from rsgw.scheduling._knobs import SchedulingMode as SchedulingMode
 from rsgw.scheduling._knobs import WorkBasis as WorkBasis
+from rsgw.scheduling._settings import ModelOverride as ModelOverride
+from rsgw.scheduling._settings import SchedulingConfig as SchedulingConfig
+from rsgw.scheduling._settings import check_override
 
 DEFAULT_CONFIG_PATH = "/etc/reactantserver/gateway.yml"
 ENV_PREFIX = "REACTANT_GATEWAY_"

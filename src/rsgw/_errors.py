@@ -8,7 +8,7 @@ a core reaches a client with a precise code instead of INTERNAL.
 
 from __future__ import annotations
 
-from rsgw.grpc._status import StatusCode
+from rsgw._status import StatusCode
 
 
 class RsgwError(Exception):

@@ -18,23 +18,22 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
 from rsgw._errors import ConfigError
-from rsgw._values import Check, check_float, check_int, check_str, must_be, ranged, show, words
-from rsgw.scheduling._knobs import (
-    SCHEDULING_KNOBS,
-    CompactionMode,
-    FillMode,
-    Replicas,
-    RoutingPolicy,
-    SchedulingMode,
-    WorkBasis,
-    check_model_fill_mode,
-    check_positive,
-    check_replicas,
+from rsgw._values import (
+    Check,
+    check_fields,
+    check_float,
+    check_int,
+    check_str,
+    must_be,
+    ranged,
+    show,
+    words,
 )
+from rsgw.scheduling._knobs import check_positive
+from rsgw.scheduling._settings import SchedulingConfig
 
 # Defaults: REFERENCE.md §3.2 (the original's gateway.yml defaults), unless noted.
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
@@ -45,22 +44,12 @@ DEFAULT_MAX_MSG_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER = 64
 DEFAULT_LOG_LEVEL = "info"
 DEFAULT_LOG_FORMAT = "json"
-DEFAULT_REBALANCE_COMPUTE_SECONDS = 300.0
-DEFAULT_FIRST_REBALANCE_COMPUTE_SECONDS = 60.0
-DEFAULT_MAX_WORKER_SHARE = 0.8
-DEFAULT_HYSTERESIS = 0.0
-DEFAULT_EMA_HALFLIFE_COMPUTE_SECONDS = 0.0
-DEFAULT_REPLICAS = 1
-DEFAULT_ROUTING_FILL_FACTOR = 1.0
-DEFAULT_COMPACTION_INTERVAL = 1
 DEFAULT_STARTUP_WAIT_SECONDS = 0.0
 DEFAULT_HEALTH_INTERVAL_SECONDS = 10.0
 DEFAULT_WEDGE_EXIT_ROUNDS = 3
 # The prober's per-call watchdog (REFERENCE.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
 # in the original, a field here so an embedding application or a test can shorten it.
 DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
-# RoutingMeta's halflife when neither the EMA nor the rebalance budget gives one (§3.4).
-DEFAULT_ROUTING_META_HALFLIFE_SECONDS = 30.0
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -129,12 +118,6 @@ _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
 )
 
 
-def _check_fields(obj: object, prefix: str, checks: Mapping[str, Check]) -> None:
-    """Run each field of a frozen dataclass through its check and store the normal form."""
-    for name, check in checks.items():
-        object.__setattr__(obj, name, check(getattr(obj, name), f"{prefix}{name}"))
-
-
 def _frozen_fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
@@ -151,7 +134,7 @@ class ListenConfig:
     metrics: str = DEFAULT_LISTEN_METRICS
 
     def __post_init__(self) -> None:
-        _check_fields(self, "listen.", _LISTEN_CHECKS)
+        check_fields(self, "listen.", _LISTEN_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +145,7 @@ class WorkerClientConfig:
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
 
     def __post_init__(self) -> None:
-        _check_fields(self, "worker_client.", _WORKER_CLIENT_CHECKS)
+        check_fields(self, "worker_client.", _WORKER_CLIENT_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +157,7 @@ class GrpcLimits:
     max_concurrent_requests_per_worker: int = DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER
 
     def __post_init__(self) -> None:
-        _check_fields(self, "grpc.", _GRPC_CHECKS)
+        check_fields(self, "grpc.", _GRPC_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +168,7 @@ class LoggingConfig:
     format: str = DEFAULT_LOG_FORMAT
 
     def __post_init__(self) -> None:
-        _check_fields(self, "logging.", _LOGGING_CHECKS)
+        check_fields(self, "logging.", _LOGGING_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,95 +180,7 @@ class TlsConfig:
     client_ca_file: str = ""
 
     def __post_init__(self) -> None:
-        _check_fields(self, "tls.", _TLS_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelOverride:
-    """`scheduling.models.<m>`: what one model does differently from the fleet.
-
-    Every field has an "inherit" value: `replicas=None` takes `default_replicas`
-    (DECISIONS.md §3.3; the original pinned such a model to 1), `fill_mode=INHERIT`
-    takes `routing_fill_mode`, `fill_factor=0.0` takes `routing_fill_factor`. It is
-    checked (with its model's key path) by the `SchedulingConfig` that holds it.
-    """
-
-    replicas: Replicas | None = None
-    fill_mode: FillMode = FillMode.INHERIT
-    fill_factor: float = 0.0
-
-
-def check_override(override: object, key: str) -> ModelOverride:
-    if not isinstance(override, ModelOverride):
-        raise must_be(key, "a ModelOverride", override)
-    replicas = override.replicas
-    return ModelOverride(
-        replicas=None if replicas is None else check_replicas(replicas, f"{key}.replicas"),
-        fill_mode=check_model_fill_mode(override.fill_mode, f"{key}.fill_mode"),
-        fill_factor=_non_negative(override.fill_factor, f"{key}.fill_factor"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulingConfig:
-    """The `scheduling:` block: the mode and lpt_packing's knobs (REFERENCE.md §4.8)."""
-
-    mode: SchedulingMode = SchedulingMode.ROUND_ROBIN
-    work_basis: WorkBasis = WorkBasis.COMPUTE
-    rebalance_compute_seconds: float = DEFAULT_REBALANCE_COMPUTE_SECONDS
-    # 0 = the first repack waits for rebalance_compute_seconds too.
-    first_rebalance_compute_seconds: float = DEFAULT_FIRST_REBALANCE_COMPUTE_SECONDS
-    # Advisory only (as in the original): logged, never enforced.
-    max_worker_share: float = DEFAULT_MAX_WORKER_SHARE
-    hysteresis: float = DEFAULT_HYSTERESIS
-    # 0 = track rebalance_compute_seconds (see `resolved_ema_halflife`).
-    ema_halflife_compute_seconds: float = DEFAULT_EMA_HALFLIFE_COMPUTE_SECONDS
-    default_replicas: Replicas = DEFAULT_REPLICAS
-    routing_fill_factor: float = DEFAULT_ROUTING_FILL_FACTOR
-    routing_policy: RoutingPolicy = RoutingPolicy.FILL_LEAST
-    routing_fill_mode: FillMode = FillMode.RUN
-    forbid_memory_oversubscription: bool = True
-    compaction_mode: CompactionMode = CompactionMode.EAGER
-    # Compact every N repacks; 0 disables.
-    compaction_interval: int = DEFAULT_COMPACTION_INTERVAL
-    # Not hashed: a mapping has no hash, and the knobs above identify a policy anyway.
-    models: Mapping[str, ModelOverride] = field(
-        default_factory=lambda: MappingProxyType({}), hash=False
-    )
-
-    def __post_init__(self) -> None:
-        _check_fields(self, "scheduling.", SCHEDULING_KNOBS)
-        if not isinstance(self.models, Mapping):
-            raise must_be("scheduling.models", "a mapping", self.models)
-        models: dict[str, ModelOverride] = {}
-        for name, override in self.models.items():
-            if not isinstance(name, str) or not name.strip():
-                raise ConfigError(
-                    f"config 'scheduling.models' keys must be model names, got {show(name)}"
-                )
-            models[name] = check_override(override, f"scheduling.models.{name}")
-        object.__setattr__(self, "models", MappingProxyType(models))
-
-    @property
-    def resolved_ema_halflife(self) -> float:
-        """`PackingKnobs.ema_halflife_compute`: the EMA halflife, 0 resolved to rebalance."""
-        return self.ema_halflife_compute_seconds or self.rebalance_compute_seconds
-
-    @property
-    def routing_meta_halflife(self) -> float:
-        """RoutingMeta's halflife: EMA if > 0, else rebalance if > 0, else 30 s (§3.4)."""
-        return (
-            self.ema_halflife_compute_seconds
-            or self.rebalance_compute_seconds
-            or DEFAULT_ROUTING_META_HALFLIFE_SECONDS
-        )
-
-    def replicas_for(self, model: str) -> Replicas:
-        """The configured replica count of `model`: its override, else `default_replicas`."""
-        override = self.models.get(model)
-        if override is None or override.replicas is None:
-            return self.default_replicas
-        return override.replicas
+        check_fields(self, "tls.", _TLS_CHECKS)
 
 
 def _check_startup_wait(value: object, key: str) -> float:
@@ -336,7 +231,7 @@ class GatewayConfig:
             "probe_timeout_seconds": check_positive,
             "wedge_exit_rounds": ranged(check_int, lambda n: n >= 0, "non-negative (0 disables)"),
         }
-        _check_fields(self, "", checks)
+        check_fields(self, "", checks)
         if not self.endpoints:
             raise ConfigError(
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "

@@ -7,14 +7,14 @@ A check has the shape `check(value, key) -> normal form` and raises a `ConfigErr
 that names `key` and quotes the bad value (`show`), so gateway.yml, the node file, the
 environment and the runtime control plane all word their errors alike. The checks
 here know nothing of any one file: the gateway's keys are in `rsgw._schema`, the
-scheduling knobs in `rsgw.scheduling._knobs`, the node file's in `rsgw._node`.
+scheduling knobs in `rsgw.scheduling._knobs`, the node file's in `rsgw.node._node`.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import yaml
@@ -196,3 +196,9 @@ def human_bytes(count: int) -> str:
         if abs(value) < 1024 or unit == BYTE_UNITS[-1]:
             break
     return f"{value:.1f} {unit}"
+
+
+def check_fields(obj: object, prefix: str, checks: Mapping[str, Check]) -> None:
+    """Run each field of a frozen dataclass through its check and store the normal form."""
+    for name, check in checks.items():
+        object.__setattr__(obj, name, check(getattr(obj, name), f"{prefix}{name}"))

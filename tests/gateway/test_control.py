@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import trio
 
-from rsgw._schema import SchedulingConfig
 from rsgw.scheduling._knobs import SchedulingMode
+from rsgw.scheduling._settings import SchedulingConfig
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.gateway.test_lpt_packing import NAMES, catalogue, lpt, samples, send
 from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request

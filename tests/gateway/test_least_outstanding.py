@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import trio
 
-from rsgw._schema import SchedulingConfig
-from rsgw.gateway._schedulers import LeastOutstandingScheduler
 from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
+from rsgw.scheduling._schedulers import LeastOutstandingScheduler
+from rsgw.scheduling._settings import SchedulingConfig
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request, wait_until_async
 

@@ -17,11 +17,11 @@ import trio
 
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged, ListenError, StartupError
-from rsgw._schema import ModelOverride, SchedulingConfig
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._packing import Packing
 from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
 from rsgw.scheduling._reports import DRIFT_WARNING
+from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker

@@ -129,8 +129,8 @@ async def test_on_demand_refresh_is_single_flight() -> None:
 
 
 async def test_a_hung_control_status_poll_resets_the_channel() -> None:
-    from rsgw._schema import SchedulingConfig
     from rsgw.scheduling._knobs import SchedulingMode
+    from rsgw.scheduling._settings import SchedulingConfig
 
     worker = ScriptedWorker()
     poll_started = trio.Event()

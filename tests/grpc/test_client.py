@@ -13,9 +13,9 @@ import trio.testing
 
 from rsgw._errors import WorkerUnavailable
 from rsgw._net import bind_tcp, bound_port
+from rsgw._status import GrpcError, StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer, ServerCall
-from rsgw.grpc._status import GrpcError, StatusCode
 
 BIG = 80 * 1024 * 1024
 

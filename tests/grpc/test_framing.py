@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rsgw._status import GrpcError, StatusCode
 from rsgw.grpc._framing import MessageDecoder, frame_message, message_prefix
-from rsgw.grpc._status import GrpcError, StatusCode
 
 
 def feed_all(decoder: MessageDecoder, chunks: list[bytes]) -> list[bytes]:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rsgw._status import GrpcError, StatusCode, status_from_wire
 from rsgw.grpc._metadata import (
     OK_TRAILERS,
     decode_message,
@@ -17,7 +18,6 @@ from rsgw.grpc._metadata import (
     status_trailers,
     trailers_only,
 )
-from rsgw.grpc._status import GrpcError, StatusCode, status_from_wire
 
 GOOD = [
     (b":method", b"POST"),

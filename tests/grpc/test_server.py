@@ -17,8 +17,8 @@ import trio
 
 from rsgw._errors import ListenError, NotFound
 from rsgw._net import bind_tcp, bound_port
+from rsgw._status import GrpcError, StatusCode
 from rsgw.grpc._server import GrpcServer, ServerCall
-from rsgw.grpc._status import GrpcError, StatusCode
 
 LIMIT = 1024 * 1024
 BIG_LIMIT = 80 * 1024 * 1024

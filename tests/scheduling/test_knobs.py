@@ -12,7 +12,6 @@ import dataclasses
 import pytest
 
 from rsgw._errors import ConfigError
-from rsgw._schema import SchedulingConfig
 from rsgw.scheduling._knobs import (
     RUNTIME_KNOBS,
     SCHEDULING_KNOBS,
@@ -24,6 +23,7 @@ from rsgw.scheduling._knobs import (
     check_routing_policy,
     validate_knob,
 )
+from rsgw.scheduling._settings import SchedulingConfig
 
 
 def test_validate_knob_uses_the_yaml_checks() -> None:

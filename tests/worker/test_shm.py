@@ -21,7 +21,7 @@ import pytest
 import tritonclient.utils.shared_memory as triton_shm
 
 from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
-from rsgw.grpc._status import StatusCode
+from rsgw._status import StatusCode
 from rsgw.worker._shm import SHM_ROOT, RegionStatus, ShmRegistry, same_ipc_namespace
 
 PAGE = 4096

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import rsgw
 from rsgw._cli import build_parser
-from tests.test_purity import FORBIDDEN, SRC, imported_roots
 
 
 def parse(*argv: str) -> dict[str, object]:
@@ -75,12 +73,3 @@ def test_bad_flags_exit_2(
         parse(*argv)
     assert info.value.code == 2
     assert needle in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "module",
-    ["worker/_costs.py", "worker/_fair.py", "worker/_weights.py", "worker/_specs.py"],
-)
-def test_new_worker_cores_are_pure(module: str) -> None:
-    assert (SRC / module).is_file(), rsgw.__file__
-    assert not imported_roots(SRC / module) & FORBIDDEN

@@ -20,11 +20,11 @@ import trio
 from google.protobuf.message import DecodeError, Message
 
 from rsgw._errors import RsgwError
+from rsgw._status import GrpcError, StatusCode
 from rsgw.ctl._args import DEFAULT_PROG, parse_args
 from rsgw.ctl._commands import Call, ShowHelp, UsageError, call_for
 from rsgw.ctl._render import format_error, render_reply
 from rsgw.grpc._client import Channel
-from rsgw.grpc._status import GrpcError, StatusCode
 
 #: Exit statuses.
 EXIT_OK = 0

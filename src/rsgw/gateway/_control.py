@@ -23,6 +23,7 @@ from google.protobuf.message import Message
 
 from rsgw._errors import RsgwError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import GrpcError, StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._prober import Prober
@@ -35,7 +36,6 @@ from rsgw.gateway._scheduling_status import (
     status_of,
 )
 from rsgw.grpc._server import ServerCall, UnaryHandler
-from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
 from rsgw.scheduling._policy import (

@@ -23,19 +23,19 @@ from rsgw._config import GatewayConfig, SchedulingMode
 from rsgw._exposition import CONTENT_TYPE, merge_expositions
 from rsgw._net import split_host_port
 from rsgw.gateway._control import GatewayControl
-from rsgw.gateway._lpt import LptScheduler
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
-from rsgw.gateway._schedulers import LeastOutstandingScheduler, RoundRobinScheduler, Scheduler
 from rsgw.gateway._service import GatewayService
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
 from rsgw.scheduling._knobs import WorkBasis
+from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMetaTracker
 from rsgw.scheduling._packer import Packer
+from rsgw.scheduling._schedulers import LeastOutstandingScheduler, RoundRobinScheduler, Scheduler
 
 logger = logging.getLogger(__name__)
 

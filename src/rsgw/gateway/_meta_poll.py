@@ -19,8 +19,8 @@ from types import MappingProxyType
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
-from rsgw.gateway._schedulers import Scheduler
 from rsgw.scheduling._meta import ModelCounters, RoutingMeta, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._schedulers import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rsgw._exposition import LATENCY_BUCKETS, render_registry
-from rsgw.grpc._status import StatusCode
+from rsgw._status import StatusCode
 
 #: The model label of a request for a model no worker serves.
 UNKNOWN_MODEL = "_unknown_"

@@ -31,15 +31,14 @@ from types import MappingProxyType
 import trio
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._schema import SchedulingConfig
 from rsgw._values import human_bytes
-from rsgw.gateway._lpt import LptScheduler
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._preconditions import await_fleet
 from rsgw.gateway._prober import Prober
 from rsgw.gateway._service import COMPACT_MEMORY
 from rsgw.scheduling._knobs import FillMode
+from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
 from rsgw.scheduling._policy import PARKING_WARNING
 from rsgw.scheduling._reports import (
@@ -50,6 +49,7 @@ from rsgw.scheduling._reports import (
     RepackReport,
     summarize_poll,
 )
+from rsgw.scheduling._settings import SchedulingConfig
 
 logger = logging.getLogger(__name__)
 

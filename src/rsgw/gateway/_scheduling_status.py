@@ -8,10 +8,10 @@ builds protobuf messages; nothing awaits, so a status is one consistent picture.
 from __future__ import annotations
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._schema import SchedulingConfig
 from rsgw.gateway._packing import Packing
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
 from rsgw.scheduling._policy import PARKING_WARNING, memory_projection, replicas_to_wire
+from rsgw.scheduling._settings import SchedulingConfig
 
 NO_REPACK_YET = "no repack has run yet; per-model demand figures are unset"
 

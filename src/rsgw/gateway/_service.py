@@ -22,16 +22,16 @@ import trio
 from rsgw._errors import DecodeError, WorkerUnavailable
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import GrpcError, StatusCode
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
-from rsgw.gateway._schedulers import RoundRobinScheduler, Scheduler
-from rsgw.gateway._wire import peek_header
 from rsgw.grpc._client import ResponseStarted
 from rsgw.grpc._server import ServerCall, UnaryHandler
-from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._routing import RoutingTable
+from rsgw.scheduling._schedulers import RoundRobinScheduler, Scheduler
+from rsgw.scheduling._wire import peek_header
 
 logger = logging.getLogger(__name__)
 

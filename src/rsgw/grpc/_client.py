@@ -37,6 +37,7 @@ import hpack
 import trio
 
 from rsgw._errors import WorkerUnavailable
+from rsgw._status import GrpcError, StatusCode
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
 from rsgw.grpc._metadata import (
     CONTENT_TYPE,
@@ -45,7 +46,6 @@ from rsgw.grpc._metadata import (
     format_timeout,
     parse_status,
 )
-from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._transport import RECEIVE_BYTES, H2Transport, new_h2_connection
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ own call (purerpc's oversized message killed every call on the connection).
 
 from __future__ import annotations
 
-from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw._status import GrpcError, StatusCode
 
 PREFIX_BYTES = 5
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw._status import GrpcError, StatusCode
 
 Header = tuple[bytes, bytes]
 HeaderBlock = tuple[Header, ...]

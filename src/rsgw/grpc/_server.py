@@ -35,6 +35,7 @@ import trio
 
 from rsgw._errors import RsgwError
 from rsgw._net import bind_tcp, bound_port
+from rsgw._status import GrpcError, StatusCode
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
 from rsgw.grpc._metadata import (
     RESPONSE_HEADERS,
@@ -43,7 +44,6 @@ from rsgw.grpc._metadata import (
     status_trailers,
     trailers_only,
 )
-from rsgw.grpc._status import GrpcError, StatusCode
 from rsgw.grpc._transport import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_WINDOW_BYTES,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from rsgw.grpc._status import GrpcError, StatusCode
+from rsgw._status import GrpcError, StatusCode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

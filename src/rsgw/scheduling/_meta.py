@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from rsgw.gateway._wire import peek_batch_size
+from rsgw.scheduling._wire import peek_batch_size
 
 #: Cost per item when no model has a measured cost yet: one unit, so nothing routes on
 #: zeros (a free-looking model would attract every request).

@@ -46,7 +46,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from rsgw._schema import SchedulingConfig
 from rsgw.scheduling._knobs import CompactionMode, Replicas
 from rsgw.scheduling._meta import ewma
 from rsgw.scheduling._placement import Placement, compute_assignment
@@ -61,6 +60,7 @@ from rsgw.scheduling._reports import (
     TickReport,
     Trigger,
 )
+from rsgw.scheduling._settings import SchedulingConfig
 
 #: Ticks a traffic-driven repack may wait for a poll that every ready worker answered.
 MAX_DEFERRED_TICKS = 3

@@ -19,8 +19,8 @@ from types import MappingProxyType
 from typing import Final
 
 from rsgw._errors import ConfigError
-from rsgw._schema import ModelOverride, SchedulingConfig, check_override
 from rsgw.scheduling._knobs import ALL, RUNTIME_KNOBS, FillMode, Replicas, validate_knob
+from rsgw.scheduling._settings import ModelOverride, SchedulingConfig, check_override
 
 #: Names an operator may try that only gateway.yml and a restart can change.
 STARTUP_ONLY: Final[Mapping[str, str]] = MappingProxyType(

@@ -28,7 +28,7 @@ from rsgw.worker._weights import ResidencyMode
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from rsgw.grpc._status import StatusCode
+    from rsgw._status import StatusCode
     from rsgw.worker._device import Device
 
 

@@ -32,7 +32,7 @@ client's endpoint does not change between one GPU and eight. Its node-file host 
 ports are not used (they are the internal ports behind a gateway); `rsgw probe` knows
 this (`probe_address`).
 
-What to run is decided in `rsgw._supervision` (pure: backoff, GPUs, addresses, command
+What to run is decided in `rsgw.node._supervision` (pure: backoff, GPUs, addresses, command
 and log lines); this module runs it. Of a worker's node-file settings we pass on
 `scheduler.discipline` (`--discipline`) and the node's `models:` residency (`--pin`).
 
@@ -50,7 +50,6 @@ import dataclasses
 import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -61,14 +60,12 @@ import trio
 
 from rsgw._config import env_name, find_config_file
 from rsgw._net import bind_tcp, split_host_port
-from rsgw._node import NodeConfig, WorkerSpec
-from rsgw._supervision import (
+from rsgw.node._node import NodeConfig, WorkerSpec
+from rsgw.node._supervision import (
     Backoff,
     cuda_device,
-    cuda_devices,
     gateway_command,
     gateway_environment,
-    listed_gpu_count,
     parse_serving,
     pinned_gateway_env,
     public_addresses,
@@ -91,32 +88,8 @@ DEFAULT_WORKER_START_WAIT = 30.0
 _RELAY_DRAIN_SECONDS = 1.0
 # A line longer than this is relayed in pieces rather than buffered without limit.
 _MAX_LINE_BYTES = 65536
-# How long `nvidia-smi -L` may take before we treat the node as having no GPU.
-_NVIDIA_SMI_TIMEOUT = 5.0
 
 GATEWAY = "gateway"
-
-
-def visible_gpu_count(env: Mapping[str, str] = os.environ) -> int | None:
-    """How many GPUs this node sees, for `gpus: auto`; None when we cannot tell.
-
-    CUDA_VISIBLE_DEVICES wins when set (an empty value hides every GPU); otherwise we
-    count the `GPU n:` lines of `nvidia-smi -L`. No driver, no tool, or a tool that
-    fails or hangs all mean "none", and the node then simulates its GPUs.
-    """
-    devices = cuda_devices(env)
-    if devices is not None:
-        return len(devices)
-    tool = shutil.which("nvidia-smi")
-    if tool is None:
-        return None
-    try:
-        listing = subprocess.run(
-            [tool, "-L"], capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return listed_gpu_count(listing)
 
 
 def _write_stderr(text: str) -> None:

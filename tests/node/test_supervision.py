@@ -1,6 +1,6 @@
-"""The node supervisor's pure decisions (rsgw._supervision): plain table tests.
+"""The node supervisor's pure decisions (rsgw.node._supervision): plain table tests.
 
-The processes themselves are tested end to end in tests/test_supervisor.py.
+The processes themselves are tested end to end in tests/node/test_supervisor.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import rsgw
 from rsgw._config import parse_config
 from rsgw._errors import ConfigError
-from rsgw._node import NodeConfig, parse_node
-from rsgw._supervision import (
+from rsgw.node._node import NodeConfig, parse_node
+from rsgw.node._supervision import (
     Backoff,
     cuda_device,
     cuda_devices,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rsgw._errors import DecodeError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.gateway._wire import peek_batch_size, peek_header
+from rsgw.scheduling._wire import peek_batch_size, peek_header
 
 names = st.text(max_size=12)
 dims = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5)

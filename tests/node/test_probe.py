@@ -17,10 +17,10 @@ import trio
 import yaml
 
 import rsgw
-from rsgw._node import load_node
-from rsgw._probe import PROBE_DEADLINE_SECONDS, probe_address
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.node._node import load_node
+from rsgw.node._probe import PROBE_DEADLINE_SECONDS, probe_address
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import WorkerConfig, open_worker
 

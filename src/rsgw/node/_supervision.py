@@ -1,7 +1,7 @@
 """The node supervisor's decisions: backoff, GPUs, addresses, the gateway's environment, argv.
 
 Pure: no trio, no subprocess, no sockets, no logging, no clock. The Trio shell in
-`rsgw._supervisor` runs the processes; everything it has to decide about them is a
+`rsgw.node._supervisor` runs the processes; everything it has to decide about them is a
 function here of the node, the environment and the numbers it measured (how long a
 child ran, what a child printed), so the rules have plain table tests.
 """
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
 from rsgw._errors import ConfigError
-from rsgw._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
 from rsgw._schema import DEFAULT_LISTEN_GRPC, DEFAULT_LISTEN_METRICS, check_listen
 from rsgw._values import split_host_port
+from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -19,9 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from rsgw._schema import SchedulingConfig
-from rsgw.gateway._schedulers import AnyReservation
-from rsgw.gateway._wire import peek_batch_size
 from rsgw.scheduling._fill import DEFAULT_FILL_PLAN, FillPlan, FillReservation, FillRouter
 from rsgw.scheduling._fill import resolve_fill_plan as resolve
 from rsgw.scheduling._knobs import WorkBasis
@@ -30,6 +27,9 @@ from rsgw.scheduling._packer import Packer
 from rsgw.scheduling._placement import Placement
 from rsgw.scheduling._reports import PollSummary
 from rsgw.scheduling._routing import RoundRobin, RoutingTable
+from rsgw.scheduling._schedulers import AnyReservation
+from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling._wire import peek_batch_size
 
 
 def fill_plans(

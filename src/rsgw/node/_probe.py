@@ -8,7 +8,7 @@ worker; only a bad node file or worker choice raises, since no retry can fix tho
 
 Where the worker listens follows the supervisor, not just the node file: the worker of
 a single-worker node binds the public gRPC address itself (DECISIONS.md §6; see
-`rsgw._supervisor`), so that is where we probe it. GPUs are counted as the supervisor
+`rsgw.node._supervisor`), so that is where we probe it. GPUs are counted as the supervisor
 counts them, so `gpus: auto` synthesizes the same workers here as there.
 """
 
@@ -22,11 +22,11 @@ import trio
 
 from rsgw._errors import ConfigError
 from rsgw._net import split_host_port
-from rsgw._node import LOOPBACK, NodeConfig, load_node, probe_target
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._supervision import public_addresses
-from rsgw._supervisor import visible_gpu_count
 from rsgw.grpc._client import Channel
+from rsgw.node._gpus import visible_gpu_count
+from rsgw.node._node import LOOPBACK, NodeConfig, load_node, probe_target
+from rsgw.node._supervision import public_addresses
 
 # REFERENCE.md §8.5: the probe's deadline.
 PROBE_DEADLINE_SECONDS = 5.0

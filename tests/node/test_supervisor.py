@@ -6,7 +6,7 @@ learn the ports and pids from its "node serving" log line; restarts show up as
 "process started" lines. The supervisor runs in its own session so that a test can
 send the whole group Ctrl-C, and so that clean-up can kill the group if a test fails.
 Everything waits by polling with a deadline. The pure decisions (backoff, GPUs,
-addresses, command and log lines) have plain table tests in tests/test_supervision.py.
+addresses, command and log lines) have plain table tests in tests/node/test_supervision.py.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ import yaml
 
 import rsgw
 from rsgw._cli import main
-from rsgw._node import load_node, parse_node
-from rsgw._supervision import worker_command
-from rsgw._supervisor import RunningNode, _WorkerChild, serve_node, visible_gpu_count
+from rsgw.node._gpus import visible_gpu_count
+from rsgw.node._node import load_node, parse_node
+from rsgw.node._supervision import worker_command
+from rsgw.node._supervisor import RunningNode, _WorkerChild, serve_node
 from tests.helpers import in_thread, wait_until
 
 #: Cold start of 3 workers and a gateway, each importing trio, h2, protobuf, on a busy box.

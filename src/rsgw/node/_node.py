@@ -408,7 +408,7 @@ def default_node(*, visible_gpus: int | None = None, gpus: int | None = None) ->
 
 
 # ---------------------------------------------------------------------------
-# Where a worker is probed (the supervisor's own decisions are in `rsgw._supervision`).
+# Where a worker is probed (the supervisor's own decisions are in `rsgw.node._supervision`).
 
 
 def probe_target(node: NodeConfig, worker: str | None = None) -> tuple[str, int]:

@@ -1,6 +1,6 @@
-"""Tests for node files (rsgw._node): synthesis, validation, the probe target.
+"""Tests for node files (rsgw.node._node): synthesis, validation, the probe target.
 
-The embedded gateway's environment, derived from a node, is in tests/test_supervision.py.
+The embedded gateway's environment, derived from a node, is in tests/node/test_supervision.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsgw._errors import ConfigError
-from rsgw._node import (
+from rsgw.node._node import (
     DEFAULT_NODE_TEMPLATE,
     NodeConfig,
     WorkerSpec,
