@@ -31,7 +31,7 @@ SHELL_MODULES = {
     "node": {"_supervisor", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
 }
-SANS_IO: set[str] = set()
+SANS_IO = {"grpc/_connection.py", "grpc/_h2.py"}
 #: Generated code, not ours to shape.
 IGNORED_PACKAGES = {"_proto"}
 
@@ -63,6 +63,8 @@ def all_modules() -> Iterator[Path]:
 
 
 def is_pure(path: Path) -> bool:
+    if str(path.relative_to(SRC)) in SANS_IO:
+        return False
     package = package_of(path)
     if package in PURE_PACKAGES:
         return True

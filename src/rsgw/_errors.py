@@ -2,19 +2,58 @@
 
 One flat family under `RsgwError` (as h11 and h2 do): callers that only care
 whether something came from rsgw catch the base; the gRPC boundary turns any of
-them into a status with `grpc_status` and the message, so an error raised deep in
-a core reaches a client with a precise code instead of INTERNAL.
+them into a status with `code`, `message` and `trailers`, so an error raised deep
+in a core reaches a client with a precise code instead of INTERNAL. `GrpcError`
+is the member whose code is chosen per instance (a handler's answer, a peer's
+status); the others carry their class's code.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rsgw._status import StatusCode
+
+#: Extra trailing metadata a status may carry (header name and value, as bytes).
+Trailers = tuple[tuple[bytes, bytes], ...]
 
 
 class RsgwError(Exception):
-    """Base class of every error rsgw raises on purpose."""
+    """Base class of every error rsgw raises on purpose.
 
-    grpc_status: StatusCode = StatusCode.INTERNAL
+    Every one carries the gRPC status it ends a call with: `code` is the class's
+    `grpc_status` unless the raiser names another, `message` the text a client
+    reads, and `trailers` any extra trailing metadata (a worker's, relayed as it
+    sent it). So a call boundary catches `RsgwError` alone and answers with
+    `code`, `message` and `trailers`, whatever raised it.
+    """
+
+    grpc_status: ClassVar[StatusCode] = StatusCode.INTERNAL
+
+    def __init__(
+        self, message: str = "", *, code: StatusCode | None = None, trailers: Trailers = ()
+    ) -> None:
+        super().__init__(message)
+        self.code: StatusCode = type(self).grpc_status if code is None else code
+        self.message = message
+        self.trailers = trailers
+
+
+class GrpcError(RsgwError):
+    """A call that ends with a status chosen by whoever raised it.
+
+    Raised by handlers to answer with a precise status, and by the client channel
+    when a peer answered one (its code, message and trailers, unchanged).
+    """
+
+    def __init__(self, code: StatusCode, message: str = "", trailers: Trailers = ()) -> None:
+        super().__init__(message, code=code, trailers=trailers)
+
+    def __repr__(self) -> str:
+        return f"GrpcError({self.code.name}, {self.message!r})"
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
 
 
 class ConfigError(RsgwError):
@@ -54,9 +93,16 @@ class ListenError(RsgwError):
 
 
 class WorkerUnavailable(RsgwError):
-    """A worker could not be reached, or its connection died under a call."""
+    """A peer could not be reached, or refused or lost a call before answering it.
+
+    The call certainly did not run there, so another replica may take it.
+    """
 
     grpc_status = StatusCode.UNAVAILABLE
+
+
+class ResponseInterrupted(WorkerUnavailable):
+    """The connection died after the peer had begun to answer: the call may have run."""
 
 
 class GatewayWedged(RsgwError):

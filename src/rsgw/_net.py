@@ -1,4 +1,4 @@
-"""Binding listening sockets, with one readable error when it fails.
+"""Binding listening sockets with one readable error, and the network seam.
 
 Every listener in rsgw (gRPC, admin HTTP) binds through here, on exactly the
 configured host, with SO_REUSEADDR (so a restart is not blocked by TIME_WAIT) and
@@ -8,6 +8,9 @@ never SO_REUSEPORT (so a second process cannot silently share a busy port).
 from __future__ import annotations
 
 import socket
+from typing import Protocol
+
+import trio
 
 from rsgw._errors import ListenError
 
@@ -50,3 +53,40 @@ def bind_tcp(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> socket.
 def bound_port(sock: socket.socket) -> int:
     """The port a bound socket actually got (the answer to port 0)."""
     return int(sock.getsockname()[1])
+
+
+class Network(Protocol):
+    """How rsgw reaches peers and listens: TCP in production, memory streams in tests.
+
+    The gRPC server and client channels take one, so the shells can run over
+    `trio.testing` memory streams with the autojump clock, and an embedding
+    application could put them on another transport.
+    """
+
+    async def connect(self, target: str) -> trio.abc.Stream:
+        """A stream to `host:port`; OSError when it cannot be reached."""
+        ...
+
+    def listen(self, host: str, port: int) -> tuple[trio.abc.Listener[trio.abc.Stream], int]:
+        """A listener on `host:port` and the port it got (port 0 picks one).
+
+        Raises:
+            ListenError: the address cannot be bound.
+        """
+        ...
+
+
+class TcpNetwork:
+    """Plain TCP: `trio.open_tcp_stream` out, `bind_tcp` in (no SO_REUSEPORT)."""
+
+    async def connect(self, target: str) -> trio.abc.Stream:
+        host, _, port = target.rpartition(":")
+        return await trio.open_tcp_stream(host.strip("[]"), int(port))
+
+    def listen(self, host: str, port: int) -> tuple[trio.abc.Listener[trio.abc.Stream], int]:
+        sock = bind_tcp(host, port)
+        return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), bound_port(sock)
+
+
+#: The network every server and channel uses unless told otherwise.
+TCP = TcpNetwork()

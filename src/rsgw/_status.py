@@ -1,4 +1,4 @@
-"""gRPC status codes, their names, and the error that carries one.
+"""gRPC status codes and their names.
 
 Pure: no I/O. The tables here are the single place where a status code becomes a
 string, both the canonical upper-case name (grpcio's spelling, used by worker
@@ -52,29 +52,3 @@ def status_from_wire(value: bytes | str | None) -> StatusCode:
         return StatusCode(int(value))
     except ValueError:
         return StatusCode.UNKNOWN
-
-
-class GrpcError(Exception):
-    """A call that ends with a non-OK status.
-
-    Raised by handlers to answer with a precise status, and by the client channel
-    when a peer answered one. `trailers` carries any extra trailing metadata the
-    peer sent, so a proxy can pass it on unchanged.
-    """
-
-    def __init__(
-        self,
-        code: StatusCode,
-        message: str = "",
-        trailers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.trailers = trailers
-
-    def __repr__(self) -> str:
-        return f"GrpcError({self.code.name}, {self.message!r})"
-
-    def __str__(self) -> str:
-        return f"{self.code.name}: {self.message}"

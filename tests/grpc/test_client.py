@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
-from rsgw._errors import WorkerUnavailable
+from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._net import bind_tcp, bound_port
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer, ServerCall
 

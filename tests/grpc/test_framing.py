@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._status import GrpcError, StatusCode
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
 from rsgw.grpc._framing import MessageDecoder, frame_message, message_prefix
 
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._status import GrpcError, StatusCode, status_from_wire
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode, status_from_wire
 from rsgw.grpc._metadata import (
     OK_TRAILERS,
     decode_message,

@@ -15,9 +15,9 @@ import grpc
 import pytest
 import trio
 
-from rsgw._errors import ListenError, NotFound
+from rsgw._errors import GrpcError, ListenError, NotFound
 from rsgw._net import bind_tcp, bound_port
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.grpc._server import GrpcServer, ServerCall
 
 LIMIT = 1024 * 1024

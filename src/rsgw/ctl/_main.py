@@ -20,7 +20,7 @@ import trio
 from google.protobuf.message import DecodeError, Message
 
 from rsgw._errors import RsgwError
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.ctl._args import DEFAULT_PROG, parse_args
 from rsgw.ctl._commands import Call, ShowHelp, UsageError, call_for
 from rsgw.ctl._render import format_error, render_reply
@@ -62,10 +62,8 @@ async def call_gateway(target: str, call: Call) -> Message:
             reply = await channel.unary(
                 call.path, call.request.SerializeToString(), deadline=deadline
             )
-        except GrpcError as exc:
+        except RsgwError as exc:  # the gateway's status, or no connection at all
             failure = CallFailed(exc.code.name, exc.message)
-        except RsgwError as exc:  # WorkerUnavailable: refused, reset, no answer to connect
-            failure = CallFailed(exc.grpc_status.name, str(exc))
         finally:
             await channel.aclose()
             nursery.cancel_scope.cancel()

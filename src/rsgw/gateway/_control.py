@@ -21,9 +21,9 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from rsgw._errors import RsgwError
+from rsgw._errors import GrpcError, RsgwError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._prober import Prober
@@ -96,7 +96,7 @@ class GatewayControl:
                 response = await method(request)
                 code = StatusCode.OK
                 return response
-            except (GrpcError, RsgwError) as exc:
+            except RsgwError as exc:
                 code = call.status_for(exc)
                 raise
             except Exception as exc:

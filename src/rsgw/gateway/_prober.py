@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import trio
 
-from rsgw._errors import GatewayWedged, WorkerUnavailable
+from rsgw._errors import GatewayWedged, GrpcError, WorkerUnavailable
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.scheduling._routing import RoutingTable, build_routing_table

@@ -19,14 +19,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from rsgw._errors import DecodeError, WorkerUnavailable
+from rsgw._errors import DecodeError, GrpcError, ResponseInterrupted, WorkerUnavailable
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
-from rsgw.grpc._client import ResponseStarted
 from rsgw.grpc._server import ServerCall, UnaryHandler
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._routing import RoutingTable
@@ -272,7 +271,7 @@ class GatewayService:
                 if exc.code is StatusCode.NOT_FOUND:
                     self.prober.request_refresh()
                 last = failed
-            except ResponseStarted as exc:
+            except ResponseInterrupted as exc:
                 raise GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}") from exc
             except WorkerUnavailable as exc:
                 last = GrpcError(StatusCode.UNAVAILABLE, f"worker {url}: {exc}")

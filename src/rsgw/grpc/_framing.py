@@ -12,7 +12,8 @@ own call (purerpc's oversized message killed every call on the connection).
 
 from __future__ import annotations
 
-from rsgw._status import GrpcError, StatusCode
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
 
 PREFIX_BYTES = 5
 

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from rsgw._status import GrpcError, StatusCode
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
 
 Header = tuple[bytes, bytes]
 HeaderBlock = tuple[Header, ...]

@@ -1,24 +1,18 @@
-"""The gRPC server shell: HTTP/2 (h2) on Trio, unary handlers over raw bytes.
+"""The gRPC server shell: a listener, and per connection a thin loop over `GrpcConnection`.
 
-Theory of operation. One task per connection reads the socket and feeds h2; the
-events it gets back drive a small per-stream state machine (`_Stream`). A unary
-call's handler starts when the client half-closes its stream with exactly one
-message, and runs in the connection's nursery under a cancel scope that carries
-the call's deadline; a RST_STREAM from the client cancels that scope. One writer
-task per connection owns the socket's send side: everyone else only changes h2's
-state and asks for a flush, so many calls finishing together leave in one write.
-
-Invariants:
-- Only the writer task awaits `send_all`; everything else is synchronous h2 work.
-- Every DATA byte received is acknowledged at once (flow control), also for a
-  stream we have already answered, so one bad call never starves the connection.
-- A call ends exactly once: trailers, or a reset, never both.
+Theory of operation. Each accepted stream gets a `GrpcConnection` (the sans-IO
+core, which owns every call's state) and a `Transport` (which reads into it and
+writes out of it). This module only decides what to run: a call whose path has
+no handler is answered UNIMPLEMENTED; a unary call's handler starts once the
+client has sent its one message and half-closed, in the connection's nursery,
+under a cancel scope carrying the call's deadline; a call that ends before its
+handler does (the client reset it, the connection died) has its scope cancelled.
 
 Handlers are `async def handler(request: bytes, call: ServerCall) -> bytes`,
-registered by full method path. They raise `GrpcError` (or any `RsgwError`, which
-carries its own status) to fail a call; any other exception becomes INTERNAL.
-Streaming calls will get their own handler kind beside `UnaryHandler`; the stream
-object already separates receiving messages from running the handler.
+registered by full method path. They raise any `RsgwError` to fail a call with
+its status (`GrpcError` to choose one); any other exception becomes INTERNAL.
+Streaming calls will get their own handler kind beside `UnaryHandler`, fed by the
+same `MessageReceived` / `HalfClosed` events.
 """
 
 from __future__ import annotations
@@ -28,29 +22,24 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-import h2.errors
-import h2.events
-import h2.exceptions
 import trio
 
-from rsgw._errors import RsgwError
-from rsgw._net import bind_tcp, bound_port
-from rsgw._status import GrpcError, StatusCode
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
-from rsgw.grpc._metadata import (
-    RESPONSE_HEADERS,
-    HeaderBlock,
-    parse_request_headers,
-    status_trailers,
-    trailers_only,
+from rsgw._errors import GrpcError, RsgwError
+from rsgw._net import TCP, Network
+from rsgw._status import StatusCode
+from rsgw.grpc._calls import (
+    CallEnded,
+    CallStarted,
+    ConnectionTerminated,
+    Event,
+    HalfClosed,
+    MessageReceived,
 )
-from rsgw.grpc._transport import (
-    DEFAULT_MAX_FRAME_BYTES,
-    DEFAULT_WINDOW_BYTES,
-    RECEIVE_BYTES,
-    H2Transport,
-    new_h2_connection,
-)
+from rsgw.grpc._connection import ConnectionState, GrpcConnection
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
+from rsgw.grpc._metadata import HeaderBlock
+from rsgw.grpc._transport import Transport, peer_address
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +65,8 @@ class ServerCall:
 
     def status_for(self, exc: BaseException) -> StatusCode:
         """The status this call ends with when its handler raises `exc` (for metrics)."""
-        if isinstance(exc, GrpcError):
-            return exc.code
         if isinstance(exc, RsgwError):
-            return exc.grpc_status
+            return exc.code
         if isinstance(exc, trio.Cancelled):
             if trio.current_time() >= self.deadline:
                 return StatusCode.DEADLINE_EXCEEDED
@@ -90,17 +77,15 @@ class ServerCall:
 UnaryHandler = Callable[[bytes, ServerCall], Awaitable[bytes]]
 
 
-@dataclass(slots=True)
-class _Stream:
-    id: int
-    handler: UnaryHandler | None
-    call: ServerCall | None
-    decoder: MessageDecoder | None
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A call this connection serves: its handler, what it received, its cancel scope."""
+
+    handler: UnaryHandler
+    call: ServerCall
     messages: list[bytes] = field(default_factory=list)
     scope: trio.CancelScope | None = None
-    #: Set when we have answered (trailers sent) or the client reset the stream.
-    finished: bool = False
-    reset_by_peer: bool = False
+    ended: bool = False
 
 
 class GrpcServer:
@@ -113,8 +98,9 @@ class GrpcServer:
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
 
     Serve with `await nursery.start(server.serve, host, port)`, which returns the
-    bound port once the socket listens. `aclose()` stops gracefully: no new
-    connections, GOAWAY to every client, calls in flight get `grace` seconds.
+    bound port once the socket listens, or `serve_listener` on any Trio listener.
+    `aclose()` stops gracefully: no new connections, GOAWAY to every client,
+    calls in flight get `grace` seconds.
     """
 
     def __init__(
@@ -133,8 +119,7 @@ class GrpcServer:
         self._max_concurrent_streams = max_concurrent_streams
         self._window_bytes = window_bytes
         self._max_frame_bytes = max_frame_bytes
-        self._connections: set[_Connection] = set()
-        self._cancel_scope: trio.CancelScope | None = None
+        self._connections: set[_ServerConnection] = set()
         self._closing = False
         self._closed = trio.Event()
 
@@ -143,33 +128,45 @@ class GrpcServer:
         host: str,
         port: int,
         *,
+        network: Network = TCP,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Bind `host:port`, report the bound port, serve until cancelled or closed.
+        """Listen on `host:port`, report the bound port, serve until cancelled or closed.
 
         Raises:
             ListenError: the address is busy or cannot be bound.
         """
-        sock = bind_tcp(host, port)
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        listener, bound = network.listen(host, port)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve_listener, listener)
+            task_status.started(bound)
+
+    async def serve_listener(
+        self,
+        listener: trio.abc.Listener[trio.abc.Stream],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve every connection `listener` accepts until cancelled or `aclose()`d."""
         try:
-            with trio.CancelScope() as self._cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._accept_loop, listener, nursery)
-                    task_status.started(bound_port(sock))
-                    await self._closed.wait()
-                    nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+                task_status.started()
+                await self._closed.wait()
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await listener.aclose()
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(
+        self, listener: trio.abc.Listener[trio.abc.Stream], nursery: trio.Nursery
+    ) -> None:
         while True:
             stream = await listener.accept()
             nursery.start_soon(self._serve_connection, stream)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        connection = _Connection(self, stream)
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        connection = _ServerConnection(self, stream)
         self._connections.add(connection)
         if self._closing:
             connection.go_away()
@@ -179,8 +176,7 @@ class GrpcServer:
             connection.quiet.set()
             connection.ended.set()
             self._connections.discard(connection)
-            with trio.move_on_after(1, shield=True):
-                await stream.aclose()
+            await connection.transport.aclose()
 
     async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
         """Stop accepting, send GOAWAY, let calls in flight finish within `grace`."""
@@ -205,242 +201,110 @@ class GrpcServer:
         return self._handlers.get(path)
 
 
-class _Connection:
-    """One HTTP/2 connection: the reader loop, the streams, and a transport to answer."""
+class _ServerConnection:
+    """One connection: the core, its transport, and the calls it runs handlers for."""
 
-    def __init__(self, server: GrpcServer, stream: trio.SocketStream) -> None:
+    def __init__(self, server: GrpcServer, stream: trio.abc.Stream) -> None:
         self._server = server
-        self._h2 = new_h2_connection(
+        self.connection = GrpcConnection(
             client_side=False,
+            peer="the client",
+            max_receive_message_bytes=server.max_receive_message_bytes,
+            max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server._window_bytes,
             max_frame_bytes=server._max_frame_bytes,
             max_concurrent_streams=server._max_concurrent_streams,
         )
-        self._transport = H2Transport(self._h2, stream)
-        self._transport.after_write = self._after_write
-        self._stream = stream
-        self._streams: dict[int, _Stream] = {}
+        self.transport = Transport(self.connection, stream)
+        self.transport.after_write = self._after_write
+        self._peer = peer_address(stream)
+        self._calls: dict[int, _Pending] = {}
         self._nursery: trio.Nursery | None = None
-        #: Set once GOAWAY was sent and no call is left in flight.
+        #: Set once GOAWAY has left and no call is in flight.
         self.quiet = trio.Event()
         #: Set when the connection is over (the client hung up, or we closed it).
         self.ended = trio.Event()
-        self._going_away = False
-        self._goaway_sent = False
-        try:
-            peer = stream.socket.getpeername()
-            self._peer = f"{peer[0]}:{peer[1]}"
-        except OSError:
-            self._peer = "unknown"
-
-    @property
-    def active_streams(self) -> int:
-        return sum(1 for s in self._streams.values() if not s.finished)
 
     def go_away(self) -> None:
-        """Stop taking new calls; once the calls in flight are answered, send GOAWAY.
-
-        h2 treats a sent GOAWAY as the end of the connection and refuses to send
-        anything after it, so we cannot announce it first and then answer: until
-        the last answer has gone out, new streams are refused (REFUSED_STREAM,
-        which clients retry safely elsewhere), and the GOAWAY follows it.
-        """
-        self._going_away = True
-        self._flush()
+        """Take no new calls; GOAWAY follows the last answer (see `GrpcConnection`)."""
+        self.connection.go_away()
+        self.transport.flush()
 
     def _after_write(self) -> None:
-        if not self._going_away or self.active_streams:
-            return
-        if not self._goaway_sent:
-            self._goaway_sent = True
-            self._h2.close_connection()
-            self._flush()
-        else:
+        if self.connection.state is ConnectionState.CLOSED:
             self.quiet.set()  # the GOAWAY has left too
 
-    def _note_finished(self) -> None:
-        if self._going_away:
-            self._flush()
-
-    def _flush(self) -> None:
-        self._transport.flush()
-
     async def run(self) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._transport.run_writer)
-                self._flush()
-                await self._read_loop()
-                nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
-            logger.debug("connection from %s lost: %s", self._peer, group.exceptions[0])
-        except* Exception as group:  # a bug here must not take the listener down with it
-            logger.error("connection from %s failed", self._peer, exc_info=group)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.transport.run(self._dispatch)
+            nursery.cancel_scope.cancel()
 
-    async def _read_loop(self) -> None:
-        h2conn = self._h2
-        receive = self._stream.receive_some
-        while True:
-            data = await receive(RECEIVE_BYTES)
-            if not data:
-                return
-            try:
-                events = h2conn.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
-                logger.debug("protocol error from %s: %s", self._peer, exc)
-                self._flush()  # h2's GOAWAY, written straight away when the socket takes it
-                return
-            for event in events:
-                if isinstance(event, h2.events.DataReceived):
-                    self._on_data(event)
-                elif isinstance(event, h2.events.RequestReceived):
-                    self._on_request(event)
-                elif isinstance(event, h2.events.StreamEnded):
-                    self._on_end(event.stream_id)
-                elif isinstance(event, h2.events.StreamReset):
-                    self._on_reset(event.stream_id)
-                elif isinstance(event, h2.events.WindowUpdated):
-                    self._transport.window_opened(event.stream_id)
-                elif isinstance(event, h2.events.RemoteSettingsChanged):
-                    self._transport.window_opened(0)
-                elif isinstance(event, h2.events.ConnectionTerminated):
-                    self._flush()
-                    return
-            self._transport.acknowledge()
-            self._flush()
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, MessageReceived):
+            pending = self._calls.get(event.stream_id)
+            if pending is not None:
+                pending.messages.append(event.message)
+        elif isinstance(event, CallStarted):
+            self._on_started(event)
+        elif isinstance(event, HalfClosed):
+            self._on_half_closed(event.stream_id)
+        elif isinstance(event, CallEnded):
+            pending = self._calls.pop(event.stream_id, None)
+            if pending is not None:
+                pending.ended = True
+                if pending.scope is not None:
+                    pending.scope.cancel()
+        elif isinstance(event, ConnectionTerminated):
+            self.go_away()  # the client opens no more calls; finish these, then hang up
 
-    # -- events -------------------------------------------------------------------
-
-    def _on_request(self, event: h2.events.RequestReceived) -> None:
-        stream_id = event.stream_id
-        if self._going_away:
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            return
-        headers = event.headers or []
-        try:
-            head = parse_request_headers(headers)
-            handler = self._server.lookup(head.path)
-            if handler is None:
-                raise GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
-        except GrpcError as exc:
-            self._streams[stream_id] = _Stream(stream_id, None, None, None, finished=True)
-            self._answer_early(stream_id, exc)
+    def _on_started(self, event: CallStarted) -> None:
+        head = event.head
+        handler = self._server.lookup(head.path)
+        if handler is None:
+            error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
+            self.connection.reject(event.stream_id, error)
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
         call = ServerCall(head.path.decode(), deadline, head.metadata, self._peer)
-        decoder = MessageDecoder(self._server.max_receive_message_bytes)
-        self._streams[stream_id] = _Stream(stream_id, handler, call, decoder)
+        self._calls[event.stream_id] = _Pending(handler, call)
 
-    def _on_data(self, event: h2.events.DataReceived) -> None:
-        stream_id = event.stream_id
-        self._transport.received(stream_id, event.flow_controlled_length)
-        stream = self._streams.get(stream_id)
-        if stream is None or stream.finished or stream.decoder is None:
+    def _on_half_closed(self, stream_id: int) -> None:
+        pending = self._calls.get(stream_id)
+        if pending is None:
             return
-        try:
-            stream.messages.extend(stream.decoder.feed(event.data or b""))
-        except GrpcError as exc:
-            stream.finished = True
-            self._answer_early(stream_id, exc)
-
-    def _on_end(self, stream_id: int) -> None:
-        stream = self._streams.get(stream_id)
-        if stream is None:
-            return
-        if stream.finished:
-            self._forget_if_closed(stream)
-            return
-        assert stream.handler is not None and stream.call is not None
-        if len(stream.messages) != 1 or not (stream.decoder and stream.decoder.at_boundary):
-            stream.finished = True
-            self._answer_early(
-                stream_id,
-                GrpcError(
-                    StatusCode.INTERNAL,
-                    f"unary call expects one request message, got {len(stream.messages)}",
-                ),
+        if len(pending.messages) != 1:
+            del self._calls[stream_id]
+            error = GrpcError(
+                StatusCode.INTERNAL,
+                f"unary call expects one request message, got {len(pending.messages)}",
             )
+            self.connection.reject(stream_id, error)
             return
         assert self._nursery is not None
-        self._nursery.start_soon(self._run_unary, stream, stream.handler, stream.messages.pop())
+        self._nursery.start_soon(self._run_unary, stream_id, pending)
 
-    def _on_reset(self, stream_id: int) -> None:
-        stream = self._streams.pop(stream_id, None)
-        if stream is None:
-            return
-        stream.reset_by_peer = True
-        stream.finished = True
-        if stream.scope is not None:
-            stream.scope.cancel()
-        self._transport.stream_gone(stream_id)
-        self._note_finished()
-
-    # -- answering ----------------------------------------------------------------
-
-    def _answer_early(self, stream_id: int, error: GrpcError) -> None:
-        """Fail a call before its handler ran: one HEADERS frame, then stop the upload."""
-        try:
-            self._h2.send_headers(
-                stream_id, trailers_only(error.code, error.message), end_stream=True
-            )
-            h2_stream = self._h2.streams.get(stream_id)
-            if h2_stream is not None and h2_stream.open:
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass
-        self._flush()
-        stream = self._streams.get(stream_id)
-        if stream is not None:
-            self._forget_if_closed(stream)
-
-    def _forget_if_closed(self, stream: _Stream) -> None:
-        h2_stream = self._h2.streams.get(stream.id)
-        if h2_stream is None or h2_stream.closed:
-            self._streams.pop(stream.id, None)
-        self._note_finished()
-
-    async def _run_unary(self, stream: _Stream, handler: UnaryHandler, request: bytes) -> None:
-        call = stream.call
-        assert call is not None
+    async def _run_unary(self, stream_id: int, pending: _Pending) -> None:
+        call = pending.call
         code = StatusCode.OK
         message = ""
         response: bytes | None = None
         with trio.CancelScope(deadline=call.deadline) as scope:
-            stream.scope = scope
+            pending.scope = scope
             try:
-                response = await handler(request, call)
-                if len(response) > self._server.max_send_message_bytes:
-                    error = too_large(len(response), self._server.max_send_message_bytes, "sent")
-                    code, message, response = error.code, error.message, None
-            except GrpcError as exc:
+                response = await pending.handler(pending.messages.pop(), call)
+            except RsgwError as exc:
                 code, message = exc.code, exc.message
                 if exc.trailers:
                     call.trailers = call.trailers + exc.trailers
-            except RsgwError as exc:
-                code, message = exc.grpc_status, str(exc)
             except Exception as exc:
                 logger.exception("handler for %s failed", call.path)
                 code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-        stream.scope = None
-        if stream.reset_by_peer:
-            return
+        pending.scope = None
+        if pending.ended:
+            return  # the client reset the call, or the connection died
+        self._calls.pop(stream_id, None)
         if scope.cancelled_caught:
             code, message, response = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded", None
-        try:
-            if response is not None:
-                self._h2.send_headers(stream.id, RESPONSE_HEADERS)
-                await self._transport.send_message(stream.id, response, end_stream=False)
-                self._h2.send_headers(
-                    stream.id, status_trailers(code, message, call.trailers), end_stream=True
-                )
-            else:
-                self._h2.send_headers(
-                    stream.id, trailers_only(code, message, call.trailers), end_stream=True
-                )
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass  # the client went away while we answered
-        finally:
-            stream.finished = True
-            self._flush()
-            self._forget_if_closed(stream)
+        self.connection.send_response(stream_id, response, code, message, call.trailers)
+        self.transport.flush()

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from rsgw._status import GrpcError, StatusCode
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

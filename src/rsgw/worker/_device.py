@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import RsgwError
-from rsgw._status import GrpcError, StatusCode
+from rsgw._errors import GrpcError, RsgwError
+from rsgw._status import StatusCode
 from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
 from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH, DeviceMemory, not_resident

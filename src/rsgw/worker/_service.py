@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import GrpcError, StatusCode
+from rsgw._status import StatusCode
 from rsgw._version import __version__
 from rsgw.grpc._typed import typed_unary
 from rsgw.worker._memory import not_resident

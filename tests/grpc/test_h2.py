@@ -6,7 +6,7 @@ import hpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.grpc._transport import _MemoDecoder, _PlainEncoder
+from rsgw.grpc._h2 import _MemoDecoder, _PlainEncoder
 
 BLOCK = [
     (b":method", b"POST"),

@@ -1,0 +1,213 @@
+"""The life of one gRPC call: its two halves, their states, and the events it produces.
+
+Pure: no h2, no trio, no clock. `rsgw.grpc._connection` maps HTTP/2 onto these
+calls; the server and client shells only ever see the events defined here.
+
+Theory of operation. A gRPC call is two independent half-streams, as h11 treats
+an HTTP exchange as two roles: the *inbound* half is what the peer sends us (the
+request on a server, the response on a client), the *outbound* half is what we
+send. Each half goes through the same states:
+
+    IDLE --HEADERS--> OPEN --MESSAGE*--> OPEN --END--> CLOSED
+      \\--END (trailers-only, or a request with nothing in it)---^
+    any --RESET--> RESET        (CLOSED stays CLOSED: what it carried was complete)
+
+`TRANSITIONS` is the whole table; `Call.advance` is the only code that changes a
+half's state, and a step that is not in the table raises `CallStateError`. For
+the inbound half that means the peer broke the protocol (the connection fails
+the call); for the outbound half it means a bug in our own shell.
+
+Invariants:
+- A call is *over* once both halves are CLOSED or RESET; the connection then
+  forgets it, and no event names it again.
+- Exactly one `CallEnded` is emitted for a call unless our own side ended it
+  (a server that answered, a client that cancelled): the shell always learns
+  the end it did not cause, and never hears of a call twice.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rsgw._errors import RsgwError
+from rsgw.grpc._framing import MessageDecoder
+
+if TYPE_CHECKING:
+    from rsgw.grpc._metadata import HeaderBlock, RequestHead
+
+
+class HalfState(enum.Enum):
+    """Where one direction of a call is."""
+
+    IDLE = "idle"  # no headers yet
+    OPEN = "open"  # headers done; messages may follow
+    CLOSED = "closed"  # ended cleanly: END_STREAM (a request) or trailers (a response)
+    RESET = "reset"  # ended by RST_STREAM, a failure of ours, or a lost connection
+
+
+class Step(enum.Enum):
+    """What can happen to a half."""
+
+    HEADERS = "headers"
+    MESSAGE = "message"
+    END = "end"
+    RESET = "reset"
+
+
+_I, _O, _C, _R = HalfState.IDLE, HalfState.OPEN, HalfState.CLOSED, HalfState.RESET
+
+#: (state, step) -> next state. Anything else is a protocol violation.
+TRANSITIONS: dict[tuple[HalfState, Step], HalfState] = {
+    (_I, Step.HEADERS): _O,
+    (_I, Step.END): _C,
+    (_O, Step.MESSAGE): _O,
+    (_O, Step.END): _C,
+    (_I, Step.RESET): _R,
+    (_O, Step.RESET): _R,
+    (_C, Step.RESET): _C,
+    (_R, Step.RESET): _R,
+}
+
+#: States in which a half will carry nothing more.
+FINISHED = frozenset({HalfState.CLOSED, HalfState.RESET})
+
+
+class CallStateError(RsgwError):
+    """A step the call's state does not allow (a broken peer, or a bug of ours)."""
+
+
+class EndCause(enum.Enum):
+    """Why a call ended, as far as the side that reports it can tell.
+
+    The client's failover rule depends on it: only a call that certainly did not
+    run (`REFUSED`) or that died before any response (`LOST` without a started
+    response) may be sent elsewhere.
+    """
+
+    ANSWERED = "answered"  # the peer sent its status (OK or not)
+    FAILED = "failed"  # we failed it: a bad or oversized message, a missing status
+    REFUSED = "refused"  # the peer never processed it (REFUSED_STREAM, GOAWAY past it)
+    RESET = "reset"  # the peer reset the stream
+    LOST = "lost"  # the connection ended under it
+
+
+# -- events ----------------------------------------------------------------------------
+# Frozen and slotted, as h11's are: the shells dispatch on their type.
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    """Server: a client opened a call with valid gRPC request headers."""
+
+    stream_id: int
+    head: RequestHead
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted:
+    """Client: the peer began to answer (response headers, status 200)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A whole length-prefixed message arrived on the inbound half."""
+
+    stream_id: int
+    message: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HalfClosed:
+    """Server: the client finished its request (END_STREAM)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    """The call is over; `error` is None only for a client call answered OK.
+
+    `error` is what a client call raises (the peer's status as `GrpcError`, or
+    `WorkerUnavailable` / `ResponseInterrupted` when it was refused or lost), and
+    what stopped a server call (so the shell can cancel its handler).
+    """
+
+    stream_id: int
+    cause: EndCause
+    error: RsgwError | None
+    response_started: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionTerminated:
+    """The peer sent GOAWAY: no new calls here; calls above `last_stream_id` were dropped."""
+
+    last_stream_id: int
+    error_code: int
+
+
+Event = (
+    CallStarted | ResponseStarted | MessageReceived | HalfClosed | CallEnded | ConnectionTerminated
+)
+
+
+# -- one call's record -------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """The connection's record of one call: half states, the decoder, what waits to be sent.
+
+    `outbox` holds outbound DATA that the peer's flow-control window could not take
+    yet. With `end_pending`, the outbound half ends once the outbox has gone: with
+    `trailers` (a server's status), or with END_STREAM on the last DATA frame (a
+    client's request, `trailers == ()`).
+    """
+
+    stream_id: int
+    decoder: MessageDecoder
+    inbound: HalfState = HalfState.IDLE
+    outbound: HalfState = HalfState.IDLE
+    outbox: list[bytes | memoryview] = field(default_factory=list)
+    end_pending: bool = False
+    trailers: HeaderBlock = ()
+    #: Client: response headers arrived, so a lost connection may have run the call.
+    response_started: bool = False
+    #: Client: the peer's trailers, parsed, until the stream ends.
+    status: RsgwError | None = None
+    answered_ok: bool = False
+
+    def advance(self, half: str, step: Step) -> HalfState:
+        """Apply `step` to the `"inbound"` or `"outbound"` half; the one place states change.
+
+        Raises:
+            CallStateError: `step` is not allowed in that half's state.
+        """
+        current: HalfState = getattr(self, half)
+        following = TRANSITIONS.get((current, step))
+        if following is None:
+            raise CallStateError(
+                f"stream {self.stream_id}: {step.value} on the {half} half in state {current.value}"
+            )
+        setattr(self, half, following)
+        return following
+
+    def reset(self) -> None:
+        """Both halves end now (a reset either way, or a lost connection)."""
+        self.advance("inbound", Step.RESET)
+        self.advance("outbound", Step.RESET)
+        self.outbox.clear()
+        self.end_pending = False
+
+    @property
+    def over(self) -> bool:
+        return self.inbound in FINISHED and self.outbound in FINISHED
+
+    @property
+    def sending(self) -> bool:
+        """Outbound data or an end is still waiting for the peer's window."""
+        return bool(self.outbox) or self.end_pending
