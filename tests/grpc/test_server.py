@@ -1,27 +1,31 @@
-"""The gRPC server shell against grpcio clients, over real loopback sockets.
+"""The gRPC server shell, driven by rsgw's own channel over memory streams.
 
-grpcio is blocking, so every client call runs in a thread (`trio.to_thread`);
-the server runs in the test's own Trio run, so the test can watch its handlers.
+Both ends run in the test's Trio run on `tests.memory.MemoryNetwork` with the
+autojump clock, so deadlines of seconds cost no wall time and every wait is on
+an event. (pytest-trio takes the clock only from a test's own arguments, so every
+test names `autojump_clock`.) `tests/grpc/test_interop.py` runs a smaller set against grpcio over
+real sockets.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-import grpc
 import pytest
 import trio
+import trio.testing
+from trio.testing import MockClock
 
-from rsgw._errors import GrpcError, ListenError, NotFound
-from rsgw._net import bind_tcp, bound_port
+from rsgw._errors import GrpcError, ListenError, NotFound, WorkerUnavailable
 from rsgw._status import StatusCode
+from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer, ServerCall
+from tests.memory import MemoryNetwork
 
 LIMIT = 1024 * 1024
-BIG_LIMIT = 80 * 1024 * 1024
+BIG = 80 * 1024 * 1024
 
 
 class Handlers:
@@ -32,10 +36,10 @@ class Handlers:
         self.slow_cancelled = trio.Event()
         self.gate = trio.Event()
         self.gated_started = trio.Event()
-        #: Port of a second server with a larger message limit (set by the fixture).
-        self.big_port = 0
+        self.metadata: list[tuple[tuple[bytes, bytes], ...]] = []
 
     async def echo(self, request: bytes, call: ServerCall) -> bytes:
+        self.metadata.append(call.metadata)
         return request
 
     async def slow(self, request: bytes, call: ServerCall) -> bytes:
@@ -64,216 +68,234 @@ class Handlers:
     async def deadline(self, request: bytes, call: ServerCall) -> bytes:
         return repr(call.deadline - trio.current_time()).encode()
 
+    async def huge(self, request: bytes, call: ServerCall) -> bytes:
+        return b"z" * (LIMIT + 1)
+
+
+@dataclass
+class Served:
+    handlers: Handlers
+    server: GrpcServer
+    network: MemoryNetwork
+    target: str
+    nursery: trio.Nursery
+
+    def channel(self, **limits: int) -> Channel:
+        return Channel(self.target, self.nursery, network=self.network, **limits)
+
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[int, Handlers]]:
+async def served() -> AsyncIterator[Served]:
     handlers = Handlers()
     routes = {
         f"/t.Test/{name}": getattr(handlers, name.lower())
-        for name in ("Echo", "Slow", "Gated", "Boom", "Refuse", "Missing", "Deadline")
+        for name in ("Echo", "Slow", "Gated", "Boom", "Refuse", "Missing", "Deadline", "Huge")
     }
-    routes["/t.Test/BigEcho"] = handlers.echo
     server = GrpcServer(routes, max_receive_message_bytes=LIMIT, max_send_message_bytes=LIMIT)
-    big = GrpcServer(
-        {"/t.Test/BigEcho": handlers.echo},
-        max_receive_message_bytes=BIG_LIMIT,
-        max_send_message_bytes=BIG_LIMIT,
-    )
+    network = MemoryNetwork()
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(server.serve, "127.0.0.1", 0)
-        big_port = await nursery.start(big.serve, "127.0.0.1", 0)
-        handlers.big_port = big_port
-        yield port, handlers
+        port = await nursery.start(lambda **kw: server.serve("gw", 0, network=network, **kw))
+        yield Served(handlers, server, network, f"gw:{port}", nursery)
         nursery.cancel_scope.cancel()
 
 
-def channel(port: int) -> grpc.Channel:
-    return grpc.insecure_channel(
-        f"127.0.0.1:{port}",
-        options=[
-            ("grpc.max_send_message_length", -1),
-            ("grpc.max_receive_message_length", -1),
-        ],
+async def call(
+    served: Served, method: str, body: bytes = b"", *, deadline: float = math.inf
+) -> bytes:
+    return await served.channel(max_send_message_bytes=BIG, max_receive_message_bytes=BIG).unary(
+        f"/t.Test/{method}".encode(), body, deadline=deadline
     )
 
 
-def call(port: int, method: str, body: bytes = b"", **kwargs: Any) -> Any:
-    with channel(port) as ch:
-        return ch.unary_unary(f"/t.Test/{method}")(body, **kwargs)
+async def failure(served: Served, method: str, body: bytes = b"") -> GrpcError:
+    with pytest.raises(GrpcError) as caught:
+        await call(served, method, body)
+    return caught.value
 
 
-async def call_in_thread(port: int, method: str, body: bytes = b"", **kwargs: Any) -> Any:
-    return await trio.to_thread.run_sync(lambda: call(port, method, body, **kwargs))
+async def test_echo_and_metadata(served: Served, autojump_clock: MockClock) -> None:
+    assert await call(served, "Echo", b"hello") == b"hello"
+    assert await call(served, "Echo", b"") == b""
+    channel = served.channel()
+    await channel.unary(b"/t.Test/Echo", b"x", metadata=((b"x-tenant", b"a"),))
+    assert served.handlers.metadata[-1] == ((b"x-tenant", b"a"),)
 
 
-async def expect_error(fn: Callable[[], Any]) -> grpc.RpcError:
-    try:
-        await trio.to_thread.run_sync(fn)
-    except grpc.RpcError as exc:
-        return exc
-    raise AssertionError("the call succeeded")
+async def test_unknown_method_is_unimplemented(served: Served, autojump_clock: MockClock) -> None:
+    error = await failure(served, "Nope", b"x")
+    assert error.code is StatusCode.UNIMPLEMENTED
+    assert "/t.Test/Nope" in error.message
 
 
-async def test_echo(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    assert await call_in_thread(port, "Echo", b"hello") == b"hello"
-    assert await call_in_thread(port, "Echo", b"") == b""
+async def test_oversized_message_fails_only_its_call(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    channel = served.channel(max_send_message_bytes=BIG)
+    results: dict[str, object] = {}
 
+    async def gated() -> None:
+        results["gated"] = await channel.unary(b"/t.Test/Gated", b"")
 
-async def test_unknown_method_is_unimplemented(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    err = await expect_error(lambda: call(port, "Nope", b"x"))
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "/t.Test/Nope" in err.details()
-
-
-async def test_oversized_message_fails_only_its_call(served: tuple[int, Handlers]) -> None:
-    port, handlers = served
-
-    def both_on_one_connection() -> tuple[Any, Any]:
-        with channel(port) as ch:
-            gated = ch.unary_unary("/t.Test/Gated").future(b"")
-            big = ch.unary_unary("/t.Test/Echo").future(b"x" * (LIMIT + 1))
-            try:
-                big.result()
-            except grpc.RpcError as exc:
-                big_error = exc
-            trio.from_thread.run_sync(handlers.gate.set)
-            return big_error, gated.result(timeout=10)
-
-    big_error, gated_reply = await trio.to_thread.run_sync(both_on_one_connection)
-    assert big_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"{LIMIT + 1} vs. {LIMIT}" in big_error.details()
-    assert gated_reply == b"opened"
-    assert await call_in_thread(port, "Echo", b"after") == b"after"
-
-
-async def test_oversized_response_is_resource_exhausted(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    # The request fits exactly; the echo handler's answer is the same size, so it fits too.
-    assert len(await call_in_thread(port, "Echo", b"y" * LIMIT)) == LIMIT
-
-
-async def test_64_mib_round_trip(served: tuple[int, Handlers]) -> None:
-    _, handlers = served
-    payload = bytes(range(256)) * (64 * 1024 * 1024 // 256)
-    reply = await call_in_thread(handlers.big_port, "BigEcho", payload)
-    assert reply == payload
-
-
-async def test_client_cancel_cancels_the_handler(served: tuple[int, Handlers]) -> None:
-    port, handlers = served
-    ch = channel(port)
-    try:
-        future = ch.unary_unary("/t.Test/Slow").future(b"")
-        with trio.fail_after(10):
-            await handlers.slow_started.wait()
-            future.cancel()  # grpcio sends RST_STREAM
-            await handlers.slow_cancelled.wait()
-        assert future.cancelled()
-    finally:
-        ch.close()
-    assert await call_in_thread(port, "Echo", b"alive") == b"alive"
-
-
-async def test_client_deadline_cancels_the_handler(served: tuple[int, Handlers]) -> None:
-    port, handlers = served
-    err = await expect_error(lambda: call(port, "Slow", timeout=0.3))
-    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    with trio.fail_after(10):
-        await handlers.slow_cancelled.wait()
-
-
-async def test_deadline_reaches_the_handler(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    remaining = float(await call_in_thread(port, "Deadline", timeout=30))
-    assert 25 < remaining <= 30
-    assert await call_in_thread(port, "Deadline") == b"inf"
-
-
-async def test_handler_exception_is_internal(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    err = await expect_error(lambda: call(port, "Boom"))
-    assert err.code() == grpc.StatusCode.INTERNAL
-    assert "kaboom" in err.details()
-
-
-async def test_grpc_error_and_rsgw_error_keep_their_status(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-    err = await expect_error(lambda: call(port, "Refuse"))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert err.details() == "not now"
-    assert ("x-why", "because") in tuple(err.trailing_metadata())
-    err = await expect_error(lambda: call(port, "Missing", b"thing"))
-    assert err.code() == grpc.StatusCode.NOT_FOUND
-    assert err.details() == "no such thing: thing"
-
-
-async def test_many_concurrent_calls_on_one_connection(served: tuple[int, Handlers]) -> None:
-    port, _ = served
-
-    def burst() -> list[bytes]:
-        with channel(port) as ch:
-            echo = ch.unary_unary("/t.Test/Echo")
-            futures = [echo.future(str(i).encode() * 100) for i in range(200)]
-            return [f.result(timeout=20) for f in futures]
-
-    replies = await trio.to_thread.run_sync(burst)
-    assert replies == [str(i).encode() * 100 for i in range(200)]
-
-
-async def test_graceful_close_lets_calls_finish() -> None:
-    handlers = Handlers()
-    server = GrpcServer({"/t.Test/Gated": handlers.gated, "/t.Test/Echo": handlers.echo})
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(server.serve, "127.0.0.1", 0)
-        result: list[bytes] = []
+        nursery.start_soon(gated)
+        await served.handlers.gated_started.wait()
+        with pytest.raises(GrpcError) as caught:  # the same connection as the gated call
+            await channel.unary(b"/t.Test/Echo", b"x" * (LIMIT + 1))
+        served.handlers.gate.set()
+    assert caught.value.code is StatusCode.RESOURCE_EXHAUSTED
+    assert f"{LIMIT + 1} vs. {LIMIT}" in caught.value.message
+    assert results["gated"] == b"opened"
+    assert channel.connects == 1
+    assert await channel.unary(b"/t.Test/Echo", b"after") == b"after"
 
-        async def client() -> None:
-            result.append(await call_in_thread(port, "Gated"))
 
+async def test_a_message_at_the_limit_passes_and_an_oversized_answer_fails(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    assert len(await call(served, "Echo", b"y" * LIMIT)) == LIMIT
+    error = await failure(served, "Huge")
+    assert error.code is StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_64_mib_round_trip(autojump_clock: MockClock) -> None:
+    handlers = Handlers()
+    server = GrpcServer(
+        {"/t.Test/Echo": handlers.echo},
+        max_receive_message_bytes=BIG,
+        max_send_message_bytes=BIG,
+    )
+    network = MemoryNetwork()
+    payload = bytes(range(256)) * (64 * 1024 * 1024 // 256)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda **kw: server.serve("big", 0, network=network, **kw))
+        channel = Channel(
+            f"big:{port}",
+            nursery,
+            network=network,
+            max_receive_message_bytes=BIG,
+            max_send_message_bytes=BIG,
+        )
+        assert await channel.unary(b"/t.Test/Echo", payload) == payload
+        nursery.cancel_scope.cancel()
+
+
+async def test_client_cancel_cancels_the_handler(served: Served, autojump_clock: MockClock) -> None:
+    channel = served.channel()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.unary, b"/t.Test/Slow", b"")
+        await served.handlers.slow_started.wait()
+        nursery.cancel_scope.cancel()  # the channel sends RST_STREAM
+    with trio.fail_after(1):
+        await served.handlers.slow_cancelled.wait()
+    assert await channel.unary(b"/t.Test/Echo", b"alive") == b"alive"
+
+
+async def test_client_deadline_cancels_the_handler(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    with pytest.raises(GrpcError) as caught:
+        await call(served, "Slow", deadline=trio.current_time() + 0.3)
+    assert caught.value.code is StatusCode.DEADLINE_EXCEEDED
+    with trio.fail_after(1):
+        await served.handlers.slow_cancelled.wait()
+
+
+async def test_deadline_reaches_the_handler(served: Served, autojump_clock: MockClock) -> None:
+    remaining = float(await call(served, "Deadline", deadline=trio.current_time() + 30))
+    assert 29 < remaining <= 30
+    assert await call(served, "Deadline") == b"inf"
+
+
+async def test_handler_exception_is_internal(served: Served, autojump_clock: MockClock) -> None:
+    error = await failure(served, "Boom")
+    assert error.code is StatusCode.INTERNAL
+    assert "kaboom" in error.message
+
+
+async def test_grpc_error_and_rsgw_error_keep_their_status(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    error = await failure(served, "Refuse")
+    assert (error.code, error.message) == (StatusCode.FAILED_PRECONDITION, "not now")
+    assert (b"x-why", b"because") in error.trailers
+    error = await failure(served, "Missing", b"thing")
+    assert (error.code, error.message) == (StatusCode.NOT_FOUND, "no such thing: thing")
+
+
+async def test_many_concurrent_calls_on_one_connection(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    channel = served.channel(max_concurrent_streams=1000)
+    replies: dict[int, bytes] = {}
+
+    async def one(i: int) -> None:
+        replies[i] = await channel.unary(b"/t.Test/Echo", str(i).encode() * 100)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(200):
+            nursery.start_soon(one, i)
+    assert replies == {i: str(i).encode() * 100 for i in range(200)}
+    assert channel.connects == 1
+
+
+async def test_graceful_close_lets_calls_finish_and_refuses_new_ones(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    channel = served.channel()
+    result: list[bytes] = []
+
+    async def client() -> None:
+        result.append(await channel.unary(b"/t.Test/Gated", b""))
+
+    async with trio.open_nursery() as nursery:
         nursery.start_soon(client)
-        with trio.fail_after(10):  # the call is in flight before we close
-            await handlers.gated_started.wait()
-        closer = trio.Event()
-
-        async def close() -> None:
-            await server.aclose(grace=10)
-            closer.set()
-
-        nursery.start_soon(close)
-        handlers.gate.set()
-        with trio.fail_after(10):
-            await closer.wait()
+        await served.handlers.gated_started.wait()
+        nursery.start_soon(served.server.aclose, 10)
+        await trio.testing.wait_all_tasks_blocked()
+        # Going away: the connection takes no new call, and a new one is refused.
+        with pytest.raises(WorkerUnavailable):
+            await channel.unary(b"/t.Test/Echo", b"late")
+        served.handlers.gate.set()
     assert result == [b"opened"]
 
 
-async def test_busy_port_is_a_listen_error() -> None:
-    sock = bind_tcp("127.0.0.1", 0)
-    try:
-        port = bound_port(sock)
-        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}: address"):
-            bind_tcp("127.0.0.1", port)
-        server = GrpcServer({})
-        with pytest.raises(ListenError):
-            await server.serve("127.0.0.1", port)
-    finally:
-        sock.close()
+async def test_graceful_close_gives_up_after_its_grace(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    channel = served.channel()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.unary, b"/t.Test/Slow", b"")
+        await served.handlers.slow_started.wait()
+        started = trio.current_time()
+        await served.server.aclose(grace=2)
+        assert 2 <= trio.current_time() - started < 2 + 1.5  # grace, then at most the linger
+        nursery.cancel_scope.cancel()
 
 
-def test_busy_port_fails_the_worker_with_one_line() -> None:
-    sock = bind_tcp("127.0.0.1", 0)
-    try:
-        port = bound_port(sock)
-        done = subprocess.run(
-            [sys.executable, "-m", "rsgw", "worker", "--port", str(port), "--metrics-port", "-1"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        sock.close()
-    assert done.returncode == 1
-    assert done.stderr.strip().splitlines() == [
-        f"rsgw worker: cannot listen on 127.0.0.1:{port}: address already in use"
-    ]
+async def test_a_second_listener_on_a_busy_address_is_a_listen_error(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    port = int(served.target.rpartition(":")[2])
+    with pytest.raises(ListenError, match="address already in use"):
+        await GrpcServer({}).serve("gw", port, network=served.network)
+
+
+async def test_a_client_that_hangs_up_cancels_its_calls(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    channel = served.channel()
+    failures: list[Exception] = []
+
+    async def pending() -> None:
+        try:
+            await channel.unary(b"/t.Test/Slow", b"")
+        except WorkerUnavailable as exc:
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pending)
+        await served.handlers.slow_started.wait()
+        channel.reset("hung up by the test")  # the stream closes under the call
+        with trio.fail_after(1):
+            await served.handlers.slow_cancelled.wait()
+    assert [str(f) for f in failures] == [f"connection to {served.target} hung up by the test"]

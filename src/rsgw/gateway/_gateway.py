@@ -10,6 +10,7 @@ on, so the first request already has a routing table), then the gRPC listener.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ import trio
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
 from rsgw._exposition import CONTENT_TYPE, merge_expositions
-from rsgw._net import split_host_port
+from rsgw._net import TCP, Network, split_host_port
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
@@ -99,9 +100,14 @@ class RunningGateway:
 async def serve_gateway(
     config: GatewayConfig,
     *,
+    network: Network = TCP,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until cancelled (or `RunningGateway.aclose()`).
+
+    `network` carries the gRPC listener and the connections to the workers (TCP
+    unless an embedding application or a test says otherwise); the admin HTTP
+    server and the worker metrics scrapes always use TCP.
 
     Raises:
         ListenError: the gRPC or admin address is busy or cannot be bound.
@@ -126,6 +132,7 @@ async def serve_gateway(
             return Channel(
                 url,
                 nursery,
+                network=network,
                 max_concurrent_streams=config.worker_client.max_concurrent_streams,
                 max_receive_message_bytes=limits.max_recv_msg_bytes,
                 max_send_message_bytes=limits.max_send_msg_bytes,
@@ -164,7 +171,9 @@ async def serve_gateway(
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
         )
-        bound_grpc = await nursery.start(server.serve, grpc_host, grpc_port)
+        bound_grpc = await nursery.start(
+            functools.partial(server.serve, network=network), grpc_host, grpc_port
+        )
         logger.info(
             "gateway serving",
             extra={

@@ -31,7 +31,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rsgw._errors import RsgwError
+from rsgw._errors import GrpcError, ResponseInterrupted, RsgwError, WorkerUnavailable
+from rsgw._status import StatusCode
 from rsgw.grpc._framing import MessageDecoder
 
 if TYPE_CHECKING:
@@ -211,3 +212,73 @@ class Call:
     def sending(self) -> bool:
         """Outbound data or an end is still waiting for the peer's window."""
         return bool(self.outbox) or self.end_pending
+
+
+# -- how an ending reads to the side that did not cause it ------------------------------
+
+#: The HTTP/2 error codes (RFC 9113 §7) by number, for messages.
+HTTP2_ERRORS = (
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+)
+REFUSED_STREAM = HTTP2_ERRORS.index("REFUSED_STREAM")
+CANCEL = HTTP2_ERRORS.index("CANCEL")
+
+#: HTTP statuses a gRPC client maps to codes when no grpc-status came (gRPC spec).
+HTTP_TO_STATUS = {
+    400: StatusCode.INTERNAL,
+    401: StatusCode.UNAUTHENTICATED,
+    403: StatusCode.PERMISSION_DENIED,
+    404: StatusCode.UNIMPLEMENTED,
+    429: StatusCode.UNAVAILABLE,
+    502: StatusCode.UNAVAILABLE,
+    503: StatusCode.UNAVAILABLE,
+    504: StatusCode.UNAVAILABLE,
+}
+
+
+def http_status_error(http_status: bytes, peer: str) -> GrpcError:
+    """A response that is not HTTP 200 and carries no grpc-status."""
+    code = HTTP_TO_STATUS.get(int(http_status or 0), StatusCode.UNKNOWN)
+    return GrpcError(code, f"{peer} answered HTTP {http_status.decode()}")
+
+
+def lost(call: Call, peer: str, reason: str, *, client_side: bool) -> RsgwError:
+    """What a call sees when its connection ends under it.
+
+    A client call that had no response yet certainly did not run there
+    (`WorkerUnavailable`, so it may go elsewhere); one whose response had begun
+    may have (`ResponseInterrupted`). A server call's client is simply gone.
+    """
+    if not client_side:
+        return GrpcError(StatusCode.CANCELLED, f"connection from the client {reason}")
+    kind = ResponseInterrupted if call.response_started else WorkerUnavailable
+    return kind(f"connection to {peer} {reason}")
+
+
+def reset_by_peer(
+    call: Call, error_code: int, peer: str, *, client_side: bool
+) -> tuple[EndCause, RsgwError | None]:
+    """How a call the peer reset (RST_STREAM `error_code`) ends."""
+    if not client_side:
+        return EndCause.RESET, GrpcError(StatusCode.CANCELLED, "the client cancelled the call")
+    if call.status is not None or call.answered_ok:
+        return EndCause.ANSWERED, call.status  # the answer was whole; the reset stops our upload
+    if error_code == REFUSED_STREAM:
+        return EndCause.REFUSED, WorkerUnavailable(f"{peer} refused the stream")
+    if error_code == CANCEL:
+        return EndCause.RESET, GrpcError(StatusCode.CANCELLED, f"{peer} cancelled the call")
+    name = HTTP2_ERRORS[error_code] if 0 <= error_code < len(HTTP2_ERRORS) else str(error_code)
+    return EndCause.RESET, lost(call, peer, f"reset the stream ({name})", client_side=True)

@@ -33,7 +33,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
-from rsgw._errors import GrpcError, ResponseInterrupted, RsgwError, WorkerUnavailable
+from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
     FINISHED,
@@ -48,8 +48,12 @@ from rsgw.grpc._calls import (
     MessageReceived,
     ResponseStarted,
     Step,
+    http_status_error,
+    lost,
+    reset_by_peer,
 )
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, message_prefix, too_large
+from rsgw.grpc._flow import SEND_FAILURES, Outbound
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES, new_h2_connection
 from rsgw.grpc._metadata import (
     RESPONSE_HEADERS,
@@ -63,20 +67,6 @@ from rsgw.grpc._metadata import (
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-#: HTTP statuses a gRPC client maps to codes when no grpc-status came (gRPC spec).
-HTTP_TO_STATUS = {
-    400: StatusCode.INTERNAL,
-    401: StatusCode.UNAUTHENTICATED,
-    403: StatusCode.PERMISSION_DENIED,
-    404: StatusCode.UNIMPLEMENTED,
-    429: StatusCode.UNAVAILABLE,
-    502: StatusCode.UNAVAILABLE,
-    503: StatusCode.UNAVAILABLE,
-    504: StatusCode.UNAVAILABLE,
-}
-
-_SEND_FAILURES = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError)
 
 
 class ConnectionState(enum.Enum):
@@ -123,8 +113,7 @@ class GrpcConnection:
             max_concurrent_streams=max_concurrent_streams,
         )
         self._calls: dict[int, Call] = {}
-        #: Calls whose outbox waits for window, in the order they started waiting.
-        self._waiting: dict[int, None] = {}
+        self._outbound = Outbound(self._h2, ended=self._after_outbound_end, broken=self._drop)
         self._unacknowledged: dict[int, int] = {}
         self.state = ConnectionState.ACTIVE
         #: Why the connection ended (None while it has not).
@@ -187,7 +176,7 @@ class GrpcConnection:
         elif isinstance(event, h2.events.StreamReset):
             self._on_reset(event.stream_id, event.error_code, events)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            self._drain_waiting()
+            self._outbound.resume()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._on_goaway(event.last_stream_id or 0, int(event.error_code or 0), events)
 
@@ -202,15 +191,12 @@ class GrpcConnection:
         self.closed_reason = reason
         self.state = ConnectionState.CLOSED
         calls, self._calls = self._calls, {}
-        self._waiting.clear()
+        self._outbound.forget()
         events: list[Event] = []
         for call in calls.values():
             call.reset()
-            if self.client_side:
-                events.append(self._ended(call, EndCause.LOST, self._unavailable(call, reason)))
-            else:
-                error = GrpcError(StatusCode.CANCELLED, f"connection from the client {reason}")
-                events.append(self._ended(call, EndCause.LOST, error))
+            error = lost(call, self.peer, reason, client_side=self.client_side)
+            events.append(self._ended(call, EndCause.LOST, error))
         return events
 
     # -- receiving -----------------------------------------------------------------------
@@ -223,7 +209,7 @@ class GrpcConnection:
 
     def _on_request(self, stream_id: int, headers: list[Header], events: list[Event]) -> None:
         if self.state is not ConnectionState.ACTIVE:
-            with contextlib.suppress(*_SEND_FAILURES):
+            with contextlib.suppress(*SEND_FAILURES):
                 self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         try:
@@ -249,8 +235,7 @@ class GrpcConnection:
         call.advance("inbound", Step.HEADERS)
         http_status = next((value for name, value in headers if name == b":status"), b"")
         if http_status != b"200":
-            code = HTTP_TO_STATUS.get(int(http_status or 0), StatusCode.UNKNOWN)
-            call.status = GrpcError(code, f"{self.peer} answered HTTP {http_status.decode()}")
+            call.status = http_status_error(http_status, self.peer)
         events.append(ResponseStarted(stream_id))
 
     def _on_trailers(self, stream_id: int, headers: list[Header]) -> None:
@@ -303,26 +288,13 @@ class GrpcConnection:
 
     def _on_reset(self, stream_id: int, error_code: int | None, events: list[Event]) -> None:
         call = self._calls.pop(stream_id, None)
-        self._waiting.pop(stream_id, None)
+        self._outbound.forget(stream_id)
         if call is None:
             return
         call.reset()
         self._goaway_if_idle()
-        if not self.client_side:
-            cancelled = GrpcError(StatusCode.CANCELLED, "the client cancelled the call")
-            events.append(self._ended(call, EndCause.RESET, cancelled))
-        elif call.status is not None or call.answered_ok:
-            # The answer was complete; the reset only stops our upload.
-            events.append(self._ended(call, EndCause.ANSWERED, call.status))
-        elif error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
-            refused = WorkerUnavailable(f"{self.peer} refused the stream")
-            events.append(self._ended(call, EndCause.REFUSED, refused))
-        elif error_code == h2.errors.ErrorCodes.CANCEL:
-            cancelled = GrpcError(StatusCode.CANCELLED, f"{self.peer} cancelled the call")
-            events.append(self._ended(call, EndCause.RESET, cancelled))
-        else:
-            reason = f"reset the stream ({_error_name(error_code)})"
-            events.append(self._ended(call, EndCause.RESET, self._unavailable(call, reason)))
+        cause, error = reset_by_peer(call, error_code or 0, self.peer, client_side=self.client_side)
+        events.append(self._ended(call, cause, error))
 
     def _on_goaway(self, last_stream_id: int, error_code: int, events: list[Event]) -> None:
         """No new calls here; a client's calls past `last_stream_id` were never processed."""
@@ -331,7 +303,7 @@ class GrpcConnection:
         if self.client_side:
             for stream_id in [sid for sid in self._calls if sid > last_stream_id]:
                 call = self._calls.pop(stream_id)
-                self._waiting.pop(stream_id, None)
+                self._outbound.forget(stream_id)
                 call.reset()
                 error = WorkerUnavailable(f"{self.peer} is going away; call not processed")
                 events.append(self._ended(call, EndCause.REFUSED, error))
@@ -363,18 +335,18 @@ class GrpcConnection:
         call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
         call.advance("outbound", Step.HEADERS)
         self._calls[stream_id] = call
-        self._queue_message(call, message, end=True)
+        self._outbound.queue(call, message, end=True)
         return stream_id
 
     def cancel(self, stream_id: int) -> None:
         """Abandon a call (the caller was cancelled): RST_STREAM CANCEL, no event."""
         call = self._calls.pop(stream_id, None)
-        self._waiting.pop(stream_id, None)
+        self._outbound.forget(stream_id)
         if call is None:
             return
         call.reset()
         if self.closed_reason is None:
-            with contextlib.suppress(*_SEND_FAILURES):
+            with contextlib.suppress(*SEND_FAILURES):
                 self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
 
     # -- sending: server -------------------------------------------------------------------
@@ -412,8 +384,8 @@ class GrpcConnection:
             self._h2.send_headers(stream_id, RESPONSE_HEADERS)
             call.advance("outbound", Step.HEADERS)
             call.trailers = status_trailers(code, text, trailers)
-            self._queue_message(call, message, end=True)
-        except _SEND_FAILURES:
+            self._outbound.queue(call, message, end=True)
+        except SEND_FAILURES:
             self._drop(call)
 
     def reject(self, stream_id: int, error: RsgwError) -> None:
@@ -429,81 +401,13 @@ class GrpcConnection:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _queue_message(self, call: Call, message: bytes, *, end: bool) -> None:
-        """Queue one length-prefixed message (and the end of the half, if `end`)."""
-        call.advance("outbound", Step.MESSAGE)
-        total = len(message)
-        h2conn = self._h2
-        stream_id = call.stream_id
-        small = total + 5 <= min(
-            h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size
-        )
-        if small and not call.outbox:
-            call.outbox.append(message_prefix(total) + message)  # one copy, one frame
-        else:
-            call.outbox += (message_prefix(total), memoryview(message))
-        call.end_pending = end
-        self._drain(call)
-        if call.sending:
-            self._waiting[stream_id] = None
-
-    def _drain(self, call: Call) -> None:
-        """Send what the window allows of `call`'s outbox, then its end once it is empty."""
-        h2conn = self._h2
-        stream_id = call.stream_id
-        outbox = call.outbox
-        try:
-            while outbox:
-                room = min(
-                    h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size
-                )
-                if room <= 0:
-                    return
-                piece = outbox[0]
-                if len(piece) > room:
-                    h2conn.send_data(stream_id, piece[:room])
-                    outbox[0] = piece[room:]
-                    continue
-                outbox.pop(0)
-                last = not outbox and call.end_pending and not call.trailers
-                h2conn.send_data(stream_id, piece, end_stream=last)
-                if last:
-                    self._end_outbound(call)
-                    return
-            if call.end_pending:
-                if call.trailers:
-                    h2conn.send_headers(stream_id, call.trailers, end_stream=True)
-                else:
-                    h2conn.end_stream(stream_id)
-                self._end_outbound(call)
-        except _SEND_FAILURES:
-            self._drop(call)
-
-    def _end_outbound(self, call: Call) -> None:
-        call.end_pending = False
-        call.trailers = ()
-        call.advance("outbound", Step.END)
-        self._after_outbound_end(call)
-
     def _after_outbound_end(self, call: Call) -> None:
         if not self.client_side and call.inbound is HalfState.OPEN:
             # Answered while the client still uploads: stop the upload.
-            with contextlib.suppress(*_SEND_FAILURES):
+            with contextlib.suppress(*SEND_FAILURES):
                 self._h2.reset_stream(call.stream_id, h2.errors.ErrorCodes.NO_ERROR)
             call.advance("inbound", Step.RESET)
         self._forget_if_over(call)
-
-    def _drain_waiting(self) -> None:
-        """The peer opened a window: the first waiting calls go first."""
-        for stream_id in list(self._waiting):
-            call = self._calls.get(stream_id)
-            if call is not None:
-                self._drain(call)
-                if call.sending:
-                    if self._h2.outbound_flow_control_window <= 0:
-                        return
-                    continue
-            self._waiting.pop(stream_id, None)
 
     def _acknowledge(self) -> None:
         """Hand back the window for every DATA byte consumed, once per read.
@@ -522,7 +426,7 @@ class GrpcConnection:
             self._finish_client_call(call, EndCause.FAILED, error, events)
             return
         if call.outbound is HalfState.IDLE:
-            with contextlib.suppress(*_SEND_FAILURES):
+            with contextlib.suppress(*SEND_FAILURES):
                 self._h2.send_headers(
                     call.stream_id, trailers_only(error.code, error.message), end_stream=True
                 )
@@ -540,7 +444,7 @@ class GrpcConnection:
         events.append(self._ended(call, cause, error))
 
     def _reset_stream(self, call: Call, code: h2.errors.ErrorCodes) -> None:
-        with contextlib.suppress(*_SEND_FAILURES):
+        with contextlib.suppress(*SEND_FAILURES):
             self._h2.reset_stream(call.stream_id, code)
         self._drop(call)
 
@@ -549,19 +453,19 @@ class GrpcConnection:
         if call.inbound not in FINISHED or call.outbound not in FINISHED:
             call.reset()
         self._calls.pop(call.stream_id, None)
-        self._waiting.pop(call.stream_id, None)
+        self._outbound.forget(call.stream_id)
         self._goaway_if_idle()
 
     def _forget_if_over(self, call: Call) -> None:
         if call.over:
             self._calls.pop(call.stream_id, None)
-            self._waiting.pop(call.stream_id, None)
+            self._outbound.forget(call.stream_id)
             self._goaway_if_idle()
 
     def _goaway_if_idle(self) -> None:
         if self._going_away and not self._calls and self.state is not ConnectionState.CLOSED:
             self.state = ConnectionState.CLOSED
-            with contextlib.suppress(*_SEND_FAILURES):
+            with contextlib.suppress(*SEND_FAILURES):
                 self._h2.close_connection()
 
     def _ended(self, call: Call, cause: EndCause, error: RsgwError | None) -> CallEnded:
@@ -569,21 +473,10 @@ class GrpcConnection:
 
     def _answer_unregistered(self, stream_id: int, error: RsgwError) -> None:
         """Answer a request we will not serve (bad headers) without ever tracking it."""
-        with contextlib.suppress(*_SEND_FAILURES):
+        with contextlib.suppress(*SEND_FAILURES):
             self._h2.send_headers(
                 stream_id, trailers_only(error.code, error.message), end_stream=True
             )
             stream = self._h2.streams.get(stream_id)
             if stream is not None and stream.open:
                 self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-
-    def _unavailable(self, call: Call, reason: str) -> WorkerUnavailable:
-        kind = ResponseInterrupted if call.response_started else WorkerUnavailable
-        return kind(f"connection to {self.peer} {reason}")
-
-
-def _error_name(code: int | None) -> str:
-    try:
-        return h2.errors.ErrorCodes(code or 0).name
-    except ValueError:
-        return f"error code {code}"

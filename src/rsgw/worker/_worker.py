@@ -8,6 +8,7 @@ listen.
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import trio
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
+from rsgw._net import TCP, Network
 from rsgw.grpc._server import GrpcServer
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue, builtin_catalogue
@@ -97,9 +99,13 @@ class RunningWorker:
 async def serve_worker(
     config: WorkerConfig,
     *,
+    network: Network = TCP,
     task_status: trio.TaskStatus[RunningWorker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one simulated worker until cancelled.
+
+    `network` carries the gRPC listener (TCP unless a test runs it on memory
+    streams); the admin HTTP server always listens on TCP.
 
     Raises:
         ListenError: a port is busy or cannot be bound.
@@ -132,7 +138,9 @@ async def serve_worker(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(device.serve)
-            grpc_port = await nursery.start(server.serve, config.host, config.port)
+            grpc_port = await nursery.start(
+                functools.partial(server.serve, network=network), config.host, config.port
+            )
             metrics_port: int | None = None
             if config.metrics_port >= 0:
                 app = _admin_app(service, metrics)

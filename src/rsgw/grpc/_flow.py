@@ -1,0 +1,122 @@
+"""Outbound DATA under HTTP/2 flow control, for `GrpcConnection`.
+
+Sans-IO. A message goes out at once when the peer's windows (the stream's and the
+connection's) and its frame size allow, which for small calls is always; what
+does not fit waits in its call's outbox and leaves, in the order the calls began
+waiting, whenever the peer opens a window. Nobody ever waits on a window: a
+sender queues and returns, and the connection resumes the outboxes from
+`receive_data`. First come first served matters for large messages: waking
+every sender whenever the window opened would let whichever ran first take it
+all, and starve the unlucky ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import h2.connection
+import h2.exceptions
+
+from rsgw.grpc._calls import Call, Step
+from rsgw.grpc._framing import message_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: What h2 raises when a stream went away under a send.
+SEND_FAILURES = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError)
+
+
+class Outbound:
+    """The calls' outboxes on one connection.
+
+    Args:
+        conn: the h2 connection to send on.
+        ended: called once a call's outbound half has ended (its end has been sent).
+        broken: called when h2 refused a send (the stream is gone).
+    """
+
+    def __init__(
+        self,
+        conn: h2.connection.H2Connection,
+        *,
+        ended: Callable[[Call], None],
+        broken: Callable[[Call], None],
+    ) -> None:
+        self._h2 = conn
+        self._ended = ended
+        self._broken = broken
+        #: Calls whose outbox waits for window, in the order they started waiting.
+        self._waiting: dict[int, Call] = {}
+
+    def queue(self, call: Call, message: bytes, *, end: bool) -> None:
+        """Queue one length-prefixed message, then the end of the half if `end`."""
+        call.advance("outbound", Step.MESSAGE)
+        total = len(message)
+        h2conn = self._h2
+        room = min(h2conn.local_flow_control_window(call.stream_id), h2conn.max_outbound_frame_size)
+        if total + 5 <= room and not call.outbox:
+            call.outbox.append(message_prefix(total) + message)  # one copy, one frame
+        else:
+            call.outbox += (message_prefix(total), memoryview(message))
+        call.end_pending = end
+        self._send(call)
+
+    def resume(self) -> None:
+        """The peer opened a window: the calls that waited first go first."""
+        for call in list(self._waiting.values()):
+            self._send(call)
+            if call.sending and self._h2.outbound_flow_control_window <= 0:
+                return
+
+    def forget(self, stream_id: int | None = None) -> None:
+        """Stop sending for one call, or for every call (the connection ended)."""
+        if stream_id is None:
+            self._waiting.clear()
+        else:
+            self._waiting.pop(stream_id, None)
+
+    def _send(self, call: Call) -> None:
+        try:
+            self._drain(call)
+        except SEND_FAILURES:
+            self._waiting.pop(call.stream_id, None)
+            self._broken(call)
+            return
+        if call.sending:
+            self._waiting.setdefault(call.stream_id, call)
+        else:
+            self._waiting.pop(call.stream_id, None)
+
+    def _drain(self, call: Call) -> None:
+        """Send what the window allows of `call`'s outbox, then its end once it is empty."""
+        h2conn = self._h2
+        stream_id = call.stream_id
+        outbox = call.outbox
+        while outbox:
+            room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
+            if room <= 0:
+                return
+            piece = outbox[0]
+            if len(piece) > room:
+                h2conn.send_data(stream_id, piece[:room])
+                outbox[0] = piece[room:]
+                continue
+            outbox.pop(0)
+            last = not outbox and call.end_pending and not call.trailers
+            h2conn.send_data(stream_id, piece, end_stream=last)
+            if last:
+                self._end(call)
+                return
+        if call.end_pending:
+            if call.trailers:
+                h2conn.send_headers(stream_id, call.trailers, end_stream=True)
+            else:
+                h2conn.end_stream(stream_id)
+            self._end(call)
+
+    def _end(self, call: Call) -> None:
+        call.end_pending = False
+        call.trailers = ()
+        call.advance("outbound", Step.END)
+        self._ended(call)

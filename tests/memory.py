@@ -1,0 +1,125 @@
+"""An in-memory network for shell tests: rsgw's `Network` seam over trio memory streams.
+
+Servers listen and channels connect by `host:port` exactly as over TCP, but every
+byte moves through `trio.testing.memory_stream_pair`, so a test runs in one Trio
+run with no socket and can use the autojump clock: timeouts of seconds take no
+wall time. The failures a real network has are scripted here:
+- nobody listening: `connect` raises ConnectionRefusedError, as TCP does;
+- a peer that dies: cancel its server (its streams close, the other end reads EOF);
+- a peer that hangs (a SIGSTOPped worker): `freeze(target)` stops every byte to
+  and from it until `thaw(target)`.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import math
+
+import trio
+import trio.testing
+
+from rsgw._errors import ListenError
+
+#: Where automatically chosen ports start (port 0 picks the next one).
+FIRST_PORT = 40000
+
+
+class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
+    """The server side of a memory address: accepts what `MemoryNetwork.connect` sends."""
+
+    def __init__(self, network: MemoryNetwork, address: str) -> None:
+        self._network = network
+        self.address = address
+        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](math.inf)
+        self.closed = False
+
+    async def accept(self) -> trio.abc.Stream:
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+            raise trio.ClosedResourceError("listener closed") from exc
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self._network.forget(self)
+        await self._receive.aclose()
+        await trio.lowlevel.checkpoint()
+
+    def offer(self, stream: trio.abc.Stream) -> None:
+        self._send.send_nowait(stream)
+
+
+class _Gated(trio.abc.Stream):
+    """A stream that moves no byte while its address is frozen."""
+
+    def __init__(self, stream: trio.abc.Stream, network: MemoryNetwork, address: str) -> None:
+        self._stream = stream
+        self._network = network
+        self._address = address
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._network.wait_thawed(self._address)
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self._stream.receive_some(max_bytes)
+        await self._network.wait_thawed(self._address)
+        return data
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()  # type: ignore[attr-defined]  # StapledStream has it
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class MemoryNetwork:
+    """Listeners and connections by address, all in memory; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, MemoryListener] = {}
+        self._ports = itertools.count(FIRST_PORT)
+        self._frozen: dict[str, trio.Event] = {}
+        #: Connections made so far, by target.
+        self.connects: dict[str, int] = {}
+
+    def listen(self, host: str, port: int) -> tuple[trio.abc.Listener[trio.abc.Stream], int]:
+        if port == 0:
+            port = next(self._ports)
+        address = f"{host}:{port}"
+        if address in self._listeners:
+            raise ListenError(f"cannot listen on {address}: address already in use")
+        listener = self._listeners[address] = MemoryListener(self, address)
+        return listener, port
+
+    async def connect(self, target: str) -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        listener = self._listeners.get(target)
+        if listener is None or listener.closed:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+        self.connects[target] = self.connects.get(target, 0) + 1
+        client, server = trio.testing.memory_stream_pair()
+        listener.offer(_Gated(server, self, target))
+        return client
+
+    def forget(self, listener: MemoryListener) -> None:
+        if self._listeners.get(listener.address) is listener:
+            del self._listeners[listener.address]
+
+    def freeze(self, target: str) -> None:
+        """The peer at `target` stops: nothing it sends or receives moves (SIGSTOP)."""
+        self._frozen.setdefault(target, trio.Event())
+
+    def thaw(self, target: str) -> None:
+        """The peer at `target` runs again (SIGCONT): what waited moves on."""
+        event = self._frozen.pop(target, None)
+        if event is not None:
+            event.set()
+
+    async def wait_thawed(self, target: str) -> None:
+        while (event := self._frozen.get(target)) is not None:
+            await event.wait()
