@@ -207,17 +207,18 @@ async def test_a_worker_holding_its_share_sheds_its_models_only() -> None:
                 nursery.start_soon(
                     partial(trio.to_thread.run_sync, call, fleet.target, simple_body(seed, "slow"))
                 )
-            await wait_until_async(lambda: service.held.get(worker0, 0) == 2, 10)
+            await wait_until_async(lambda: service.ledger.held(worker0) == 2, 10)
             error = await rpc_error(lambda: call(fleet.target, simple_body(9, "slow")))
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "at its limit of 2 concurrent requests" in (error.details() or "")
             for seed in range(4):  # round robin would send two of these to worker0
                 await trio.to_thread.run_sync(call, fleet.target, simple_body(seed))
-            assert service.held.get(worker0, 0) == 2  # still busy with the slow pair
+            assert service.ledger.held(worker0) == 2  # still busy with the slow pair
         assert service.metrics.shed._value.get() == 1
         counters = fleet.workers[1].service.device.counters
         assert counters["simple"].requests_served == 4
-    assert service.held == {worker0: 0, fleet.gateway.config.endpoints[1]: 0}
+    assert [service.ledger.held(url) for url in fleet.gateway.config.endpoints] == [0, 0]
+    assert service.ledger.inflight == 0
 
 
 async def test_forwarded_deadline_is_at_most_the_clients() -> None:

@@ -150,6 +150,14 @@ class GatewayMetrics:
                 latency = self._latency_children[pair] = self.request_latency.labels(rpc, model)
             latency.observe(seconds)
 
+    def observer(self, rpc: str) -> Callable[[StatusCode, str, float | None], None]:
+        """`observe` for one RPC, in the shape `rsgw.grpc._metering.metered` calls."""
+
+        def observe(code: StatusCode, model: str, seconds: float | None) -> None:
+            self.observe(rpc, model, code, seconds)
+
+        return observe
+
     def observe_worker(self, rpc: str, url: str, seconds: float) -> None:
         key = (rpc, url)
         child = self._worker_children.get(key)

@@ -30,13 +30,13 @@ from types import MappingProxyType
 
 import trio
 
+from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._values import human_bytes
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._preconditions import await_fleet
 from rsgw.gateway._prober import Prober
-from rsgw.gateway._service import COMPACT_MEMORY
 from rsgw.scheduling._knobs import FillMode
 from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
@@ -266,7 +266,7 @@ class Packing:
         async def one(url: str) -> int:
             request = cpb.CompactMemoryRequest(reload_models=plan.reloads[url])
             reply = await self._pool.channels[url].unary(
-                COMPACT_MEMORY, request.SerializeToString(), deadline=deadline
+                Method.COMPACT_MEMORY.wire, request.SerializeToString(), deadline=deadline
             )
             return cpb.CompactMemoryResponse.FromString(reply).reloaded_models
 
