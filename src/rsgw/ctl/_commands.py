@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeAlias
 
+from rsgw._methods import GATEWAY_CONTROL
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.scheduling._policy import STARTUP_ONLY
 
@@ -36,7 +37,6 @@ CALL_DEADLINE_SECONDS: Final = 20.0
 #: REFERENCE.md §7: Repack's deadline is ceil(wait) plus this much.
 REPACK_DEADLINE_SLACK_SECONDS: Final = 30.0
 
-_SERVICE: Final = "/reactant_control.GatewayControlService/"
 
 #: A knob's value once coerced; `SchedulingPolicy` holds each kind.
 PolicyValue: TypeAlias = float | int | str | bool
@@ -292,4 +292,4 @@ def _call(
     response_type: type[Message],
     deadline_seconds: float = CALL_DEADLINE_SECONDS,
 ) -> Call:
-    return Call((_SERVICE + method).encode(), request, response_type, deadline_seconds)
+    return Call(f"/{GATEWAY_CONTROL}/{method}".encode(), request, response_type, deadline_seconds)

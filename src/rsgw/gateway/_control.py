@@ -15,13 +15,13 @@ INTERNAL `gateway control call failed: ...`, logged with its traceback.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from rsgw._errors import GrpcError, RsgwError
+from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
@@ -35,6 +35,7 @@ from rsgw.gateway._scheduling_status import (
     repack_status,
     status_of,
 )
+from rsgw.grpc._metering import metered
 from rsgw.grpc._server import ServerCall, UnaryHandler
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
@@ -50,7 +51,6 @@ from rsgw.scheduling._policy import (
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "/reactant_control.GatewayControlService/"
 #: The longest a Repack call may wait for its repack.
 MAX_REPACK_WAIT = 120.0
 
@@ -73,41 +73,37 @@ class GatewayControl:
         self._metrics = metrics
 
     def handlers(self) -> dict[str, UnaryHandler]:
-        return {
-            SERVICE + "GetSchedulingStatus": self._wrap(
-                "GetSchedulingStatus", cpb.GetSchedulingStatusRequest, self.get_status
+        """The handler table: one row per GatewayControlService method."""
+        table: dict[Method, UnaryHandler] = {
+            Method.GET_SCHEDULING_STATUS: self._wrap(
+                Method.GET_SCHEDULING_STATUS, cpb.GetSchedulingStatusRequest, self.get_status
             ),
-            SERVICE + "SetSchedulingPolicy": self._wrap(
-                "SetSchedulingPolicy", cpb.SetSchedulingPolicyRequest, self.set_policy
+            Method.SET_SCHEDULING_POLICY: self._wrap(
+                Method.SET_SCHEDULING_POLICY, cpb.SetSchedulingPolicyRequest, self.set_policy
             ),
-            SERVICE + "SetModelPlacement": self._wrap(
-                "SetModelPlacement", cpb.SetModelPlacementRequest, self.set_placement
+            Method.SET_MODEL_PLACEMENT: self._wrap(
+                Method.SET_MODEL_PLACEMENT, cpb.SetModelPlacementRequest, self.set_placement
             ),
-            SERVICE + "Repack": self._wrap("Repack", cpb.RepackRequest, self.repack),
+            Method.REPACK: self._wrap(Method.REPACK, cpb.RepackRequest, self.repack),
         }
+        return {method.path: handler for method, handler in table.items()}
 
     def _wrap(
-        self, rpc: str, request_type: type[Req], method: Callable[[Req], Awaitable[Message]]
+        self, rpc: Method, request_type: type[Req], method: Callable[[Req], Awaitable[Message]]
     ) -> UnaryHandler:
+        observe = self._metrics.observer(rpc.rpc)
+
         async def handler(request: Req, call: ServerCall) -> Message:
-            started = time.perf_counter()
-            code = StatusCode.UNKNOWN
-            try:
-                response = await method(request)
-                code = StatusCode.OK
-                return response
-            except RsgwError as exc:
-                code = call.status_for(exc)
-                raise
-            except Exception as exc:
-                code = StatusCode.INTERNAL
-                logger.exception("gateway control call failed", extra={"rpc": rpc})
-                raise GrpcError(code, f"gateway control call failed: {exc}") from exc
-            except BaseException as exc:
-                code = call.status_for(exc)
-                raise
-            finally:
-                self._metrics.observe(rpc, "", code, time.perf_counter() - started)
+            with metered(call, observe):
+                try:
+                    return await method(request)
+                except RsgwError:
+                    raise
+                except Exception as exc:
+                    logger.exception("gateway control call failed", extra={"rpc": rpc.rpc})
+                    raise GrpcError(
+                        StatusCode.INTERNAL, f"gateway control call failed: {exc}"
+                    ) from exc
 
         return typed_unary(request_type, handler)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
@@ -24,7 +25,6 @@ from rsgw.scheduling._schedulers import Scheduler
 
 logger = logging.getLogger(__name__)
 
-CONTROL_STATUS = b"/reactant_control.ControlService/ModelControlStatus"
 _REQUEST = cpb.ModelControlStatusRequest().SerializeToString()
 
 #: What a poll hands on: the answering workers' counters (poll order), the new
@@ -42,7 +42,7 @@ class ControlAnswer:
 
 async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> ControlAnswer:
     """One bounded ModelControlStatus call; a hang resets the worker's channel."""
-    result = await prober.probe(url, CONTROL_STATUS, _REQUEST)
+    result = await prober.probe(url, Method.MODEL_CONTROL_STATUS.wire, _REQUEST)
     if result.timed_out:
         logger.warning(
             "ModelControlStatus poll timed out; resetting the worker's channel",

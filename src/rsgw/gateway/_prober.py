@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import trio
 
 from rsgw._errors import GatewayWedged, GrpcError, WorkerUnavailable
+from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
@@ -32,8 +33,6 @@ from rsgw.scheduling._routing import RoutingTable, build_routing_table
 
 logger = logging.getLogger(__name__)
 
-SERVER_READY = b"/inference.GRPCInferenceService/ServerReady"
-REPOSITORY_INDEX = b"/inference.GRPCInferenceService/RepositoryIndex"
 #: Watchdog on each probe call (the original's PROBE_TIMEOUT_SECONDS).
 DEFAULT_PROBE_TIMEOUT = 8.0
 #: gRPC deadline of each probe call, inside the watchdog.
@@ -131,7 +130,7 @@ class Prober:
         """One probe round: readiness, channel resets, wedge check, discovery."""
         pool = self._pool
         results = await fan_out(
-            pool.urls, lambda url: self.probe(url, SERVER_READY, _READY_REQUEST)
+            pool.urls, lambda url: self.probe(url, Method.SERVER_READY.wire, _READY_REQUEST)
         )
         ready: set[str] = set()
         all_timed_out = bool(pool.urls)
@@ -195,7 +194,8 @@ class Prober:
         done = self._refreshing = trio.Event()
         try:
             results = await fan_out(
-                self._pool.urls, lambda url: self.probe(url, REPOSITORY_INDEX, _INDEX_REQUEST)
+                self._pool.urls,
+                lambda url: self.probe(url, Method.REPOSITORY_INDEX.wire, _INDEX_REQUEST),
             )
             served: dict[str, list[str]] = {}
             for url, result in results.items():

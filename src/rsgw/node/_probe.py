@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import trio
 
 from rsgw._errors import ConfigError
+from rsgw._methods import Method
 from rsgw._net import split_host_port
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.grpc._client import Channel
@@ -30,7 +31,6 @@ from rsgw.node._supervision import public_addresses
 
 # REFERENCE.md §8.5: the probe's deadline.
 PROBE_DEADLINE_SECONDS = 5.0
-_SERVER_READY = b"/inference.GRPCInferenceService/ServerReady"
 _READY_REQUEST = pb.ServerReadyRequest().SerializeToString()
 
 
@@ -68,7 +68,9 @@ async def server_ready(host: str, port: int) -> bool:
                 channel = Channel(f"{host}:{port}", nursery)
                 try:
                     deadline = trio.current_time() + PROBE_DEADLINE_SECONDS
-                    reply = await channel.unary(_SERVER_READY, _READY_REQUEST, deadline=deadline)
+                    reply = await channel.unary(
+                        Method.SERVER_READY.wire, _READY_REQUEST, deadline=deadline
+                    )
                 finally:
                     await channel.aclose()
                     nursery.cancel_scope.cancel()

@@ -14,17 +14,18 @@ to every RPC, as if they did not exist.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
 from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw._version import __version__
+from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.worker._memory import not_resident
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
@@ -39,12 +40,12 @@ if TYPE_CHECKING:
     from rsgw.worker._device import Device
     from rsgw.worker._metrics import WorkerMetrics
 
-INFERENCE = "/inference.GRPCInferenceService/"
-CONTROL = "/reactant_control.ControlService/"
 
 _SHM_REGION = "shared_memory_region"
 _SHM_OFFSET = "shared_memory_offset"
 _SHM_SIZE = "shared_memory_byte_size"
+#: The model label of requests that name no model this worker serves.
+UNKNOWN_MODEL = "_unknown_"
 #: Relative deadline a ReactantServer client may send as a request parameter.
 _TIMEOUT_NS = "reactant_timeout_ns"
 
@@ -79,41 +80,35 @@ class WorkerService:
         self.shed_total = 0
 
     def handlers(self) -> dict[str, UnaryHandler]:
-        return {
-            INFERENCE + "ServerLive": typed_unary(pb.ServerLiveRequest, self.server_live),
-            INFERENCE + "ServerReady": typed_unary(pb.ServerReadyRequest, self.server_ready),
-            INFERENCE + "ModelReady": typed_unary(pb.ModelReadyRequest, self.model_ready),
-            INFERENCE + "ServerMetadata": typed_unary(
-                pb.ServerMetadataRequest, self.server_metadata
-            ),
-            INFERENCE + "ModelMetadata": typed_unary(pb.ModelMetadataRequest, self.model_metadata),
-            INFERENCE + "RepositoryIndex": typed_unary(
-                pb.RepositoryIndexRequest, self.repository_index
-            ),
-            INFERENCE + "ModelInfer": self.model_infer,
-            INFERENCE + "SystemSharedMemoryRegister": typed_unary(
+        """The handler table: one row per method the worker serves."""
+        table: dict[Method, UnaryHandler] = {
+            Method.SERVER_LIVE: typed_unary(pb.ServerLiveRequest, self.server_live),
+            Method.SERVER_READY: typed_unary(pb.ServerReadyRequest, self.server_ready),
+            Method.MODEL_READY: typed_unary(pb.ModelReadyRequest, self.model_ready),
+            Method.SERVER_METADATA: typed_unary(pb.ServerMetadataRequest, self.server_metadata),
+            Method.MODEL_METADATA: typed_unary(pb.ModelMetadataRequest, self.model_metadata),
+            Method.REPOSITORY_INDEX: typed_unary(pb.RepositoryIndexRequest, self.repository_index),
+            Method.MODEL_INFER: self.model_infer,
+            Method.SHM_REGISTER: typed_unary(
                 pb.SystemSharedMemoryRegisterRequest, self.shm_register
             ),
-            INFERENCE + "SystemSharedMemoryUnregister": typed_unary(
+            Method.SHM_UNREGISTER: typed_unary(
                 pb.SystemSharedMemoryUnregisterRequest, self.shm_unregister
             ),
-            INFERENCE + "SystemSharedMemoryStatus": typed_unary(
-                pb.SystemSharedMemoryStatusRequest, self.shm_status
-            ),
-            INFERENCE + "IsSameIPCNamespace": typed_unary(
+            Method.SHM_STATUS: typed_unary(pb.SystemSharedMemoryStatusRequest, self.shm_status),
+            Method.IPC_NAMESPACE: typed_unary(
                 pb.IsSameIPCNamespaceRequest, self.is_same_ipc_namespace
             ),
-            CONTROL + "ModelControlStatus": typed_unary(
+            Method.MODEL_CONTROL_STATUS: typed_unary(
                 cpb.ModelControlStatusRequest, self.model_control_status
             ),
-            CONTROL + "SetModelResidency": typed_unary(
+            Method.SET_MODEL_RESIDENCY: typed_unary(
                 cpb.SetModelResidencyRequest, self.set_model_residency
             ),
-            CONTROL + "SetModelPolicy": typed_unary(
-                cpb.SetModelPolicyRequest, self.set_model_policy
-            ),
-            CONTROL + "CompactMemory": typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
+            Method.SET_MODEL_POLICY: typed_unary(cpb.SetModelPolicyRequest, self.set_model_policy),
+            Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
         }
+        return {method.path: handler for method, handler in table.items()}
 
     # -- health and metadata ----------------------------------------------------------
 
@@ -185,12 +180,9 @@ class WorkerService:
 
     async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
         """Validate, queue on the device, answer; counts every outcome in metrics."""
-        started = time.perf_counter()
-        model_label = "_unknown_"
-        code = StatusCode.INTERNAL
         if self.max_concurrent_requests and self.inflight >= self.max_concurrent_requests:
             self.shed_total += 1
-            self.metrics.count_request(model_label, StatusCode.RESOURCE_EXHAUSTED, 0.0)
+            self.metrics.count_request(UNKNOWN_MODEL, StatusCode.RESOURCE_EXHAUSTED, 0.0)
             raise GrpcError(
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"worker {self.identity.name} is at its limit of "
@@ -198,31 +190,29 @@ class WorkerService:
             )
         self.inflight += 1
         try:
-            request = _parse_infer_request(body)
-            if not request.model_name:
-                raise InvalidRequest("ModelInferRequest.model_name is empty")
-            spec = self._model(request.model_name)
-            model_label = spec.name
-            if not self.device.memory.is_servable(spec.name):
-                raise not_resident(spec.name)
-            inputs, variant = self._decode_inputs(spec, request)
-            self._check_requested_outputs(spec, request)
-            batch_rows = 1
-            if spec.batch_axis > 0 and spec.batch_input in inputs:
-                batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
-            deadline = min(call.deadline, _parameter_deadline(request))
-            outputs = await self.device.execute(
-                spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
-            )
-            response = self._encode_response(spec, request, outputs)
-            code = StatusCode.OK
-            return response
-        except BaseException as exc:
-            code = call.status_for(exc)
-            raise
+            with metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
+                request = _parse_infer_request(body)
+                if not request.model_name:
+                    raise InvalidRequest("ModelInferRequest.model_name is empty")
+                spec = self._model(request.model_name)
+                meter.label = spec.name
+                if not self.device.memory.is_servable(spec.name):
+                    raise not_resident(spec.name)
+                inputs, variant = self._decode_inputs(spec, request)
+                self._check_requested_outputs(spec, request)
+                batch_rows = 1
+                if spec.batch_axis > 0 and spec.batch_input in inputs:
+                    batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
+                deadline = min(call.deadline, _parameter_deadline(request))
+                outputs = await self.device.execute(
+                    spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
+                )
+                return self._encode_response(spec, request, outputs)
         finally:
             self.inflight -= 1
-            self.metrics.count_request(model_label, code, time.perf_counter() - started)
+
+    def _observe_infer(self, code: StatusCode, model: str, seconds: float | None) -> None:
+        self.metrics.count_request(model, code, seconds or 0.0)
 
     def _decode_inputs(
         self, spec: ModelSpec, request: pb.ModelInferRequest
