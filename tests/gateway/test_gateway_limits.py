@@ -255,7 +255,7 @@ async def test_forwarded_deadline_is_at_most_the_clients() -> None:
         await trio.to_thread.run_sync(lambda: call(f"127.0.0.1:{gateway.grpc_port}", body, 0.3))
         assert 0 < received[-1] <= 0.3
         await trio.to_thread.run_sync(lambda: call(f"127.0.0.1:{gateway.grpc_port}", body, 1000))
-        assert 900 < received[-1] <= 60 or 0 < received[-1] <= 60  # request_timeout_seconds caps it
+        assert 59 < received[-1] <= 60  # request_timeout_seconds (60) caps the client's 1000 s
         nursery.cancel_scope.cancel()
 
 

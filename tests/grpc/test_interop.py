@@ -19,54 +19,14 @@ import grpc
 import pytest
 import trio
 
-from rsgw._errors import GrpcError, ListenError, NotFound
+from rsgw._errors import GrpcError, ListenError
 from rsgw._net import bind_tcp, bound_port
 from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
+from tests.grpc.test_server import Handlers
 
 LIMIT = 1024 * 1024
-
-
-class Handlers:
-    """Handlers that tell the test what happened to them."""
-
-    def __init__(self) -> None:
-        self.slow_started = trio.Event()
-        self.slow_cancelled = trio.Event()
-        self.gate = trio.Event()
-        self.gated_started = trio.Event()
-        #: Port of a second server with a larger message limit (set by the fixture).
-        self.big_port = 0
-
-    async def echo(self, request: bytes, call: ServerCall) -> bytes:
-        return request
-
-    async def slow(self, request: bytes, call: ServerCall) -> bytes:
-        self.slow_started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            self.slow_cancelled.set()
-            raise
-        return b""  # pragma: no cover
-
-    async def gated(self, request: bytes, call: ServerCall) -> bytes:
-        self.gated_started.set()
-        await self.gate.wait()
-        return b"opened"
-
-    async def boom(self, request: bytes, call: ServerCall) -> bytes:
-        raise RuntimeError("kaboom")
-
-    async def refuse(self, request: bytes, call: ServerCall) -> bytes:
-        raise GrpcError(StatusCode.FAILED_PRECONDITION, "not now", ((b"x-why", b"because"),))
-
-    async def missing(self, request: bytes, call: ServerCall) -> bytes:
-        raise NotFound("no such thing: " + request.decode())
-
-    async def deadline(self, request: bytes, call: ServerCall) -> bytes:
-        return repr(call.deadline - trio.current_time()).encode()
 
 
 @pytest.fixture
