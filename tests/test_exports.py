@@ -1,4 +1,4 @@
-"""The public API is exactly the names DECISIONS.md §2 promises so far."""
+"""The public API is exactly the names docs/product.md §2 promises, and what they raise."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import rsgw
 def test_public_names() -> None:
     assert set(rsgw.__all__) == {
         "ConfigError",
+        "GatewayStatus",
+        "ListenError",
+        "StartupError",
         "GatewayConfig",
         "GatewayWedged",
         "RsgwError",
@@ -25,3 +28,5 @@ def test_public_names() -> None:
 def test_errors_form_one_family() -> None:
     assert issubclass(rsgw.ConfigError, rsgw.RsgwError)
     assert issubclass(rsgw.GatewayWedged, rsgw.RsgwError)
+    assert issubclass(rsgw.ListenError, rsgw.RsgwError)
+    assert issubclass(rsgw.StartupError, rsgw.RsgwError)

@@ -162,7 +162,7 @@ async def test_ctl_set_replicas_then_repack_spreads_a_model_over_two_workers() -
 
 async def test_ctl_set_policy_applies_all_or_nothing() -> None:
     async with lpt_fleet() as fleet:
-        shell = fleet.gateway.packing
+        shell = fleet.gateway._packing
         assert shell is not None
         done = await ctl(
             fleet,

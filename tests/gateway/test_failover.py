@@ -104,7 +104,9 @@ async def test_sigkill_during_a_run_loses_no_request(three_workers: list[WorkerP
         assert errors == []
         assert slowest < 2.0, f"a call waited {slowest:.2f} s: failover must not wait for timeouts"
         # The dead worker leaves the table at the next probe round; the others stay ready.
-        await wait_until_async(lambda: victim.target not in gateway.prober.ready, what="unready")
+        await wait_until_async(
+            lambda: victim.target not in gateway.statistics().ready, what="unready"
+        )
         assert await readyz(gateway) == 200
         nursery.cancel_scope.cancel()
 
@@ -117,10 +119,10 @@ async def test_readyz_follows_the_workers_and_a_restarted_worker_gets_traffic() 
             gateway: RunningGateway = await nursery.start(serve_gateway, config_for([worker]))
             assert await readyz(gateway) == 200
             worker.stop()
-            await wait_until_async(lambda: not gateway.prober.ready, what="no ready worker")
+            await wait_until_async(lambda: not gateway.statistics().ready, what="no ready worker")
             assert await readyz(gateway) == 503
             worker = start_worker_process("--name", "worker0", "--port", str(port))
-            await wait_until_async(lambda: bool(gateway.prober.ready), what="worker back")
+            await wait_until_async(lambda: bool(gateway.statistics().ready), what="worker back")
             assert await readyz(gateway) == 200
             target = f"127.0.0.1:{gateway.grpc_port}"
             await trio.to_thread.run_sync(check_simple, target, 7)
@@ -143,20 +145,22 @@ async def test_sigstop_resets_the_channel_and_others_stay_fast(tmp_path: Path) -
             await trio.to_thread.run_sync(model_infer, target, infer_request("other", inputs))
             os.kill(stopped.process.pid, signal.SIGSTOP)
             try:
-                resets = gateway.prober.channel_resets
+                resets = gateway.statistics().channel_resets
                 deadline = trio.current_time() + 10
                 slowest = 0.0
-                while gateway.prober.channel_resets == resets:
+                while gateway.statistics().channel_resets == resets:
                     assert trio.current_time() < deadline, "the watchdog never reset the channel"
                     started = time.monotonic()
                     await trio.to_thread.run_sync(check_simple, target, 1)
                     slowest = max(slowest, time.monotonic() - started)
                 assert slowest < 1.0
-                assert stopped.target not in gateway.prober.ready
+                assert stopped.target not in gateway.statistics().ready
             finally:
                 os.kill(stopped.process.pid, signal.SIGCONT)
             with trio.fail_after(10):
-                await wait_until_async(lambda: stopped.target in gateway.prober.ready, what="back")
+                await wait_until_async(
+                    lambda: stopped.target in gateway.statistics().ready, what="back"
+                )
             response = await trio.to_thread.run_sync(
                 model_infer, target, infer_request("other", inputs)
             )

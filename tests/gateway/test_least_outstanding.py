@@ -234,7 +234,7 @@ async def test_only_work_bases_that_need_costs_poll_the_workers(
     basis: WorkBasis, polls: bool
 ) -> None:
     async with open_fleet(1, scheduling=scheduling(basis), health_interval_seconds=60) as fleet:
-        assert (fleet.gateway.prober.on_ready is not None) is polls
+        assert (fleet.gateway._service.prober.on_ready is not None) is polls
 
 
 async def test_round_robin_exports_no_inflight_work() -> None:

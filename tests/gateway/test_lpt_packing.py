@@ -102,8 +102,8 @@ def send(target: str, models: tuple[str, ...], each: int, concurrency: int = 1) 
 
 
 def packing(fleet: Fleet) -> Packing:
-    assert fleet.gateway.packing is not None
-    return fleet.gateway.packing
+    assert fleet.gateway._packing is not None
+    return fleet.gateway._packing
 
 
 def repacks(fleet: Fleet, trigger: str) -> float:
@@ -251,7 +251,7 @@ async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged() -> None:
 
 
 async def rounds_pass(fleet: Fleet, count: int) -> None:
-    prober = fleet.gateway.prober
+    prober = fleet.gateway._service.prober
     target = prober.rounds + count
     await wait_until_async(lambda: prober.rounds >= target, 10)
 
@@ -279,8 +279,8 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
     ) as fleet:
         packer = packing(fleet).packer
         assert repacks(fleet, "startup") == 1
-        rounds = fleet.gateway.prober.rounds
-        await wait_until_async(lambda: fleet.gateway.prober.rounds >= rounds + 5, 10)
+        rounds = fleet.gateway.statistics().probe_rounds
+        await wait_until_async(lambda: fleet.gateway.statistics().probe_rounds >= rounds + 5, 10)
         assert repacks(fleet, "compute") == 0  # idle: nothing accrues
         assert compactions(fleet) == [0, 0, 0]
 
@@ -304,9 +304,9 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
             urls = list(fleet.gateway.config.endpoints)
             assert [compactions(fleet)[urls.index(u)] for u in changed] == [1] * len(changed)
         # The next repack waits for the full budget, not the first one.
-        rounds = fleet.gateway.prober.rounds
+        rounds = fleet.gateway.statistics().probe_rounds
         assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 4, 3) == []
-        await wait_until_async(lambda: fleet.gateway.prober.rounds >= rounds + 3, 10)
+        await wait_until_async(lambda: fleet.gateway.statistics().probe_rounds >= rounds + 3, 10)
         tick = packer.last_tick
         assert tick is not None and tick.threshold == 1000.0
         assert repacks(fleet, "compute") == 1
@@ -379,7 +379,9 @@ async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_war
         urls = fleet.gateway.config.endpoints
         assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls))
         await restart_without(fleet, 2, "gamma")
-        await wait_until_async(lambda: fleet.gateway.prober.table.replicas("gamma") == urls[:2], 10)
+        await wait_until_async(
+            lambda: fleet.gateway.statistics().models.get("gamma") == urls[:2], 10
+        )
         outcome = await shell.request_repack(20)
         assert outcome.completed
         assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls[:2]))
@@ -401,7 +403,7 @@ async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fai
         await fleet.workers[1].aclose()
         # Before any repack: the placement still names the lost worker, and no request fails.
         assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
-        await wait_until_async(lambda: lost not in fleet.gateway.prober.ready, 10)
+        await wait_until_async(lambda: lost not in fleet.gateway.statistics().ready, 10)
         outcome = await shell.request_repack(20)
         assert outcome.completed
         assert all(lost not in p.urls for p in shell.packer.assignment.values())

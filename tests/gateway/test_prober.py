@@ -72,12 +72,12 @@ async def test_a_hung_probe_resets_the_channel() -> None:
         gateway: RunningGateway = await nursery.start(
             serve_gateway, config(port, wedge_exit_rounds=0)
         )
-        assert gateway.prober.ready
+        assert gateway.statistics().ready
         worker.hang = True
-        await wait_until_async(lambda: gateway.prober.channel_resets > 0, what="a reset")
-        assert not gateway.prober.ready
+        await wait_until_async(lambda: gateway.statistics().channel_resets > 0, what="a reset")
+        assert not gateway.statistics().ready
         worker.hang = False
-        await wait_until_async(lambda: bool(gateway.prober.ready), what="ready again")
+        await wait_until_async(lambda: bool(gateway.statistics().ready), what="ready again")
         nursery.cancel_scope.cancel()
 
 
@@ -100,7 +100,7 @@ async def test_never_responsive_fleet_is_not_wedged() -> None:
         gateway: RunningGateway = await nursery.start(
             serve_gateway, config(port, wedge_exit_rounds=1)
         )
-        await wait_until_async(lambda: gateway.prober.rounds >= 3, what="three rounds")
+        await wait_until_async(lambda: gateway.statistics().probe_rounds >= 3, what="three rounds")
         nursery.cancel_scope.cancel()
 
 
@@ -111,7 +111,7 @@ async def test_on_demand_refresh_is_single_flight() -> None:
         gateway: RunningGateway = await nursery.start(
             serve_gateway, config(port, health_interval_seconds=3600)
         )
-        prober = gateway.prober
+        prober = gateway._service.prober
         # The floor is wall time by design (a Trio MockClock cannot drive real sockets):
         # wait it out once, past the startup discovery.
         await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)
@@ -150,8 +150,8 @@ async def test_a_hung_control_status_poll_resets_the_channel() -> None:
             serve_gateway, config(port, scheduling=least, health_interval_seconds=3600)
         )
         assert poll_started.is_set()  # the first round polled before serving
-        assert gateway.prober.channel_resets == 0  # a poll is not a probe...
-        assert gateway.prober.ready  # ...and the worker stays ready
+        assert gateway.statistics().channel_resets == 0  # a poll is not a probe...
+        assert gateway.statistics().ready  # ...and the worker stays ready
         channel = gateway._service.pool.channels[f"127.0.0.1:{port}"]
         assert channel.connects == 1 and not channel.connected  # ...but its channel was dropped
         nursery.cancel_scope.cancel()

@@ -19,7 +19,7 @@ async def test_pin_and_unpin_flip_routing_on_the_next_probe_round() -> None:
         worker_overrides={"residency_mode": ResidencyMode.EXTERNALLY_MANAGED},
         health_interval_seconds=0.2,
     ) as fleet:
-        prober = fleet.gateway.prober
+        prober = fleet.gateway._service.prober
         assert prober.table.replicas("simple") == ()
         with pytest.raises(grpc.RpcError) as caught:
             await trio.to_thread.run_sync(check_simple, fleet.target, 0)

@@ -46,13 +46,26 @@ SCRAPE_TIMEOUT = 5.0
 
 @dataclass(frozen=True, slots=True)
 class GatewayStatus:
-    """A snapshot of what the gateway knows, for embedding applications and tests."""
+    """A frozen snapshot of what the gateway knows, for embedding applications and tests.
 
+    Like `trio.Event.statistics()`, it is a copy: it never changes after it is taken,
+    and holding it keeps nothing of the gateway alive.
+    """
+
+    #: The configured workers (URLs), in configured order.
     workers: tuple[str, ...]
+    #: Workers whose last ServerReady said ready.
     ready: frozenset[str]
+    #: model -> the ready workers serving it (the routing table in force).
     models: dict[str, tuple[str, ...]]
+    #: Prober rounds completed, and channels the prober reset after a hung probe.
     probe_rounds: int
+    channel_resets: int
+    #: Calls admitted now (ModelInfer and shared-memory calls).
     inflight: int
+    #: The scheduling mode, and under lpt_packing the placement in force (model -> URLs).
+    mode: str
+    placement: dict[str, tuple[str, ...]]
 
 
 class RunningGateway:
@@ -73,23 +86,32 @@ class RunningGateway:
         self.admin_port = admin_port
         self._server = server
         self._service = service
-        #: lpt_packing's shell (placement, repacks); None in the other modes.
-        self.packing = packing
+        self._packing = packing
         self._cancel_scope = cancel_scope
 
-    @property
-    def prober(self) -> Prober:
-        return self._service.prober
-
-    def status(self) -> GatewayStatus:
+    def statistics(self) -> GatewayStatus:
+        """A frozen snapshot of the gateway's state (see `GatewayStatus`)."""
         prober = self._service.prober
+        packing = self._packing
+        placement = (
+            {}
+            if packing is None
+            else {model: placed.urls for model, placed in packing.packer.assignment.items()}
+        )
         return GatewayStatus(
             workers=self._service.pool.urls,
             ready=prober.ready,
             models=dict(prober.table.models),
             probe_rounds=prober.rounds,
+            channel_resets=prober.channel_resets,
             inflight=self._service.inflight,
+            mode=str(self.config.scheduling.mode),
+            placement=placement,
         )
+
+    def status(self) -> GatewayStatus:
+        """`statistics()`, under the name the interface table promises (docs/product.md §2)."""
+        return self.statistics()
 
     async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
         """Stop: GOAWAY to clients, calls in flight get `grace` seconds, then cancel."""
