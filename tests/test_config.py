@@ -70,7 +70,7 @@ def raises(raw: dict[str, Any], *fragments: str, **env: str) -> str:
     return message
 
 
-# -- defaults (REFERENCE.md §3.2 as amended by DECISIONS.md §3) -----------------------------
+# -- defaults (docs/original.md §3.2 as amended by docs/product.md §3) -----------------------------
 
 DEFAULTS: list[tuple[str, object]] = [
     ("listen.grpc", "0.0.0.0:8001"),
@@ -134,7 +134,7 @@ def test_every_yaml_key_has_a_default_test() -> None:
     assert paths <= {p for p, _ in DEFAULTS}
 
 
-# -- derived values (REFERENCE.md §3.4) -----------------------------------------------------
+# -- derived values (docs/original.md §3.4) -----------------------------------------------------
 
 
 def test_admission_cap_is_per_worker_times_workers() -> None:
@@ -171,7 +171,7 @@ def test_worker_label_pairs_names_with_endpoints_by_position() -> None:
     ]
 
 
-# -- DECISIONS.md §3.3: per-model entries inherit default_replicas --------------------------
+# -- docs/product.md §3.3: per-model entries inherit default_replicas --------------------------
 
 
 def test_model_entry_without_replicas_inherits_default_replicas() -> None:
@@ -241,7 +241,7 @@ def test_null_means_absent() -> None:
     assert cfg == parse()
 
 
-# -- validation (REFERENCE.md §3.3): every message names the key and the bad value ----------
+# -- validation (docs/original.md §3.3): every message names the key and the bad value ----------
 
 INVALID: list[tuple[str, object, tuple[str, ...]]] = [
     # choices
@@ -494,7 +494,7 @@ def test_name_count_mismatch_warns() -> None:
     assert "worker_names has 1 names for 2 endpoints" in warning
 
 
-# -- the environment (REFERENCE.md §3.2) -----------------------------------------------------
+# -- the environment (docs/original.md §3.2) -----------------------------------------------------
 
 
 def test_environment_variable_names() -> None:
@@ -743,7 +743,7 @@ def test_replace_is_validated_like_yaml() -> None:
         GatewayConfig(endpoints=())
 
 
-# -- files (REFERENCE.md §3.1) -------------------------------------------------------------------
+# -- files (docs/original.md §3.1) ------------------------------------------------------
 
 
 def write(path: pathlib.Path, text: str) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`gateway_ctl`: the operator CLI of the gateway's scheduler, as a script.
 
-The same program as `rsgw ctl` (REFERENCE.md §7 names the original's tool
+The same program as `rsgw ctl` (docs/original.md §7 names the original's tool
 `gateway_ctl`, and runbooks call it by that name); it needs rsgw installed:
 
     python tools/gateway_ctl.py [--gateway HOST:PORT] status

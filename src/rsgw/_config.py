@@ -18,12 +18,12 @@ Theory of operation:
    config built by hand, or by `dataclasses.replace` in the control plane, is held to
    exactly the rules gateway.yml is, and every `ConfigError` names the key path and
    the bad value. The scheduling knobs' checks live in `rsgw.scheduling._knobs`, where
-   the runtime control plane finds them too (`validate_knob`, REFERENCE.md §3.3).
+   the runtime control plane finds them too (`validate_knob`, docs/original.md §3.3).
 
 The configuration object and its enums are re-exported here, so `rsgw._config` stays
 the one import for a caller that loads or builds a config.
 
-We differ from the original where DECISIONS.md says so (a `scheduling.models.<m>` entry
+We differ from the original where docs/product.md says so (a `scheduling.models.<m>` entry
 without `replicas` inherits `default_replicas`; `logging.*` is honoured) and where it was
 silent (docs/configuration.md, "Decisions"): unparsable `STARTUP_WAIT_SECONDS` is an
 error rather than 0; an empty variable counts as unset; numbers must be finite.
@@ -74,7 +74,7 @@ FOREVER_WORDS: Final = frozenset({"inf", "+inf", "infinity", "forever", "-1"})
 
 
 # ---------------------------------------------------------------------------
-# The environment (REFERENCE.md §3.2).
+# The environment (docs/original.md §3.2).
 
 # Every YAML path that has a variable, and how its text is read.
 _ENV_KINDS: Mapping[str, str] = MappingProxyType(
@@ -139,7 +139,7 @@ def _env_value(var: str, kind: str, text: str) -> object:
     if kind == "str":
         return text
     items = [item.strip() for item in text.split(",") if item.strip()]
-    # Env lists are not de-duplicated (REFERENCE.md §3.2); a target is checked here so the
+    # Env lists are not de-duplicated (docs/original.md §3.2); a target is checked here so the
     # error names the variable.
     return tuple(check_target(item, var) for item in items) if kind == "targets" else tuple(items)
 
@@ -177,7 +177,7 @@ def _health_interval(env: Mapping[str, str], notes: list[str]) -> float:
         seconds = math.nan
     if math.isfinite(seconds) and seconds > 0:
         return seconds
-    # REFERENCE.md §3.2: a bad interval falls back to the default; we say so.
+    # docs/original.md §3.2: a bad interval falls back to the default; we say so.
     notes.append(
         f"{ENV_HEALTH_INTERVAL}={text!r} is not a positive number of seconds; "
         f"using {DEFAULT_HEALTH_INTERVAL_SECONDS:g}"
@@ -224,7 +224,7 @@ def _block(value: object, key: str) -> Mapping[Hashable, Any]:
 def _note_unknown(
     m: Mapping[Hashable, Any], where: str, known: tuple[str, ...], notes: list[str]
 ) -> None:
-    """Unknown keys are ignored (REFERENCE.md §3.1), but we say so: a typo shows up."""
+    """Unknown keys are ignored (docs/original.md §3.1), but we say so: a typo shows up."""
     for k in m:
         if k not in known:
             name = k if isinstance(k, str) else show(k)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #: Media type of the text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: 1 ms doubling to about 8 s (REFERENCE.md §6.1): `0.001 * 2**k`, k = 0..13.
+#: 1 ms doubling to about 8 s (docs/original.md §6.1): `0.001 * 2**k`, k = 0..13.
 LATENCY_BUCKETS: tuple[float, ...] = tuple(0.001 * 2**k for k in range(14))
 
 
@@ -50,7 +50,7 @@ def merge_expositions(texts: Sequence[str]) -> str:
     one family from every text are grouped under it, in arrival order. A sample
     belongs to the current family when its name is the family's or extends it
     with `_` (histogram and summary series); otherwise its own name is a family.
-    Comments other than HELP and TYPE are dropped. (REFERENCE.md §6.3.)
+    Comments other than HELP and TYPE are dropped. (docs/original.md §6.3.)
     """
     order: list[str] = []
     helps: dict[str, str] = {}

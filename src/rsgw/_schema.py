@@ -35,7 +35,7 @@ from rsgw._values import (
 from rsgw.scheduling._knobs import check_positive
 from rsgw.scheduling._settings import SchedulingConfig
 
-# Defaults: REFERENCE.md §3.2 (the original's gateway.yml defaults), unless noted.
+# Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
 DEFAULT_LISTEN_METRICS = "0.0.0.0:8002"
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60
@@ -47,7 +47,7 @@ DEFAULT_LOG_FORMAT = "json"
 DEFAULT_STARTUP_WAIT_SECONDS = 0.0
 DEFAULT_HEALTH_INTERVAL_SECONDS = 10.0
 DEFAULT_WEDGE_EXIT_ROUNDS = 3
-# The prober's per-call watchdog (REFERENCE.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
+# The prober's per-call watchdog (docs/original.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
 # in the original, a field here so an embedding application or a test can shorten it.
 DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
 # The gRPC length prefix is four bytes: no message can be longer than this.
@@ -61,7 +61,7 @@ LOG_FORMATS = ("json", "text")
 
 
 def check_target(value: object, key: str) -> str:
-    """A worker's `host:port` (split at the LAST colon, as REFERENCE.md §3.2)."""
+    """A worker's `host:port` (split at the LAST colon, as docs/original.md §3.2)."""
     text = check_str(value, key).strip()
     host, colon, port = text.rpartition(":")
     if not colon:
@@ -76,7 +76,7 @@ def check_target(value: object, key: str) -> str:
 
 
 def check_listen(value: object, key: str) -> str:
-    """A listen address `host:port`; port 0 picks a free port (DECISIONS.md §2)."""
+    """A listen address `host:port`; port 0 picks a free port (docs/product.md §2)."""
     text = check_str(value, key).strip()
     _, colon, port = text.rpartition(":")
     if not (colon and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535):
@@ -208,7 +208,7 @@ class GatewayConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
-    # The process-level variables (no YAML key; REFERENCE.md §3.2 "other env").
+    # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
     startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
     health_interval_seconds: float = DEFAULT_HEALTH_INTERVAL_SECONDS
@@ -240,7 +240,10 @@ class GatewayConfig:
 
     @property
     def max_concurrent_requests(self) -> int:
-        """The inbound admission cap: per-worker cap x workers; 0 = uncapped (§3.4)."""
+        """The inbound admission cap: per-worker cap x workers; 0 = uncapped.
+
+        docs/original.md §3.4.
+        """
         return self.grpc.max_concurrent_requests_per_worker * len(self.endpoints)
 
     def worker_label(self, url: str) -> str:

@@ -2,8 +2,8 @@
 
 Pure: no I/O. The tables here are the single place where a status code becomes a
 string, both the canonical upper-case name (grpcio's spelling, used by worker
-metrics) and the CamelCase label the gateway's metrics use (REFERENCE.md §6.1,
-extended to every code by DECISIONS.md §3.5).
+metrics) and the CamelCase label the gateway's metrics use (docs/original.md §6.1,
+extended to every code by docs/product.md §3.5).
 """
 
 from __future__ import annotations

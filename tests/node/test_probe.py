@@ -1,4 +1,4 @@
-"""`probe_worker_ready`: which worker it asks, and what it answers (REFERENCE.md §8.5).
+"""`probe_worker_ready`: which worker it asks, and what it answers (docs/original.md §8.5).
 
 The ready and not-ready answers come from real gRPC servers on loopback port 0: a
 simulated worker, and scripted servers for what a healthy simulated worker never does
@@ -74,7 +74,7 @@ async def test_ready_worker_of_a_multi_worker_node(tmp_path: Path) -> None:
 async def test_sole_worker_is_the_default_and_probed_on_the_public_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # DECISIONS.md §6: a single-worker node's worker binds the public gRPC address, so
+    # docs/product.md §6: a single-worker node's worker binds the public gRPC address, so
     # its node-file port (here a dead one) is not where it listens.
     node = write_node(tmp_path, [{"name": "only", "port": free_port()}])
     async with simulated_worker() as port:

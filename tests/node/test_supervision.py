@@ -120,7 +120,7 @@ def test_sole_worker_runs_on_the_public_addresses() -> None:
 
 
 # ---------------------------------------------------------------------------
-# The embedded gateway's environment (REFERENCE.md §8.5, DECISIONS.md §6).
+# The embedded gateway's environment (docs/original.md §8.5, docs/product.md §6).
 
 
 def test_gateway_environment_synthesizes_workers_metrics_and_names() -> None:

@@ -1,4 +1,4 @@
-"""The node supervisor (`rsgw node`, DECISIONS.md §6), with real processes and sockets.
+"""The node supervisor (`rsgw node`, docs/product.md §6), with real processes and sockets.
 
 The end-to-end tests run `python -m rsgw node` as an operator does, with every port 0
 (`base_port: 0`, `metrics_base_port: 0`, `REACTANT_GATEWAY_LISTEN_*=127.0.0.1:0`), and
@@ -42,7 +42,7 @@ from tests.helpers import in_thread, wait_until
 
 #: Cold start of 3 workers and a gateway, each importing trio, h2, protobuf, on a busy box.
 START_SECONDS = 30.0
-#: DECISIONS.md §6: SIGTERM or Ctrl-C stops every child and frees every port within 5 s.
+#: docs/product.md §6: SIGTERM or Ctrl-C stops every child and frees every port within 5 s.
 STOP_SECONDS = 5.0
 #: A restart: 1 s backoff plus a cold start.
 RESTART_SECONDS = 20.0

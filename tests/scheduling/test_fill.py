@@ -1,4 +1,4 @@
-"""Fill plans and fill-quantum routing (REFERENCE.md §4.5 step 3, §4.8)."""
+"""Fill plans and fill-quantum routing (docs/original.md §4.5 step 3, §4.8)."""
 
 from __future__ import annotations
 
@@ -326,7 +326,7 @@ def test_spread_equalizes_in_flight_items(n: int, units: list[int], policy: Rout
 
 
 # ---------------------------------------------------------------------------
-# rebuild after a repack (REFERENCE.md §4.6.4)
+# rebuild after a repack (docs/original.md §4.6.4)
 
 
 def test_rebuild_keeps_in_flight_work_of_pairs_that_stay() -> None:

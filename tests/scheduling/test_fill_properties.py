@@ -1,4 +1,4 @@
-"""Closed-loop fairness properties of fill-quantum routing (REFERENCE.md §4.5).
+"""Closed-loop fairness properties of fill-quantum routing (docs/original.md §4.5).
 
 A closed loop keeps `concurrency` one-item requests of one model in flight over its
 replicas: each completion frees a slot and the next request is routed at once, until

@@ -1,4 +1,4 @@
-"""lpt_packing's request path over real packer state, without sockets (REFERENCE.md §4.5)."""
+"""lpt_packing's request path over real packer state, without sockets (docs/original.md §4.5)."""
 
 from __future__ import annotations
 

@@ -311,13 +311,13 @@ def test_snapshots_are_immutable(batched: RoutingMeta) -> None:
         batched.models["x"] = ModelMeta()  # type: ignore[index]
 
 
-# --- agreement with REFERENCE §4.3 when the polled set is stable -------------------
+# --- agreement with docs/original.md §4.3 when the polled set is stable -------------------
 
 
 def reference_costs(
     polls: list[dict[str, dict[str, tuple[float, int, int]]]], halflife: float
 ) -> dict[str, tuple[float, float]]:
-    """REFERENCE's summed-over-workers derivation, written out directly."""
+    """the original's summed-over-workers derivation, written out directly."""
     previous: dict[str, tuple[float, int, int]] = {}
     per_request: dict[str, float] = {}
     per_item: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""The packer state machine: tick, repack, compaction (REFERENCE.md §4.6.2-§4.6.5)."""
+"""The packer state machine: tick, repack, compaction (docs/original.md §4.6.2-§4.6.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""compute_assignment: LPT packing over compute and memory (REFERENCE.md §4.6.6)."""
+"""compute_assignment: LPT packing over compute and memory (docs/original.md §4.6.6)."""
 
 from __future__ import annotations
 

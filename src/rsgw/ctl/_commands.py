@@ -7,7 +7,7 @@ shell only has to send bytes and the tests can check every request without a
 gateway.
 
 Values are coerced here, not validated: the gateway checks every knob with the
-same validators as gateway.yml (REFERENCE.md §2.8, §3.3) and answers with the
+same validators as gateway.yml (docs/original.md §2.8, §3.3) and answers with the
 same messages, so a second copy of those rules here could only drift from them.
 What we do refuse locally is what the gateway could never read as meant: a
 number that does not parse, an unknown knob name, a knob given twice.
@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
 #: Where the gateway answers gRPC (`listen.grpc`, docs/configuration.md), dialled locally.
 DEFAULT_GATEWAY: Final = "127.0.0.1:8001"
-#: REFERENCE.md §7: the original's repack wait when `--wait` is not given.
+#: docs/original.md §7: the original's repack wait when `--wait` is not given.
 DEFAULT_REPACK_WAIT_SECONDS: Final = 30.0
-#: REFERENCE.md §7: the deadline of every call but Repack.
+#: docs/original.md §7: the deadline of every call but Repack.
 CALL_DEADLINE_SECONDS: Final = 20.0
-#: REFERENCE.md §7: Repack's deadline is ceil(wait) plus this much.
+#: docs/original.md §7: Repack's deadline is ceil(wait) plus this much.
 REPACK_DEADLINE_SLACK_SECONDS: Final = 30.0
 
 
@@ -188,7 +188,7 @@ def _parse_str(text: str, what: str) -> str:
     return text
 
 
-#: set-policy's knobs and how each value is read (REFERENCE.md §7); the order is the
+#: set-policy's knobs and how each value is read (docs/original.md §7); the order is the
 #: reference's, the order `status` lists them in.
 POLICY_KEYS: Final[Mapping[str, Callable[[str, str], PolicyValue]]] = MappingProxyType(
     {
@@ -207,7 +207,7 @@ POLICY_KEYS: Final[Mapping[str, Callable[[str, str], PolicyValue]]] = MappingPro
     }
 )
 
-#: Settings the gateway reads once at start-up (the gateway's own table, REFERENCE.md
+#: Settings the gateway reads once at start-up (the gateway's own table, docs/original.md
 #: §2.8); naming one in set-policy gets the gateway's advice without a round trip.
 STARTUP_ONLY_KEYS: Final = frozenset(STARTUP_ONLY)
 

@@ -1,6 +1,6 @@
 """The shell of `rsgw ctl`: parse, make one call on rsgw's own gRPC client, print.
 
-Exit statuses (REFERENCE.md §7, DECISIONS.md §2): 0 done (and `--help`); 1 the
+Exit statuses (docs/original.md §7, docs/product.md §2): 0 done (and `--help`); 1 the
 call failed, with one stderr line naming the status code, the message and the
 gateway; 2 a command line we cannot run, with the error and the usage. The
 operator never sees a traceback: this is a tool for people, so anything we did

@@ -1,4 +1,4 @@
-"""Replies of GatewayControlService as the text an operator reads (REFERENCE.md §7).
+"""Replies of GatewayControlService as the text an operator reads (docs/original.md §7).
 
 Pure: protobuf messages in, strings out (no trailing newline), so every format is
 tested on hand-built replies without a gateway. Tables are aligned on their

@@ -1,6 +1,6 @@
 """`reactant_control.GatewayControlService`: retune a live fleet without a restart.
 
-Served on the inference port next to the data plane (REFERENCE.md §2.8). Status works
+Served on the inference port next to the data plane (docs/original.md §2.8). Status works
 in every mode; the three mutators need lpt_packing and answer FAILED_PRECONDITION
 otherwise. Every change is validated with the gateway.yml validators
 (`rsgw.scheduling._policy`), all-or-nothing, swapped in by reference, bumps the

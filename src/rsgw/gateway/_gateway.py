@@ -1,7 +1,7 @@
 """`serve_gateway`: the gateway's nursery tree, and the handle it hands out.
 
 Started in dependency order, each child reporting ready before the next starts
-(DECISIONS.md §4): the worker channels (lazy, so building them is instant), the
+(docs/product.md §4): the worker channels (lazy, so building them is instant), the
 admin HTTP server, the prober (its first discovery round completes before we go
 on, so the first request already has a routing table), then the gRPC listener.
 `RunningGateway` is handed out only once both ports listen.
@@ -40,7 +40,7 @@ from rsgw.scheduling._schedulers import LeastOutstandingScheduler, RoundRobinSch
 
 logger = logging.getLogger(__name__)
 
-#: Connect and read timeout of each worker metrics scrape (REFERENCE.md §6.2).
+#: Connect and read timeout of each worker metrics scrape (docs/original.md §6.2).
 SCRAPE_TIMEOUT = 5.0
 
 

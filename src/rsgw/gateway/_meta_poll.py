@@ -2,7 +2,7 @@
 
 The prober calls `poll` at the end of every round that saw a ready worker. Each
 call runs under the prober's watchdog; a poll that hangs resets that worker's
-channel (REFERENCE.md §5.4), exactly as a hung ServerReady probe does, and the
+channel (docs/original.md §5.4), exactly as a hung ServerReady probe does, and the
 worker is simply absent from this round's sample. The pure tracker turns the
 cumulative counters into per-model costs and the scheduler gets the new snapshot
 by reference. Under lpt_packing the same answers also feed the packer (`on_poll`),

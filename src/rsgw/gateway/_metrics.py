@@ -1,4 +1,4 @@
-"""The gateway's own Prometheus series (REFERENCE.md §6.1), one registry per gateway.
+"""The gateway's own Prometheus series (docs/original.md §6.1), one registry per gateway.
 
 Each gateway instance owns a `CollectorRegistry`, so two gateways can run in one
 process (tests do). The request path touches only cached label children: a
@@ -120,7 +120,7 @@ class GatewayMetrics:
         self.registry.register(_InflightWork(basis, read, self.worker_label))
 
     def track_packing(self, read: Callable[[], PackingView]) -> Counter:
-        """Export lpt_packing's series (REFERENCE.md §6.1); returns the repack counter.
+        """Export lpt_packing's series (docs/original.md §6.1); returns the repack counter.
 
         Everything but the repack counter is read live at scrape time, so no gauge
         can be left stale by a code path that forgot to update it.
@@ -221,7 +221,7 @@ class _Packing(Collector):
             "In-flight items routed to the replica.",
             view.outstanding,
         )
-        if view.routed:  # no family while nothing was routed (REFERENCE.md §6.1)
+        if view.routed:  # no family while nothing was routed (docs/original.md §6.1)
             yield self._by_replica(
                 CounterMetricFamily,
                 "gateway_replica_routed",

@@ -259,7 +259,7 @@ class Packing:
             )
 
     async def _compact(self, plan: CompactionPlan) -> None:
-        """CompactMemory on each changed worker, concurrently (REFERENCE.md §4.6.5)."""
+        """CompactMemory on each changed worker, concurrently (docs/original.md §4.6.5)."""
         workers = list(plan.reloads)
         deadline = trio.current_time() + COMPACTION_DEADLINE
 
@@ -290,7 +290,7 @@ class Packing:
         """Ask for a repack on the next tick and wait up to `wait_seconds` for it.
 
         The prober is woken so the tick comes now. A request made before the first
-        tick waits for that tick (DECISIONS.md §3 item 12).
+        tick waits for that tick (docs/product.md §3.12).
         """
         sequence = self.packer.request_repack()
         self._prober.wake()

@@ -4,10 +4,10 @@ Packing places a model on a few GPUs and expects each of them to serve it and to
 coalesce its requests. So before the gateway serves under lpt_packing, every
 configured worker must answer ModelControlStatus, report the `fifo` or `edf`
 discipline (`fair` interleaves models and defeats the fill quantum), and report the
-same model set (REFERENCE.md §4.6.1). Workers that are still starting are waited
+same model set (docs/original.md §4.6.1). Workers that are still starting are waited
 for up to `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS` (`inf` = forever).
 
-Better than the original: the polls of a round run concurrently (DECISIONS.md §3
+Better than the original: the polls of a round run concurrently (docs/product.md §3
 item 12), so one hung worker costs one watchdog, not one per worker; and a missing
 worker is re-polled every second rather than every ten, so a late worker delays
 serving by at most a second.

@@ -6,7 +6,7 @@ builds a new routing table from the READY models and swaps it in by reference.
 Request handlers never wait for it; a request for a model the current table
 lacks asks for an on-demand refresh, single-flight and at most once a second.
 
-Hangs (REFERENCE.md §5.2, §5.4): a ServerReady probe that times out, as opposed
+Hangs (docs/original.md §5.2, §5.4): a ServerReady probe that times out, as opposed
 to failing fast, resets that worker's channel, so a half-open connection stuck
 behind a stopped or wedged worker is dropped instead of stalling every later
 call. If every probe of `wedge_rounds` consecutive rounds times out after the

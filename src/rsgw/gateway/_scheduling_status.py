@@ -1,6 +1,6 @@
 """What GatewayControlService answers, built from lpt_packing's published snapshots.
 
-The status and the wire forms of the knobs (REFERENCE.md §2.8): everything here reads
+The status and the wire forms of the knobs (docs/original.md §2.8): everything here reads
 immutable snapshots (knobs, assignment, reports, plans) and the live counters once, and
 builds protobuf messages; nothing awaits, so a status is one consistent picture.
 """
@@ -101,7 +101,7 @@ def repack_status(packing: Packing) -> cpb.RepackStatus:
 
 
 def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
-    """The full lpt_packing status (REFERENCE.md §2.8 GetSchedulingStatus)."""
+    """The full lpt_packing status (docs/original.md §2.8 GetSchedulingStatus)."""
     knobs = packing.knobs
     packer = packing.packer
     scheduler = packing.scheduler

@@ -1,4 +1,4 @@
-"""The node file: which workers a node runs, on which GPUs and ports (REFERENCE.md §8.5).
+"""The node file: which workers a node runs, on which GPUs and ports (docs/original.md §8.5).
 
 Pure apart from `load_node` reading the file. The supervisor (`rsgw node`) and
 `probe_worker_ready` read the same `NodeConfig`, so they always agree on which worker
@@ -13,7 +13,7 @@ Worker synthesis, in order:
    the list is the workers; worker i takes its own `gpu:` or else the i-th GPU id (or i).
 3. Worker i listens on its own `port:` or `base_port + i`, and serves metrics on
    `metrics_base_port + i` when that key is set. A base of 0 gives every worker port 0
-   ("pick a free port", DECISIONS.md §2); the supervisor then learns the bound ports.
+   ("pick a free port", docs/product.md §2); the supervisor then learns the bound ports.
 4. A worker's settings are `global` deep-merged with its own override blocks.
 
 Checked: every port is in range and no non-zero port (gRPC or metrics) is used twice;
@@ -36,11 +36,11 @@ from rsgw._errors import ConfigError
 from rsgw._schema import MAX_MESSAGE_BYTES
 from rsgw._values import read_yaml, show
 
-# The default node (REFERENCE.md §8.5's template): what `rsgw node` runs without a file.
+# The default node (docs/original.md §8.5's template): what `rsgw node` runs without a file.
 DEFAULT_BASE_PORT = 8080
 DEFAULT_METRICS_BASE_PORT = 9100
 DEFAULT_WORKER_HOST = "127.0.0.1"
-# DECISIONS.md §6: `gpus: auto` with no visible GPU simulates this many.
+# docs/product.md §6: `gpus: auto` with no visible GPU simulates this many.
 SIMULATED_GPUS = 4
 BUILTIN_MODEL_REPO = "builtin"
 DEFAULT_NODE_TEMPLATE: Mapping[str, object] = MappingProxyType(
@@ -66,7 +66,7 @@ _NODE_KEYS = (
     "shared_host_weights",
 )
 _WORKER_KEYS = ("name", "gpu", "host", "port")
-# The worker message limits the embedded gateway mirrors (REFERENCE.md §8.5).
+# The worker message limits the embedded gateway mirrors (docs/original.md §8.5).
 MIRRORED_LIMITS = ("max_recv_msg_bytes", "max_send_msg_bytes")
 
 GpuId = int | str

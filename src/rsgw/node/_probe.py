@@ -1,13 +1,13 @@
 """`probe_worker_ready`: a worker's KServe ServerReady, as a container health check.
 
-REFERENCE.md §8.5: resolve the worker's port from the node file, call ServerReady on
+docs/original.md §8.5: resolve the worker's port from the node file, call ServerReady on
 127.0.0.1 with a 5 s deadline, and answer its `ready`, or false on any failure (refused,
 reset, hung, a bad reply). The original is a replacement for a Go healthprobe binary, so
 the answer is a bool for `rsgw probe`'s exit status, never an exception about the
 worker; only a bad node file or worker choice raises, since no retry can fix those.
 
 Where the worker listens follows the supervisor, not just the node file: the worker of
-a single-worker node binds the public gRPC address itself (DECISIONS.md §6; see
+a single-worker node binds the public gRPC address itself (docs/product.md §6; see
 `rsgw.node._supervisor`), so that is where we probe it. GPUs are counted as the supervisor
 counts them, so `gpus: auto` synthesizes the same workers here as there.
 """
@@ -29,7 +29,7 @@ from rsgw.node._gpus import visible_gpu_count
 from rsgw.node._node import LOOPBACK, NodeConfig, load_node, probe_target
 from rsgw.node._supervision import public_addresses
 
-# REFERENCE.md §8.5: the probe's deadline.
+# docs/original.md §8.5: the probe's deadline.
 PROBE_DEADLINE_SECONDS = 5.0
 _READY_REQUEST = pb.ServerReadyRequest().SerializeToString()
 
@@ -86,7 +86,7 @@ async def probe_worker_ready(node_file: str | os.PathLike[str], worker: str | No
     """Whether a worker of the node in `node_file` answers ServerReady with ready.
 
     Args:
-        node_file: the node file the supervisor runs (REFERENCE.md §8.5).
+        node_file: the node file the supervisor runs (docs/original.md §8.5).
         worker: the worker's name; may be omitted when the node has one worker.
 
     Returns:

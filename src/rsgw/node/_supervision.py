@@ -26,7 +26,7 @@ from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, Wor
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# DECISIONS.md §6: restart backoff from 1 s to 30 s.
+# docs/product.md §6: restart backoff from 1 s to 30 s.
 DEFAULT_BACKOFF_INITIAL = 1.0
 DEFAULT_BACKOFF_MAX = 30.0
 # A run this long counts as healthy: the next crash restarts after the initial delay
@@ -144,7 +144,7 @@ def gateway_environment(
     gateway_yml_mounted: bool,
     workers: Sequence[WorkerSpec] | None = None,
 ) -> dict[str, str]:
-    """The environment the supervisor starts the embedded gateway with (REFERENCE.md §8.5).
+    """The environment the supervisor starts the embedded gateway with (docs/original.md §8.5).
 
     A copy of `env` plus: `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS=inf` unless set (so the
     gateway waits for workers that are still loading, even with a gateway.yml); and,
@@ -242,7 +242,7 @@ def worker_command(
     scheduler = spec.settings.get("scheduler")
     discipline = scheduler.get("discipline") if isinstance(scheduler, Mapping) else None
     if isinstance(discipline, str):
-        # The original's worker setting (REFERENCE.md §8.3); the worker checks the value.
+        # The original's worker setting (docs/original.md §8.3); the worker checks the value.
         argv += ["--discipline", discipline.lower()]
     # The node file's `models:` residency `device` is a pin on these workers.
     for model in node.models_on(spec.name):

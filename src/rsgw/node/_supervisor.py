@@ -1,6 +1,6 @@
 """The node supervisor (`rsgw node`): one OS process per worker, and the gateway in front.
 
-Theory of operation (DECISIONS.md §6, REFERENCE.md §8.5). Every child is a `_Child`: a
+Theory of operation (docs/product.md §6, docs/original.md §8.5). Every child is a `_Child`: a
 task that starts its process, relays its output line by line to our stderr behind a
 `[worker0] ` / `[gateway] ` prefix, waits for it to exit and starts it again after a
 backoff that doubles from 1 s to 30 s (and starts over once a run lasted a minute).
@@ -22,7 +22,7 @@ Invariants:
 - A child process never outlives its task: leaving `_run_once` by any route (exit,
   cancellation, error) stops the process, SIGTERM then SIGKILL after
   `DEFAULT_STOP_GRACE`, shielded and bounded, so on SIGTERM or Ctrl-C every child is
-  gone and every port free within DECISIONS.md's 5 s. All children stop in parallel.
+  gone and every port free within docs/product.md §6's 5 s. All children stop in parallel.
 - Children share our process group (no new session), so Ctrl-C in a terminal reaches
   them too and they stop on their own; our SIGTERM is then a no-op.
 
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# SIGTERM to SIGKILL. With `_KILL_WAIT` after it this stays inside DECISIONS.md's 5 s.
+# SIGTERM to SIGKILL. With `_KILL_WAIT` after it this stays inside docs/product.md §6's 5 s.
 DEFAULT_STOP_GRACE = 3.0
 _KILL_WAIT = 1.0
 # How long start-up waits for a worker with a fixed port before starting the gateway.

@@ -8,7 +8,7 @@ Theory of operation
 -------------------
 
 A multi-replica model concentrates its requests on one replica at a time, so workers
-get deep same-model groupings to coalesce (REFERENCE.md §4.5). The fill quantum `Q` is
+get deep same-model groupings to coalesce (docs/original.md §4.5). The fill quantum `Q` is
 the model's max batch size times the fill factor, counted in items. Per model we keep
 each replica's outstanding items, and per worker a float load in work-basis units
 (shared by every model on that worker; what `fill_least` compares). Invariants:
@@ -21,7 +21,7 @@ each replica's outstanding items, and per worker a float load in work-basis unit
   on a replica that is behind.
 * `spread` sends each request to the replica with the fewest outstanding items.
 * `inflight` (legacy) keeps filling a replica until it holds a whole quantum at once.
-* Exact ties rotate through the model's cursor (DECISIONS.md §3.13): among tied
+* Exact ties rotate through the model's cursor (docs/product.md §3.13): among tied
   replicas the first at or after the cursor wins, and the cursor moves just past it.
   Loads are compared quantized (`load_key`), so float residue cannot decide.
 * Each reservation captures its units and weight; `release` subtracts exactly those,
@@ -68,7 +68,7 @@ class FillPlan:
             raise ValueError(f"fill quantum must be >= 1, got {self.quantum}")
 
 
-#: The plan of a model with none published yet (REFERENCE.md §4.5 step 1).
+#: The plan of a model with none published yet (docs/original.md §4.5 step 1).
 DEFAULT_FILL_PLAN = FillPlan()
 
 
@@ -168,7 +168,7 @@ class FillRouter:
         Pairs and workers that stay keep their counters (in-flight work survives a
         repack); the others are dropped, and their late releases land on the dropped
         cells. Every model keeps its rotation cursor but its open run ends, so its next
-        request opens a run against the new placement (REFERENCE.md §4.6.4).
+        request opens a run against the new placement (docs/original.md §4.6.4).
         """
         pairs = {(m, url) for m, urls in placements.items() for url in urls}
         workers = {url for _, url in pairs}

@@ -7,7 +7,7 @@ Every `scheduling.<knob>` scalar of gateway.yml has one check here, and
 runs every field through it when it is built (from gateway.yml, the environment, by
 hand or by `dataclasses.replace`), and the runtime control plane validates a
 `SetSchedulingPolicy` value with `validate_knob`. So a value the control plane accepts
-is one gateway.yml would accept, and the error text is the same (REFERENCE.md §3.3).
+is one gateway.yml would accept, and the error text is the same (docs/original.md §3.3).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def check_replicas(value: object, key: str) -> Replicas:
     return count
 
 
-#: Every `scheduling.<knob>` scalar and its check, in REFERENCE.md §3.2 order.
+#: Every `scheduling.<knob>` scalar and its check, in docs/original.md §3.2 order.
 SCHEDULING_KNOBS: Mapping[str, Check] = MappingProxyType(
     {
         "mode": check_mode,
@@ -135,7 +135,7 @@ SCHEDULING_KNOBS: Mapping[str, Check] = MappingProxyType(
         "compaction_interval": ranged(check_int, lambda n: n >= 0, "non-negative (0 disables)"),
     }
 )
-#: The knobs SetSchedulingPolicy may change; the others need a restart (REFERENCE.md §2.8).
+#: The knobs SetSchedulingPolicy may change; the others need a restart (docs/original.md §2.8).
 RUNTIME_KNOBS: Final = frozenset(SCHEDULING_KNOBS) - {"mode", "max_worker_share"}
 
 

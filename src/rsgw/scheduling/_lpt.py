@@ -1,7 +1,7 @@
 """lpt_packing's request path: placement first, fill quantum within it, discovery last.
 
 The packer (`rsgw.scheduling._packer`) decides where each model lives; this scheduler
-routes each request inside that decision (REFERENCE.md §4.5). Everything it reads is
+routes each request inside that decision (docs/original.md §4.5). Everything it reads is
 an immutable snapshot replaced by reference: the knobs (the control plane swaps
 them), the fill plans (republished every tick and on every knob change), the
 packer's assignment and cost snapshot (replaced by each repack) and the routing
@@ -11,7 +11,7 @@ metadata (replaced by each poll). `select` reads them, picks and charges with no
 Where the original is weaker and we are not: a placed replica that discovery no
 longer lists (a dead or hung worker) is skipped at once instead of being tried
 first and failed over after its timeout, and a knob change keeps every model's
-batch locator (DECISIONS.md §3 item 4), so item counting never degrades.
+batch locator (docs/product.md §3.4), so item counting never degrades.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def fill_plans(
     max_batch: Mapping[str, int],
     batch_at: Mapping[str, tuple[str, int]],
 ) -> Mapping[str, FillPlan]:
-    """Every polled model's plan, plus every overridden model's (REFERENCE.md §4.8).
+    """Every polled model's plan, plus every overridden model's (docs/original.md §4.8).
 
     An overridden model nobody reported yet gets a plan with max batch 0 (quantum 1),
     so its fill mode applies before its first successful poll.
@@ -93,7 +93,7 @@ class LptScheduler:
         return self._max_batch
 
     def polled(self, poll: PollSummary) -> None:
-        """A tick's poll: republish max batch, locators and plans (§4.6.2 step 2).
+        """A tick's poll: republish max batch, locators and plans (docs/original.md §4.6.2 step 2).
 
         What this poll lacks keeps its previous value (a worker mid-reload reports no
         locator; a worker that missed the poll reports nothing), as the routing
@@ -160,7 +160,10 @@ class LptScheduler:
         self._meta = meta
 
     def _weight(self, model: str, units: int, knobs: SchedulingConfig) -> float:
-        """The request's charge on its worker's load, in `work_basis` units (§4.5)."""
+        """The request's charge on its worker's load, in `work_basis` units.
+
+        docs/original.md §4.5.
+        """
         basis = knobs.work_basis
         if basis is WorkBasis.ITEMS:
             return float(units)

@@ -3,7 +3,7 @@
 Pure: no trio, no sockets, no logging, no clock. The shell polls ModelControlStatus on
 the ready workers each probe round, turns the answers into `WorkerCounters`, and hands
 them to `RoutingMetaTracker.refresh`, which returns a new immutable `RoutingMeta`. The
-request path reads the current snapshot once per request (REFERENCE.md §4.3).
+request path reads the current snapshot once per request (docs/original.md §4.3).
 
 Theory of operation
 -------------------
@@ -15,7 +15,7 @@ not wall time: `alpha = 1 - 2**(-dt/h)`, where `dt` is the GPU time the fleet sp
 since the previous poll. An idle fleet's costs therefore do not decay, and a busy fleet
 forgets old costs in proportion to the work it has done since.
 
-REFERENCE sums each model's counters over the answering workers and takes deltas of
+The original sums each model's counters over the answering workers and takes deltas of
 the sums. That mistakes a change in *which* workers answered for a change in work: a
 worker that misses one poll makes every model's sum drop (read as a restart, so the
 costs freeze and the decay clock stops), and its return makes the sums jump by its
@@ -25,7 +25,7 @@ deltas. Invariants:
 * A pair's baseline survives the worker missing a poll, so its return contributes only
   the work done since it was last seen. State stays bounded by the configured workers
   times the models they ever served.
-* A pair seen for the first time has a zero baseline, as in REFERENCE: its lifetime
+* A pair seen for the first time has a zero baseline, as in the original: its lifetime
   counters are a valid cost sample (so the very first poll adopts lifetime averages),
   but they are not "compute since the last poll", so they do not advance the decay
   clock. The first poll is therefore baseline-only for the clock, and a worker that
@@ -97,7 +97,7 @@ class ModelMeta:
 class RoutingMeta:
     """An immutable snapshot of the fleet's routing metadata, swapped by reference.
 
-    Besides the per-model entries it carries this poll's memory facts (REFERENCE §4.3
+    Besides the per-model entries it carries this poll's memory facts (docs/original.md §4.3
     `mem`, `mem_cap`, `permodel_workers`, `polled`) for the packer, and the running
     total of fleet compute-seconds the decay clock has counted.
     """
@@ -279,7 +279,7 @@ class RoutingMetaTracker:
         """The model's new cost: its first sample as is, later ones through the EWMA.
 
         A stored cost of 0 (compute that measured nothing) counts as no sample yet, as
-        REFERENCE's `old or sample` does, so one empty interval cannot pin a model at 0
+        the original's `old or sample` does, so one empty interval cannot pin a model at 0
         and make it decay up slowly from there.
         """
         old = costs.get(model, 0.0)

@@ -3,7 +3,7 @@
 Pure: no trio, no sockets, no logging, no clock. "Select and reserve" is one
 synchronous call, so no other request can slip in between reading the loads and
 charging the winner; the shell awaits only after it returns, and releases the
-reservation in a `finally` once the call is over (REFERENCE.md §4.2).
+reservation in a `finally` once the call is over (docs/original.md §4.2).
 
 Theory of operation
 -------------------
@@ -15,7 +15,7 @@ flight, in the fleet's work basis (`charge_for`). Invariants:
   `gateway_worker_inflight_work` gauge shows every candidate (0 when idle).
 * Loads are compared quantized, `round(load * 1e9)` (nanoseconds of GPU time under
   `compute`), so float noise left by earlier charges cannot decide between replicas.
-* Exact ties rotate (DECISIONS.md §3.13) instead of always taking the smallest URL:
+* Exact ties rotate (docs/product.md §3.13) instead of always taking the smallest URL:
   the winner is the first tied replica after the model's previous winner, in the
   cyclic order of the replicas as given. Rotating the given order (the shell may pass
   a round-robin pick) does not change that cyclic order. Over a fixed set of tied
@@ -23,7 +23,7 @@ flight, in the fleet's work basis (`charge_for`). Invariants:
 * Each reservation is released at most once; a second release is a no-op, so a
   `finally` and an error path may both release without double-counting.
 * A load settles to exactly 0.0 whenever |load| * 1e9 < 1, and whenever its URL holds
-  no reservation at all. The second rule goes beyond REFERENCE: float rounding after
+  no reservation at all. The second rule goes beyond the original: float rounding after
   many interleaved charges of different sizes can leave more than a nanosecond of
   residue, and the gauge must read exactly 0 after every run.
 """
@@ -37,7 +37,7 @@ from typing import Final
 
 from rsgw.scheduling._knobs import WorkBasis
 
-#: Load quantum: one nanosecond of GPU time under `compute` (REFERENCE.md §4.8).
+#: Load quantum: one nanosecond of GPU time under `compute` (docs/original.md §4.8).
 LOAD_QUANTUM: Final = 1e9
 
 
@@ -64,7 +64,7 @@ def charge_for(basis: WorkBasis, units: int, item_cost: float) -> float:
 
 
 def load_key(load: float) -> int:
-    """A load quantized for comparison (ties-to-even, as REFERENCE's Julia `round`)."""
+    """A load quantized for comparison (ties-to-even, as the original's Julia `round`)."""
     return round(load * LOAD_QUANTUM)
 
 

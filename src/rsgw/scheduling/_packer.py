@@ -7,12 +7,12 @@ knob snapshot and the wall time. The tick returns a `TickOutcome`: the tick repo
 `CompactionPlan` when compaction is due. The shell logs, exports metrics, rebuilds the
 fill router's counters against `Packer.assignment`, and fans out CompactMemory.
 
-Theory of operation (REFERENCE.md §4.4, §4.6.2, §4.6.3, §4.6.5)
+Theory of operation (docs/original.md §4.4, §4.6.2, §4.6.3, §4.6.5)
 ----------------------------------------------------------------
 
 * Repacks are driven by accumulated fleet compute, never by wall time. Each tick adds
   the positive delta of the fleet's cumulative compute-seconds to `compute_accum`; the
-  first non-zero observation is only a baseline (REFERENCE §9.3 [6], kept), and a
+  first non-zero observation is only a baseline (docs/original.md §9.3 [6], kept), and a
   negative delta (a restart) re-baselines without counting. An idle fleet accrues
   nothing and so never repacks on its own.
 * The first traffic-driven repack waits for `first_rebalance_compute_seconds` (when
@@ -32,8 +32,8 @@ Theory of operation (REFERENCE.md §4.4, §4.6.2, §4.6.3, §4.6.5)
   budget). A repack with no accumulated compute discards the arrival counts without
   moving the rate EWMA ([7], kept).
 * Only models the fleet serves are counted (`record_arrival` ignores any other name),
-  so a client cannot grow the arrival map with made-up names ([8], fixed: DECISIONS.md
-  §3 item 9). The known set is the models the constructor was given plus every model a
+  so a client cannot grow the arrival map with made-up names ([8], fixed: docs/product.md
+  §3.9). The known set is the models the constructor was given plus every model a
   poll has reported, bounded by what the workers serve.
 * A model not reported by every polled worker has drifted: it gets its own uniform
   placement over the workers that report it, and a warning entry.
@@ -72,7 +72,7 @@ def replica_overrides(knobs: SchedulingConfig) -> dict[str, Replicas]:
 
 
 class Packer:
-    """lpt_packing's packer state (REFERENCE.md §4.4), advanced by `tick`.
+    """lpt_packing's packer state (docs/original.md §4.4), advanced by `tick`.
 
     Not thread-safe: the shell calls it from one Trio task at a time (every method is
     synchronous, so a call is atomic with respect to other tasks).
@@ -181,7 +181,7 @@ class Packer:
         ready: Sequence[str],
         now: float,
     ) -> TickOutcome:
-        """One prober round with at least one ready worker (REFERENCE.md §4.6.2).
+        """One prober round with at least one ready worker (docs/original.md §4.6.2).
 
         Args:
             poll: this round's summary (shared with the routing metadata).
@@ -238,7 +238,7 @@ class Packer:
     def repack(
         self, poll: PollSummary, knobs: SchedulingConfig, now: float, trigger: Trigger
     ) -> RepackReport:
-        """Measure, place and publish (REFERENCE.md §4.6.3); `tick` calls this when due."""
+        """Measure, place and publish (docs/original.md §4.6.3); `tick` calls this when due."""
         self._known.update(poll.workers)
         wall = now - self._last_rebalance if self._last_rebalance is not None else 0.0
         compute = self._compute_accum
@@ -358,7 +358,7 @@ class Packer:
         return report
 
     def _compaction(self, knobs: SchedulingConfig, report: RepackReport) -> CompactionPlan | None:
-        """The compaction cadence after a tick's repack (REFERENCE.md §4.6.5)."""
+        """The compaction cadence after a tick's repack (docs/original.md §4.6.5)."""
         mode = knobs.compaction_mode
         if mode is CompactionMode.OFF or knobs.compaction_interval <= 0:
             return None
@@ -379,7 +379,7 @@ class Packer:
 def _moves(
     previous: Mapping[str, Placement], placed: Mapping[str, Placement]
 ) -> tuple[int, set[str]]:
-    """(moved models, changed workers) between two assignments (§4.6.3 step 7).
+    """(moved models, changed workers) between two assignments (docs/original.md §4.6.3 step 7).
 
     A model in both whose worker set changed is a move and changes the symmetric
     difference of its sets; a dropped model changes all its old workers; a new model

@@ -6,7 +6,7 @@ the measurements, calls `compute_assignment`, and installs the result by referen
 Theory of operation
 -------------------
 
-Longest-processing-time-first packing over two resources (REFERENCE.md §4.6.6):
+Longest-processing-time-first packing over two resources (docs/original.md §4.6.6):
 
 * Models go heaviest first, by `(-utilization, -memory, name)`, so the big ones choose
   while the workers are emptiest and every tie has one answer.
@@ -14,7 +14,7 @@ Longest-processing-time-first packing over two resources (REFERENCE.md §4.6.6):
   fraction (resident bytes over its budget) is closer to full. A worker without a
   positive budget has no memory limit, so only compute counts there.
 * A model gets `k = clamp(replicas, 1, len(workers))` distinct workers; `all` is every
-  worker given (the caller passes the ready ones, DECISIONS.md §3.12 [15]). Each replica
+  worker given (the caller passes the ready ones, docs/product.md §3.12 [15]). Each replica
   takes `u/k` of the compute, all of the memory (every replica holds the whole weight
   set) and a routing weight of `1/k`.
 * A single-replica model stays where it was unless moving improves its pressure by more

@@ -4,7 +4,7 @@ Pure: no trio, no sockets, no logging, no clock. The control service turns the w
 forms into config forms, calls these functions, and swaps the returned knob set in
 by reference. Every value is checked with the gateway.yml validators
 (`rsgw.scheduling._knobs.validate_knob`), so the control plane accepts exactly what
-gateway.yml accepts, with the same error text (REFERENCE.md §2.8, §3.3).
+gateway.yml accepts, with the same error text (docs/original.md §2.8, §3.3).
 
 Changes are all-or-nothing: every entry of a request is checked before anything is
 built, and a bad one raises `ConfigError` with the knobs untouched.
@@ -33,7 +33,7 @@ STARTUP_ONLY: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 
-#: The parking warning about `inflight` fill mode (REFERENCE.md §2.8; tests match
+#: The parking warning about `inflight` fill mode (docs/original.md §2.8; tests match
 #: `ONE replica`).
 PARKING_WARNING: Final = (
     "fill mode 'inflight' counts requests in flight, so a model whose in-flight "
@@ -154,7 +154,7 @@ def update_override(
     fill_mode: str,
     fill_factor: float,
 ) -> SchedulingConfig:
-    """`knobs` with `model`'s override changed (REFERENCE.md §2.8 SetModelPlacement).
+    """`knobs` with `model`'s override changed (docs/original.md §2.8 SetModelPlacement).
 
     `replicas` always applies (None clears it); `fill_mode` "" keeps, "inherit"
     clears, a mode sets; `fill_factor` < 0 keeps, 0 clears, > 0 sets. An override

@@ -30,7 +30,7 @@ OVERSUBSCRIPTION_WARNING: Final = (
 
 @dataclass(frozen=True, slots=True)
 class PollSummary:
-    """One probe round's ModelControlStatus answers, aggregated (REFERENCE.md §4.3).
+    """One probe round's ModelControlStatus answers, aggregated (docs/original.md §4.3).
 
     Attributes:
         served: worker -> model -> (total_compute_seconds, requests_served), the
@@ -65,7 +65,7 @@ def summarize_poll(
     Args:
         polled: the answering workers' counters; a failed worker is simply absent.
         fleet_compute: the fleet compute to report; None sums the answers' compute, as
-            REFERENCE does (a worker missing one poll then reads as a restart).
+            the original does (a worker missing one poll then reads as a restart).
     """
     served: dict[str, Mapping[str, tuple[float, int]]] = {}
     total = 0.0
@@ -116,7 +116,7 @@ class Oversubscription:
 
 @dataclass(frozen=True, slots=True)
 class RepackLog:
-    """The fields of the `lpt_packing: repack` info line (REFERENCE.md §4.6.3 step 8)."""
+    """The fields of the `lpt_packing: repack` info line (docs/original.md §4.6.3 step 8)."""
 
     models: int
     moved: int
@@ -129,7 +129,7 @@ class RepackLog:
 
 @dataclass(frozen=True, slots=True)
 class RepackReport:
-    """What one repack measured and decided (REFERENCE.md §4.6.3 step 11).
+    """What one repack measured and decided (docs/original.md §4.6.3 step 11).
 
     Attributes:
         now: the wall time the repack ran at.
@@ -172,10 +172,10 @@ class RepackReport:
 
 @dataclass(frozen=True, slots=True)
 class TickReport:
-    """One tick's state (REFERENCE.md §4.6.2 step 6).
+    """One tick's state (docs/original.md §4.6.2 step 6).
 
     `threshold` is the budget the tick compared against, computed before a first
-    compute repack flips `did_first_tick_repack` (REFERENCE §9.3 [9], kept).
+    compute repack flips `did_first_tick_repack` (docs/original.md §9.3 [9], kept).
     """
 
     now: float

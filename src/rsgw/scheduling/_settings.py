@@ -37,7 +37,8 @@ DEFAULT_EMA_HALFLIFE_COMPUTE_SECONDS = 0.0
 DEFAULT_REPLICAS = 1
 DEFAULT_ROUTING_FILL_FACTOR = 1.0
 DEFAULT_COMPACTION_INTERVAL = 1
-# RoutingMeta's halflife when neither the EMA nor the rebalance budget gives one (§3.4).
+# RoutingMeta's halflife when neither the EMA nor the rebalance budget gives one
+# (docs/original.md §3.4).
 DEFAULT_ROUTING_META_HALFLIFE_SECONDS = 30.0
 
 _non_negative = ranged(check_float, lambda x: x >= 0, "non-negative")
@@ -48,7 +49,7 @@ class ModelOverride:
     """`scheduling.models.<m>`: what one model does differently from the fleet.
 
     Every field has an "inherit" value: `replicas=None` takes `default_replicas`
-    (DECISIONS.md §3.3; the original pinned such a model to 1), `fill_mode=INHERIT`
+    (docs/product.md §3.3; the original pinned such a model to 1), `fill_mode=INHERIT`
     takes `routing_fill_mode`, `fill_factor=0.0` takes `routing_fill_factor`. It is
     checked (with its model's key path) by the `SchedulingConfig` that holds it.
     """
@@ -71,7 +72,7 @@ def check_override(override: object, key: str) -> ModelOverride:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingConfig:
-    """The `scheduling:` block: the mode and lpt_packing's knobs (REFERENCE.md §4.8)."""
+    """The `scheduling:` block: the mode and lpt_packing's knobs (docs/original.md §4.8)."""
 
     mode: SchedulingMode = SchedulingMode.ROUND_ROBIN
     work_basis: WorkBasis = WorkBasis.COMPUTE
@@ -116,7 +117,10 @@ class SchedulingConfig:
 
     @property
     def routing_meta_halflife(self) -> float:
-        """RoutingMeta's halflife: EMA if > 0, else rebalance if > 0, else 30 s (§3.4)."""
+        """RoutingMeta's halflife: EMA if > 0, else rebalance if > 0, else 30 s.
+
+        docs/original.md §3.4.
+        """
         return (
             self.ema_halflife_compute_seconds
             or self.rebalance_compute_seconds

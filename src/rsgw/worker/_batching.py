@@ -1,7 +1,7 @@
 """The simulated device's request queues: which model runs next, and which requests.
 
 Pure: no Trio, no clock of its own (the shell passes `now`). This is the worker's
-coalescing scheduler (REFERENCE.md §8.3): per-model FIFO queues, one batch
+coalescing scheduler (docs/original.md §8.3): per-model FIFO queues, one batch
 executing at a time, and a batch plan that takes requests from the front of the
 chosen model's queue while their rows fit the model's max batch size.
 

@@ -19,7 +19,7 @@ names the source, the key path and the bad value, for example
 
 Shapes are WIRE shapes (row-major, as KServe clients send them); -1 accepts any
 size. `batch_axis` is 1-based into the batch input's wire shape, as the worker's
-ModelControlStatus reports it (REFERENCE.md §8.2).
+ModelControlStatus reports it (docs/original.md §8.2).
 """
 
 from __future__ import annotations

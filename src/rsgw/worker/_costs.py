@@ -3,7 +3,7 @@
 Pure: no Trio, no clock, no logging. The dispatch loop records what each batch
 took; the scheduler asks what a planned batch will take, to rank models under
 `fair` and to drop requests that cannot make their deadline under `edf`
-(REFERENCE.md §8.3).
+(docs/original.md §8.3).
 
 Why learn a cost at all when the simulated device's cost model is known? The
 scheduler must not read the cost model: a real worker cannot, and a scheduler

@@ -5,7 +5,7 @@ A batch of R rows of model m occupies the device for
 as it does on a real GPU: the launch cost is shared by every request in the
 batch. Outputs are computed for real, per request, when the batch completes.
 
-Weights (REFERENCE.md §8.4; `_memory.py` and `_weights.py`). A model whose
+Weights (docs/original.md §8.4; `_memory.py` and `_weights.py`). A model whose
 weights are not on the device pays a load before its batch runs; the load is
 device time but not compute. Self-managed workers load on demand and evict by
 LRU; externally managed ones serve only what the control plane pinned.
@@ -22,7 +22,7 @@ share of each sub-call batch's device time attributable to its request (rows
 over batch rows), so summing every meta request's compute counts each second of
 device time once, however the sub-calls coalesced.
 
-Counters follow REFERENCE.md §8.2 and are cumulative since start: per dispatch
+Counters follow docs/original.md §8.2 and are cumulative since start: per dispatch
 `dispatch_count += 1`, `requests_served += requests`, `rows_served += rows`,
 `total_compute_seconds += the (scaled) execution time`.
 

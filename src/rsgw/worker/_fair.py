@@ -2,7 +2,7 @@
 
 Pure: no Trio, no clock of its own (the shell passes `now`), no logging.
 
-Theory of operation (REFERENCE.md §8.3, the `fair` discipline). Each model has a
+Theory of operation (docs/original.md §8.3, the `fair` discipline). Each model has a
 weight (SetModelPolicy, default 1.0) and a decayed EMA of the device seconds it
 used recently (halflife 30 s of wall time). When the device is free, each model
 with queued work gets a priority

@@ -9,7 +9,7 @@ and no two loads overlap (one copy engine, as the original worker models it).
 A load of `weight_bytes` takes `weight_bytes / load_bandwidth` seconds, or the
 model's catalogue `load_ms`, times `time_scale`. Load time is device time but
 not compute: it is counted in the weight counters, never in a model's
-`total_compute_seconds` (REFERENCE.md §8.2).
+`total_compute_seconds` (docs/original.md §8.2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker's Prometheus series (REFERENCE.md §6.4), labelled `worker` and `gpu`.
+"""The worker's Prometheus series (docs/original.md §6.4), labelled `worker` and `gpu`.
 
 Per-model state (dispatches, compute, queue depth, residency) and the weight
 cache's figures are read from the device when scraped, so the dispatch loop

@@ -359,7 +359,7 @@ class WorkerService:
         for spec in self.catalogue.routable:
             counters = device.counters[spec.name]
             residence = device.memory.residence(spec.name)
-            # A meta is one unit with no batch axis of its own (REFERENCE.md §8.2).
+            # A meta is one unit with no batch axis of its own (docs/original.md §8.2).
             batched = not spec.is_meta
             response.models.add(
                 name=spec.name,

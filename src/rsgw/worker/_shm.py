@@ -1,4 +1,4 @@
-"""The worker's system shared-memory registry (REFERENCE.md §8.1).
+"""The worker's system shared-memory registry (docs/original.md §8.1).
 
 Clients (tritonclient, the gateway) create POSIX shared-memory objects, fill them
 with input tensors and register them here under a region name; ModelInfer then
@@ -16,7 +16,7 @@ Theory of operation
   create, resize or unlink it. That is why `multiprocessing.shared_memory` is out:
   on Python 3.11 its resource tracker unlinks every segment the process attached
   to when the process exits, which would delete the client's region the moment a
-  worker stops (DECISIONS.md §5).
+  worker stops (docs/product.md §5).
 * The table maps a name to an immutable `_Mapping`. Registering, replacing and
   unregistering swap table entries under a lock and only then close the old
   `mmap`, so the table never holds a closed mapping.
@@ -212,7 +212,7 @@ class ShmRegistry:
         """Attach `[offset, offset + byte_size)` of POSIX object `key` as region `name`.
 
         Registering a name that is already registered replaces it and detaches the
-        old mapping, as REFERENCE.md §8.1 asks (Triton itself answers
+        old mapping, as docs/original.md §8.1 asks (Triton itself answers
         ALREADY_EXISTS; the gateway relies on re-registering after a worker
         restart being harmless). A failed registration leaves any existing region
         of that name untouched.

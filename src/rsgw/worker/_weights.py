@@ -4,7 +4,7 @@ Pure: no Trio, no clock of its own (the shell passes `now`), no logging. The
 shell asks for a decision (`load`, `pin`, `unpin`, `free_unpinned`), applies the
 time it costs, and counts what the returned `Load` says happened.
 
-Theory of operation (REFERENCE.md §8.4). Every model has a residency *floor*:
+Theory of operation (docs/original.md §8.4). Every model has a residency *floor*:
 
 - PINNED_DEVICE: always on the device, loaded at start or when pinned; exempt
   from the budget and never evicted.
