@@ -1,8 +1,18 @@
-"""In-process fleets for gateway tests: N simulated workers and a gateway, one Trio run."""
+"""In-process fleets for gateway tests: N simulated workers and a gateway, one Trio run.
+
+`open_fleet(memory=True)` runs the whole fleet on `tests.memory.MemoryNetwork`:
+workers, gateway and the test's client (`Fleet.infer`, rsgw's own channel) talk
+over memory streams, so the test can take the autojump clock (name
+`autojump_clock` in the test's arguments) and a timeout of seconds costs no wall
+time. Workers then run without their admin HTTP server. Without `memory`, the
+fleet listens on loopback TCP for real clients (grpcio, tritonclient, httpx),
+which run in threads and so need the real clock.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -11,9 +21,17 @@ from typing import Any
 import trio
 
 from rsgw._config import GatewayConfig, ListenConfig
+from rsgw._methods import Method
+from rsgw._net import TCP, Network
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import Catalogue, builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
+from tests.memory import MemoryNetwork
+
+#: Message limits of the test client: as large as the gateway's own default.
+CLIENT_LIMIT = 512 * 1024 * 1024
 
 
 @dataclass
@@ -21,16 +39,45 @@ class Fleet:
     workers: list[RunningWorker]
     gateway: RunningGateway
     nursery: trio.Nursery
+    network: Network = TCP
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.gateway.grpc_port}"
 
+    def worker_url(self, index: int) -> str:
+        return f"127.0.0.1:{self.workers[index].grpc_port}"
 
-def gateway_config(workers: list[RunningWorker], **overrides: Any) -> GatewayConfig:
+    def channel(self, **options: Any) -> Channel:
+        """rsgw's own client to the gateway, over the fleet's network."""
+        options.setdefault("max_receive_message_bytes", CLIENT_LIMIT)
+        options.setdefault("max_send_message_bytes", CLIENT_LIMIT)
+        options.setdefault("max_concurrent_streams", 1000)
+        return Channel(self.target, self.nursery, network=self.network, **options)
+
+    async def infer(
+        self,
+        request: pb.ModelInferRequest | bytes,
+        *,
+        deadline: float = math.inf,
+        channel: Channel | None = None,
+    ) -> pb.ModelInferResponse:
+        """One ModelInfer through the gateway; raises the `RsgwError` it ended with."""
+        body = request if isinstance(request, bytes) else request.SerializeToString()
+        reply = await (channel or self.channel()).unary(
+            Method.MODEL_INFER.wire, body, deadline=deadline
+        )
+        return pb.ModelInferResponse.FromString(reply)
+
+
+def gateway_config(
+    workers: list[RunningWorker], *, with_metrics: bool = True, **overrides: Any
+) -> GatewayConfig:
     config = GatewayConfig(
         endpoints=tuple(f"127.0.0.1:{w.grpc_port}" for w in workers),
-        metrics_endpoints=tuple(f"127.0.0.1:{w.metrics_port}" for w in workers),
+        metrics_endpoints=(
+            tuple(f"127.0.0.1:{w.metrics_port}" for w in workers) if with_metrics else ()
+        ),
         worker_names=tuple(w.config.name for w in workers),
         listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
         health_interval_seconds=overrides.pop("health_interval_seconds", 0.2),
@@ -42,27 +89,48 @@ def gateway_config(workers: list[RunningWorker], **overrides: Any) -> GatewayCon
 async def open_fleet(
     count: int = 3,
     *,
+    memory: bool = False,
     catalogues: list[Catalogue] | None = None,
     worker_overrides: dict[str, Any] | list[dict[str, Any]] | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Fleet]:
+    network: Network = MemoryNetwork() if memory else TCP
     async with trio.open_nursery() as nursery:
         workers: list[RunningWorker] = []
         for i in range(count):
             extra = worker_overrides or {}
             if isinstance(extra, list):
                 extra = extra[i]
-            config = WorkerConfig(
+            worker_config = WorkerConfig(
                 name=f"worker{i}",
                 gpu=str(i),
                 port=0,
-                metrics_port=0,
+                metrics_port=-1 if memory else 0,
                 catalogue=catalogues[i] if catalogues else builtin_catalogue(),
                 **extra,
             )
-            workers.append(await nursery.start(serve_worker, config))
-        gateway = await nursery.start(serve_gateway, gateway_config(workers, **gateway_overrides))
+            workers.append(await nursery.start(start_worker, worker_config, network))
+        config = gateway_config(workers, with_metrics=not memory, **gateway_overrides)
+        gateway = await nursery.start(start_gateway, config, network)
         try:
-            yield Fleet(workers, gateway, nursery)
+            yield Fleet(workers, gateway, nursery, network)
         finally:
             nursery.cancel_scope.cancel()
+
+
+async def start_worker(
+    config: WorkerConfig,
+    network: Network,
+    *,
+    task_status: trio.TaskStatus[RunningWorker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await serve_worker(config, network=network, task_status=task_status)
+
+
+async def start_gateway(
+    config: GatewayConfig,
+    network: Network,
+    *,
+    task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await serve_gateway(config, network=network, task_status=task_status)

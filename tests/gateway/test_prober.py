@@ -2,23 +2,29 @@
 
 The stand-in worker here is scripted on purpose: a real worker cannot be told to
 hang its ServerReady while still accepting connections, nor to count discovery
-calls.
+calls. Worker and gateway run on memory streams with the autojump clock, so the
+probe watchdog and the refresh floor cost no wall time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 import trio
+import trio.testing
+from trio.testing import MockClock
 
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged
+from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
 from rsgw.grpc._server import GrpcServer, ServerCall, UnaryHandler
 from tests.helpers import wait_until_async
+from tests.memory import MemoryNetwork
 
 
 class ScriptedWorker:
@@ -48,11 +54,27 @@ class ScriptedWorker:
         """A server for these handlers; `extra` adds methods by their full path."""
         return GrpcServer(
             {
-                "/inference.GRPCInferenceService/ServerReady": self.ready,
-                "/inference.GRPCInferenceService/RepositoryIndex": self.index,
+                Method.SERVER_READY.path: self.ready,
+                Method.REPOSITORY_INDEX.path: self.index,
                 **extra,
             }
         )
+
+
+async def serve(
+    worker: ScriptedWorker,
+    nursery: trio.Nursery,
+    network: MemoryNetwork,
+    server: GrpcServer | None = None,
+    **overrides: object,
+) -> RunningGateway:
+    """Start the scripted worker and a gateway in front of it, both on `network`."""
+    server = server or worker.server()
+    port = await nursery.start(partial(server.serve, network=network), "127.0.0.1", 0)
+    gateway: RunningGateway = await nursery.start(
+        partial(serve_gateway, network=network), config(port, **overrides)
+    )
+    return gateway
 
 
 def config(port: int, **overrides: object) -> GatewayConfig:
@@ -65,13 +87,10 @@ def config(port: int, **overrides: object) -> GatewayConfig:
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]  # test overrides
 
 
-async def test_a_hung_probe_resets_the_channel() -> None:
+async def test_a_hung_probe_resets_the_channel(autojump_clock: MockClock) -> None:
     worker = ScriptedWorker()
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
-        gateway: RunningGateway = await nursery.start(
-            serve_gateway, config(port, wedge_exit_rounds=0)
-        )
+        gateway = await serve(worker, nursery, MemoryNetwork(), wedge_exit_rounds=0)
         assert gateway.statistics().ready
         worker.hang = True
         await wait_until_async(lambda: gateway.statistics().channel_resets > 0, what="a reset")
@@ -81,40 +100,31 @@ async def test_a_hung_probe_resets_the_channel() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_wedged_fleet_raises_gateway_wedged() -> None:
+async def test_wedged_fleet_raises_gateway_wedged(autojump_clock: MockClock) -> None:
     worker = ScriptedWorker()
     with pytest.RaisesGroup(GatewayWedged, flatten_subgroups=True):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
-            await nursery.start(serve_gateway, config(port, wedge_exit_rounds=2))
+            await serve(worker, nursery, MemoryNetwork(), wedge_exit_rounds=2)
             worker.hang = True  # responsive once, now every probe hangs
             with trio.fail_after(10):
                 await trio.sleep_forever()
 
 
-async def test_never_responsive_fleet_is_not_wedged() -> None:
+async def test_never_responsive_fleet_is_not_wedged(autojump_clock: MockClock) -> None:
     worker = ScriptedWorker()
     worker.hang = True
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
-        gateway: RunningGateway = await nursery.start(
-            serve_gateway, config(port, wedge_exit_rounds=1)
-        )
+        gateway = await serve(worker, nursery, MemoryNetwork(), wedge_exit_rounds=1)
         await wait_until_async(lambda: gateway.statistics().probe_rounds >= 3, what="three rounds")
         nursery.cancel_scope.cancel()
 
 
-async def test_on_demand_refresh_is_single_flight() -> None:
+async def test_on_demand_refresh_is_single_flight(autojump_clock: MockClock) -> None:
     worker = ScriptedWorker()
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(worker.server().serve, "127.0.0.1", 0)
-        gateway: RunningGateway = await nursery.start(
-            serve_gateway, config(port, health_interval_seconds=3600)
-        )
+        gateway = await serve(worker, nursery, MemoryNetwork(), health_interval_seconds=3600)
         prober = gateway._service.prober
-        # The floor is wall time by design (a Trio MockClock cannot drive real sockets):
-        # wait it out once, past the startup discovery.
-        await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)
+        await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)  # past the startup discovery's floor
         before = worker.index_calls
         worker.index_gate = trio.Event()
         async with trio.open_nursery() as callers:
@@ -128,7 +138,7 @@ async def test_on_demand_refresh_is_single_flight() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_a_hung_control_status_poll_resets_the_channel() -> None:
+async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: MockClock) -> None:
     from rsgw.scheduling._knobs import SchedulingMode
     from rsgw.scheduling._settings import SchedulingConfig
 
@@ -140,18 +150,15 @@ async def test_a_hung_control_status_poll_resets_the_channel() -> None:
         await trio.sleep_forever()
         return b""  # pragma: no cover
 
-    server = worker.server(
-        **{"/reactant_control.ControlService/ModelControlStatus": control_status}
-    )
+    server = worker.server(**{Method.MODEL_CONTROL_STATUS.path: control_status})
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(server.serve, "127.0.0.1", 0)
         least = SchedulingConfig(mode=SchedulingMode.LEAST_OUTSTANDING)
-        gateway: RunningGateway = await nursery.start(
-            serve_gateway, config(port, scheduling=least, health_interval_seconds=3600)
+        gateway = await serve(
+            worker, nursery, MemoryNetwork(), server, scheduling=least, health_interval_seconds=3600
         )
         assert poll_started.is_set()  # the first round polled before serving
         assert gateway.statistics().channel_resets == 0  # a poll is not a probe...
         assert gateway.statistics().ready  # ...and the worker stays ready
-        channel = gateway._service.pool.channels[f"127.0.0.1:{port}"]
+        (channel,) = gateway._service.pool.channels.values()
         assert channel.connects == 1 and not channel.connected  # ...but its channel was dropped
         nursery.cancel_scope.cancel()
