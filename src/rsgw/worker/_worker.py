@@ -169,10 +169,14 @@ async def serve_worker(
 
 
 @asynccontextmanager
-async def open_worker(config: WorkerConfig) -> AsyncIterator[RunningWorker]:
+async def open_worker(
+    config: WorkerConfig, *, network: Network = TCP
+) -> AsyncIterator[RunningWorker]:
     """A worker for the duration of the block (tests and embedding)."""
     async with trio.open_nursery() as nursery:
-        worker: RunningWorker = await nursery.start(serve_worker, config)
+        worker: RunningWorker = await nursery.start(
+            functools.partial(serve_worker, network=network), config
+        )
         try:
             yield worker
         finally:
