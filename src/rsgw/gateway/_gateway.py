@@ -250,10 +250,14 @@ def _scheduler(
 
 
 @asynccontextmanager
-async def open_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
+async def open_gateway(
+    config: GatewayConfig, *, network: Network = TCP
+) -> AsyncIterator[RunningGateway]:
     """A gateway for the duration of the block; stopped gracefully on exit."""
     async with trio.open_nursery() as nursery:
-        gateway: RunningGateway = await nursery.start(serve_gateway, config)
+        gateway: RunningGateway = await nursery.start(
+            functools.partial(serve_gateway, network=network), config
+        )
         try:
             yield gateway
         finally:

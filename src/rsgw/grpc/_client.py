@@ -256,5 +256,13 @@ class _ClientConnection:
             if waiter is not None:
                 waiter.ended = event
                 waiter.done.set()
+            if not self._waiters and not self.usable:
+                self._hang_up()
         elif isinstance(event, ConnectionTerminated):
             self._channel._forget(self)  # calls in flight finish; new ones reconnect
+            if not self._waiters:
+                self._hang_up()
+
+    def _hang_up(self) -> None:
+        """The peer is going away and nothing waits here: close now rather than linger."""
+        self._cancel_scope.cancel()
