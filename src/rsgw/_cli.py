@@ -26,6 +26,8 @@ from rsgw._version import __version__
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from rsgw.worker._worker import WorkerConfig
+
 logger = logging.getLogger("rsgw")
 
 
@@ -213,15 +215,20 @@ def _positive_byte_size(text: str) -> int:
     return value
 
 
-def _run_worker(args: argparse.Namespace) -> None:
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """The `WorkerConfig` that `rsgw worker` serves for these parsed flags.
+
+    Raises:
+        ConfigError: a catalogue file that does not load, or a value out of range.
+    """
     from rsgw.worker._batching import Discipline
     from rsgw.worker._catalogue import builtin_catalogue, load_catalogue
     from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
     from rsgw.worker._weights import ResidencyMode
-    from rsgw.worker._worker import WorkerConfig, serve_worker
+    from rsgw.worker._worker import WorkerConfig
 
     catalogue = load_catalogue(args.models) if args.models else builtin_catalogue()
-    config = WorkerConfig(
+    return WorkerConfig(
         name=args.name,
         gpu=args.gpu,
         host=args.host,
@@ -236,7 +243,12 @@ def _run_worker(args: argparse.Namespace) -> None:
         load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
         pinned=frozenset(args.pin),
     )
-    trio.run(_until_terminated, partial(serve_worker, config))
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    from rsgw.worker._worker import serve_worker
+
+    trio.run(_until_terminated, partial(serve_worker, worker_config(args)))
 
 
 #: `rsgw run` flags and the environment variables they stand for.

@@ -4,32 +4,27 @@ An in-process worker with a model whose launch cost (200 ms) dwarfs its
 per-row cost, so while one batch executes the next requests queue up and leave
 together. We check the outcome through ModelControlStatus, as the gateway reads
 it, and check every response's numbers, so coalescing can never mix up whose
-outputs are whose. The requests come from one thread with grpcio futures: all
-64 are on the wire before the first answer, which a loop of blocking calls
-could never guarantee.
+outputs are whose. All 64 requests go out at once on one channel, each from its
+own task, so all are on the wire before the first answer.
+
+Runs on memory streams with the autojump clock (`tests.worker.client`): the
+device's compute takes its exact simulated time on the Trio clock and no wall
+time, so the timings below are exact, not lower bounds.
 """
 
 from __future__ import annotations
 
 import textwrap
-from functools import partial
 
-import grpc
 import numpy as np
 import pytest
 import trio
+from trio.testing import MockClock
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._worker import WorkerConfig, open_worker
-from tests.helpers import (
-    MODEL_INFER,
-    catalogue_from_yaml,
-    in_thread,
-    infer_request,
-    model_infer,
-    model_status,
-    output_array,
-)
+from rsgw.worker._worker import WorkerConfig
+from tests.helpers import catalogue_from_yaml, infer_request, output_array
+from tests.worker.client import WorkerClient, open_memory_worker
 
 LAUNCH_SECONDS = 0.2
 ITEM_SECONDS = 0.001
@@ -86,28 +81,37 @@ def _check_answer(response: pb.ModelInferResponse, index: int, rows: int = 1) ->
     np.testing.assert_array_equal(output_array(response, "OUTPUT1"), a - b)
 
 
-def _infer_concurrently(target: str, requests: list[pb.ModelInferRequest]) -> list[bytes]:
-    """Start every call before waiting for any (grpcio futures on one channel)."""
-    with grpc.insecure_channel(target) as channel:
-        method = channel.unary_unary(MODEL_INFER)
-        futures = [method.future(r.SerializeToString(), timeout=30) for r in requests]
-        return [f.result() for f in futures]
+async def _infer_concurrently(
+    client: WorkerClient, requests: list[pb.ModelInferRequest]
+) -> list[pb.ModelInferResponse]:
+    """Start every call before waiting for any (one task per call, one channel)."""
+    responses: list[pb.ModelInferResponse | None] = [None] * len(requests)
+
+    async def infer(i: int) -> None:
+        responses[i] = await client.infer(requests[i], time_limit=30)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(requests)):
+            nursery.start_soon(infer, i)
+    assert all(r is not None for r in responses)
+    return [r for r in responses if r is not None]
 
 
-async def test_concurrent_requests_coalesce() -> None:
-    async with open_worker(_config()) as worker:
-        target = f"127.0.0.1:{worker.grpc_port}"
+async def test_concurrent_requests_coalesce(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
         requests = [_request("batched", i) for i in range(64)]
 
-        bodies = await in_thread(partial(_infer_concurrently, target, requests))
+        started = trio.current_time()
+        responses = await _infer_concurrently(client, requests)
+        elapsed = trio.current_time() - started
 
-        for i, body in enumerate(bodies):
-            _check_answer(pb.ModelInferResponse.FromString(body), i)
-        status = await in_thread(partial(model_status, target, "batched"))
+        for i, response in enumerate(responses):
+            _check_answer(response, i)
+        status = await client.model_status("batched")
         assert status.requests_served == 64
         assert status.rows_served == 64
         # At least ceil(64 / 16) = 4 batches. At most 5: the first dispatch may
-        # leave with only the first arrival, and the other 63 queue behind it
+        # leave with only the first arrivals, and the others queue behind it
         # for 200 ms, which is ample for them to arrive, and leave in four.
         assert 4 <= status.dispatch_count <= 5
         assert status.max_batch_size == MAX_BATCH
@@ -115,40 +119,45 @@ async def test_concurrent_requests_coalesce() -> None:
         assert status.total_compute_seconds == pytest.approx(
             status.dispatch_count * LAUNCH_SECONDS + 64 * ITEM_SECONDS
         )
+        # Every request arrived at once, so the device ran its batches back to
+        # back: the last answer came exactly when its compute ended.
+        assert elapsed == pytest.approx(status.total_compute_seconds)
 
         # A pre-batched request: 8 rows, one request, one dispatch.
         before = status
-        response = await in_thread(partial(model_infer, target, _request("batched", 99, rows=8)))
+        started = trio.current_time()
+        response = await client.infer(_request("batched", 99, rows=8))
+        elapsed = trio.current_time() - started
         _check_answer(response, 99, rows=8)
-        after = await in_thread(partial(model_status, target, "batched"))
+        after = await client.model_status("batched")
         assert after.rows_served == before.rows_served + 8
         assert after.requests_served == before.requests_served + 1
         assert after.dispatch_count == before.dispatch_count + 1
         assert after.total_compute_seconds - before.total_compute_seconds == pytest.approx(
             LAUNCH_SECONDS + 8 * ITEM_SECONDS
         )
+        assert elapsed == pytest.approx(LAUNCH_SECONDS + 8 * ITEM_SECONDS)
 
 
 async def _compute_seconds(time_scale: float, rows: int) -> tuple[float, float]:
-    """Run one `rows`-row request on a fresh worker; its compute seconds and wall time."""
-    async with open_worker(_config(time_scale=time_scale)) as worker:
-        target = f"127.0.0.1:{worker.grpc_port}"
+    """Run one `rows`-row request on a fresh worker; its compute seconds and Trio time."""
+    async with open_memory_worker(_config(time_scale=time_scale)) as client:
         started = trio.current_time()
-        response = await in_thread(partial(model_infer, target, _request("scaled", 3, rows)))
+        response = await client.infer(_request("scaled", 3, rows))
         elapsed = trio.current_time() - started
         _check_answer(response, 3, rows)
-        status = await in_thread(partial(model_status, target, "scaled"))
+        status = await client.model_status("scaled")
     assert status.dispatch_count == 1
     return status.total_compute_seconds, elapsed
 
 
-async def test_time_scale_multiplies_compute_time() -> None:
+async def test_time_scale_multiplies_compute_time(autojump_clock: MockClock) -> None:
     rows = 4
     unscaled = 0.020 + 0.005 * rows  # launch_ms 20, item_ms 5
     once, once_elapsed = await _compute_seconds(1.0, rows)
     twice, twice_elapsed = await _compute_seconds(2.0, rows)
     assert once == pytest.approx(unscaled)
     assert twice == pytest.approx(2 * once)
-    # The device really is busy that long: neither call can return any sooner.
-    assert once_elapsed >= unscaled
-    assert twice_elapsed >= 2 * unscaled
+    # The device really is busy that long: the call returns exactly when it is done.
+    assert once_elapsed == pytest.approx(unscaled)
+    assert twice_elapsed == pytest.approx(2 * unscaled)

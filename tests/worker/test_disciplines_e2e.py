@@ -1,37 +1,34 @@
 """The dispatch disciplines on a live worker (issue 3, acceptance 1).
 
-In-process workers, grpcio clients in threads. `edf`: while a long batch of a
-third model occupies the device, two models queue one request each, the later
-one with the sooner deadline; edf runs it first and fifo does not. `fair`: two
-equal models, both kept backlogged, weights 3:1 set with SetModelPolicy; over at
-least 200 dispatches their compute splits about 3:1. The split is measured
-between two snapshots of the device counters taken while both queues are
-non-empty, so neither the ramp-up nor the drain skews it.
+In-process workers, rsgw's own client. `edf`: while a long batch of a third
+model occupies the device, two models queue one request each, the later one
+with the sooner deadline; edf runs it first and fifo does not. `fair`: two equal
+models, both kept backlogged, weights 3:1 set with SetModelPolicy; over at least
+200 dispatches their compute splits about 3:1. The split is measured between
+two snapshots of the device counters taken while both queues are non-empty, so
+neither the ramp-up nor the drain skews it.
+
+Runs on memory streams with the autojump clock (`tests.worker.client`): each
+batch takes its exact simulated time on the Trio clock and no wall time, so the
+edf test also checks when each answer came.
 """
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
-from functools import partial
 
-import grpc
 import numpy as np
 import pytest
 import trio
+from trio.testing import MockClock
 
+from rsgw._errors import RsgwError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.worker._batching import Discipline
-from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker
-from tests.helpers import (
-    MODEL_INFER,
-    catalogue_from_yaml,
-    in_thread,
-    infer_request,
-    model_infer,
-    model_status,
-    wait_until_async,
-)
-from tests.worker.control import set_weight
+from rsgw.worker._worker import WorkerConfig
+from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
+from tests.worker.client import WorkerClient, open_memory_worker
 
 
 def _model(name: str, launch_ms: float, max_batch: int = 8) -> str:
@@ -47,11 +44,14 @@ def _model(name: str, launch_ms: float, max_batch: int = 8) -> str:
     )
 
 
+BLOCKER_SECONDS = 0.4
+AB_SECONDS = 0.03
+
 CATALOGUE = catalogue_from_yaml(
     "models:\n"
-    + _model("blocker", 400)
-    + _model("a", 30)
-    + _model("b", 30)
+    + _model("blocker", BLOCKER_SECONDS * 1000)
+    + _model("a", AB_SECONDS * 1000)
+    + _model("b", AB_SECONDS * 1000)
     + _model("gold", 3, max_batch=0)
     + _model("bronze", 3, max_batch=0),
     with_builtin=False,
@@ -63,26 +63,23 @@ def _request(model: str, deadline_s: float | None = None) -> pb.ModelInferReques
     return infer_request(model, {"x": np.zeros((1, 2), np.int32)}, parameters=params)
 
 
-def _target(worker: RunningWorker) -> str:
-    return f"127.0.0.1:{worker.grpc_port}"
-
-
 @pytest.mark.parametrize(
     ("discipline", "expected"),
     [(Discipline.EDF, ["b", "a"]), (Discipline.FIFO, ["a", "b"])],
 )
 async def test_edf_runs_the_sooner_deadline_first(
-    discipline: Discipline, expected: list[str]
+    discipline: Discipline, expected: list[str], autojump_clock: MockClock
 ) -> None:
     config = WorkerConfig(port=0, metrics_port=-1, catalogue=CATALOGUE, discipline=discipline)
-    async with open_worker(config) as worker:
-        target = _target(worker)
-        device = worker.service.device
-        finished: list[str] = []
+    async with open_memory_worker(config) as client:
+        worker = client.worker
+        device = client.device
+        start = trio.current_time()
+        finished: list[tuple[str, float]] = []
 
         async def infer(model: str, deadline_s: float | None) -> None:
-            await in_thread(partial(model_infer, target, _request(model, deadline_s)))
-            finished.append(model)
+            await client.infer(_request(model, deadline_s))
+            finished.append((model, trio.current_time() - start))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(infer, "blocker", None)
@@ -90,26 +87,33 @@ async def test_edf_runs_the_sooner_deadline_first(
                 lambda: worker.service.inflight == 1 and device.queue_depth("blocker") == 0,
                 what="the blocker to start executing",
             )
-            # Both deadlines inside grpcio's own 10 s timeout, which also bounds them.
+            # Both deadlines inside the client's own 10 s deadline, which also bounds them.
             nursery.start_soon(infer, "a", 8.0)  # arrives first, deadline later
             await wait_until_async(lambda: device.queue_depth("a") == 1, what="a queued")
             nursery.start_soon(infer, "b", 3.0)  # arrives second, deadline sooner
             await wait_until_async(lambda: device.queue_depth("b") == 1, what="b queued")
             # Both queued behind the blocker, so the next choice is the discipline's.
             assert device.counters["blocker"].dispatch_count == 0
-        assert finished == ["blocker", *expected]
+        assert [model for model, _ in finished] == ["blocker", *expected]
+        # Back to back from the first arrival: the blocker, then one batch each.
+        assert [at for _, at in finished] == pytest.approx(
+            [BLOCKER_SECONDS, BLOCKER_SECONDS + AB_SECONDS, BLOCKER_SECONDS + 2 * AB_SECONDS]
+        )
 
 
-def _flood(target: str, requests: list[pb.ModelInferRequest]) -> None:
+async def _flood(client: WorkerClient, requests: list[pb.ModelInferRequest]) -> None:
     """Send everything on one channel at once; wait for every call to end, any way."""
-    with grpc.insecure_channel(target) as channel:
-        method = channel.unary_unary(MODEL_INFER)
-        futures = [method.future(r.SerializeToString(), timeout=60) for r in requests]
-        for future in futures:
-            future.exception()  # waits; a call cut off at shutdown is fine
+
+    async def infer(request: pb.ModelInferRequest) -> None:
+        with contextlib.suppress(RsgwError):  # a call cut off at shutdown is fine
+            await client.infer(request, time_limit=60)
+
+    async with trio.open_nursery() as nursery:
+        for request in requests:
+            nursery.start_soon(infer, request)
 
 
-async def test_fair_splits_compute_three_to_one() -> None:
+async def test_fair_splits_compute_three_to_one(autojump_clock: MockClock) -> None:
     config = WorkerConfig(
         port=0,
         metrics_port=-1,
@@ -118,12 +122,12 @@ async def test_fair_splits_compute_three_to_one() -> None:
         max_concurrent_requests=0,
     )
     per_model = 400
-    async with trio.open_nursery() as clients, open_worker(config) as worker:
-        target = _target(worker)
-        device = worker.service.device
+    async with trio.open_nursery() as clients, open_memory_worker(config) as client:
+        worker = client.worker
+        device = client.device
         gold, bronze = device.counters["gold"], device.counters["bronze"]
-        await in_thread(partial(set_weight, target, "gold", 3.0))
-        assert (await in_thread(partial(model_status, target, "gold"))).weight == 3.0
+        await client.set_policy("gold", 3.0)
+        assert (await client.model_status("gold")).weight == 3.0
 
         def arrived() -> int:
             # In the handler (queued or executing) or already answered.
@@ -131,8 +135,8 @@ async def test_fair_splits_compute_three_to_one() -> None:
 
         requests = [_request(m) for _ in range(per_model) for m in ("gold", "bronze")]
         # The flood outlives the worker: leaving the block stops the worker, which
-        # fails what is still queued, and the client thread then returns.
-        clients.start_soon(in_thread, partial(_flood, target, requests))
+        # fails what is still queued, and the flood's calls then end.
+        clients.start_soon(_flood, client, requests)
         await wait_until_async(lambda: arrived() == len(requests), what="every request to arrive")
         start = (gold.total_compute_seconds, bronze.total_compute_seconds)
         start_dispatches = gold.dispatch_count + bronze.dispatch_count

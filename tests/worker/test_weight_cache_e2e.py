@@ -3,31 +3,28 @@
 Three equal 100 MiB models and a 250 MiB budget: two fit. Round-robin traffic
 over the three is LRU's worst case, so every request finds its model evicted
 and must pay the load (40 ms) before its batch runs. We check that from the
-client's side (no answer comes sooner than the load), from ModelControlStatus
-(residency before each call) and from /metrics (loads and evictions counted,
-load time kept out of compute). CompactMemory then frees everything and reloads
-exactly the model it names.
+client's side (each answer comes exactly one load plus one launch after its
+call), from ModelControlStatus (residency before each call) and from the
+worker's metrics (loads and evictions counted, load time kept out of compute).
+CompactMemory then frees everything and reloads exactly the model it names.
+
+Runs on memory streams with the autojump clock (`tests.worker.client`): loads
+and launches take their exact simulated time on the Trio clock and no wall
+time. The metrics are the worker's /metrics exposition, read from its registry.
 """
 
 from __future__ import annotations
 
 import textwrap
-import time
-from functools import partial
 
 import numpy as np
 import pytest
+import trio
+from trio.testing import MockClock
 
-from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker
-from tests.helpers import (
-    catalogue_from_yaml,
-    in_thread,
-    infer_request,
-    model_control_status,
-    model_infer,
-    model_status,
-)
-from tests.worker.control import compact, scrape, scrape_models
+from rsgw.worker._worker import WorkerConfig
+from tests.helpers import catalogue_from_yaml, infer_request
+from tests.worker.client import WorkerClient, open_memory_worker, scrape, scrape_models
 
 MIB = 1 << 20
 LOAD_SECONDS = 0.040
@@ -59,7 +56,7 @@ CATALOGUE = catalogue_from_yaml(
 def _config(**overrides: object) -> WorkerConfig:
     settings: dict[str, object] = {
         "port": 0,
-        "metrics_port": 0,
+        "metrics_port": -1,
         "catalogue": CATALOGUE,
         "weight_cache_bytes": 250 * MIB,
     }
@@ -67,26 +64,19 @@ def _config(**overrides: object) -> WorkerConfig:
     return WorkerConfig(**settings)  # type: ignore[arg-type]
 
 
-def _infer_timed(target: str, model: str) -> float:
+async def _infer_timed(client: WorkerClient, model: str) -> float:
+    """One call on an idle device; how long it took on the Trio clock."""
     request = infer_request(model, {"x": np.zeros((1, 4), np.float32)})
-    started = time.monotonic()
-    model_infer(target, request)
-    return time.monotonic() - started
+    started = trio.current_time()
+    await client.infer(request)
+    return trio.current_time() - started
 
 
-def _resident(target: str) -> set[str]:
-    return {m.name for m in model_control_status(target).models if m.device_resident}
-
-
-def _target(worker: RunningWorker) -> str:
-    return f"127.0.0.1:{worker.grpc_port}"
-
-
-async def test_round_robin_over_a_too_small_cache_pays_every_load() -> None:
-    async with open_worker(_config()) as worker:
-        target = _target(worker)
-        assert worker.metrics_port is not None
-        status = await in_thread(partial(model_control_status, target))
+async def test_round_robin_over_a_too_small_cache_pays_every_load(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_memory_worker(_config()) as client:
+        status = await client.control_status()
         assert status.weight_cache_max_bytes == 250 * MIB
         assert not any(m.device_resident for m in status.models)
         assert all(m.host_resident for m in status.models)
@@ -94,14 +84,14 @@ async def test_round_robin_over_a_too_small_cache_pays_every_load() -> None:
         rounds = 3
         for _ in range(rounds):
             for model in ("m0", "m1", "m2"):
-                assert model not in await in_thread(partial(_resident, target))
-                elapsed = await in_thread(partial(_infer_timed, target, model))
-                assert elapsed >= LOAD_SECONDS + LAUNCH_SECONDS
-                resident = await in_thread(partial(_resident, target))
+                assert model not in await client.resident()
+                elapsed = await _infer_timed(client, model)
+                assert elapsed == pytest.approx(LOAD_SECONDS + LAUNCH_SECONDS)
+                resident = await client.resident()
                 assert model in resident and len(resident) <= 2
 
         calls = 3 * rounds
-        metrics = await in_thread(partial(scrape, worker.metrics_port))
+        metrics = scrape(client.worker)
         assert metrics["worker_weight_loads_total"] == calls
         assert metrics["worker_weight_evicts_total"] == calls - 2  # the first two fit
         assert metrics["worker_weight_load_seconds_total"] == pytest.approx(calls * LOAD_SECONDS)
@@ -111,77 +101,83 @@ async def test_round_robin_over_a_too_small_cache_pays_every_load() -> None:
         assert metrics["worker_models_resident"] == 2
         # Load time is device time but not compute.
         for model in ("m0", "m1", "m2"):
-            entry = await in_thread(partial(model_status, target, model))
+            entry = await client.model_status(model)
             assert entry.total_compute_seconds == pytest.approx(rounds * LAUNCH_SECONDS)
 
-        reloaded, resident_bytes = await in_thread(partial(compact, target, "m1", "nope"))
+        started = trio.current_time()
+        reloaded, resident_bytes = await client.compact("m1", "nope")
+        assert trio.current_time() - started == pytest.approx(LOAD_SECONDS)  # m1's reload
         assert (reloaded, resident_bytes) == (1, 100 * MIB)
-        assert await in_thread(partial(_resident, target)) == {"m1"}
-        metrics = await in_thread(partial(scrape, worker.metrics_port))
+        assert await client.resident() == {"m1"}
+        metrics = scrape(client.worker)
         assert metrics["worker_weight_compactions_total"] == 1
         assert metrics["worker_weight_loads_total"] == calls + 1
         # Compacting again with nothing named leaves nothing on the device.
-        assert await in_thread(partial(compact, target)) == (0, 0)
-        assert await in_thread(partial(_resident, target)) == set()
+        assert await client.compact() == (0, 0)
+        assert await client.resident() == set()
 
 
-async def test_a_resident_model_pays_no_load() -> None:
-    async with open_worker(_config()) as worker:
-        target = _target(worker)
-        for _ in range(3):
-            await in_thread(partial(_infer_timed, target, "m0"))
-        assert worker.service.device.memory.counters.loads == 1
+async def test_a_resident_model_pays_no_load(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
+        elapsed = [await _infer_timed(client, "m0") for _ in range(3)]
+        assert client.device.memory.counters.loads == 1
+        # Only the first call waits for the load.
+        assert elapsed == pytest.approx(
+            [LOAD_SECONDS + LAUNCH_SECONDS, LAUNCH_SECONDS, LAUNCH_SECONDS]
+        )
 
 
-async def test_pinned_models_stay_and_skip_the_budget() -> None:
-    async with open_worker(_config(weight_cache_bytes=100 * MIB, pinned={"m0"})) as worker:
-        target = _target(worker)
-        device = worker.service.device
-        for model in ("m1", "m2", "m0", "m1", "m0", "m2"):
-            await in_thread(partial(_infer_timed, target, model))
-            assert "m0" in await in_thread(partial(_resident, target))
+async def test_pinned_models_stay_and_skip_the_budget(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config(weight_cache_bytes=100 * MIB, pinned={"m0"})) as client:
+        device = client.device
+        order = ("m1", "m2", "m0", "m1", "m0", "m2")
+        elapsed: list[float] = []
+        for model in order:
+            elapsed.append(await _infer_timed(client, model))
+            assert "m0" in await client.resident()
         # m1 and m2 evict each other in the one slot; m0 never loads at all.
         assert device.memory.counters.loads == 4
         assert device.memory.counters.evicts == 3
-        entry = await in_thread(partial(model_status, target, "m0"))
-        assert entry.residency == 3  # PINNED_DEVICE
-        assert worker.metrics_port is not None
-        resident = await in_thread(
-            partial(scrape_models, worker.metrics_port, "worker_model_resident")
+        loaded = LOAD_SECONDS + LAUNCH_SECONDS
+        assert elapsed == pytest.approx(
+            [LAUNCH_SECONDS if model == "m0" else loaded for model in order]
         )
-        pinned = await in_thread(partial(scrape_models, worker.metrics_port, "worker_model_pinned"))
+        entry = await client.model_status("m0")
+        assert entry.residency == 3  # PINNED_DEVICE
+        resident = scrape_models(client.worker, "worker_model_resident")
+        pinned = scrape_models(client.worker, "worker_model_pinned")
         assert resident == {"m0": 1, "m1": 0, "m2": 1, "by_bandwidth": 0}
         assert pinned == {"m0": 1, "m1": 0, "m2": 0, "by_bandwidth": 0}
-        metrics = await in_thread(partial(scrape, worker.metrics_port))
+        metrics = scrape(client.worker)
         assert metrics["worker_weight_cache_pinned_bytes"] == 100 * MIB
         assert metrics["worker_resident_weight_bytes"] == 200 * MIB
         # CompactMemory frees the on-demand weights and leaves the pin in place.
-        assert await in_thread(partial(compact, target)) == (0, 0)
-        assert await in_thread(partial(_resident, target)) == {"m0"}
-        assert await in_thread(partial(compact, target, "m0")) == (0, 0)
+        assert await client.compact() == (0, 0)
+        assert await client.resident() == {"m0"}
+        assert await client.compact("m0") == (0, 0)
 
 
-async def test_load_time_follows_bandwidth_and_time_scale() -> None:
+async def test_load_time_follows_bandwidth_and_time_scale(autojump_clock: MockClock) -> None:
     bandwidth = 1000 * MIB  # 100 MiB in 0.1 s, times the 0.5 time scale
     config = _config(load_bandwidth=bandwidth, time_scale=0.5)
-    async with open_worker(config) as worker:
-        elapsed = await in_thread(partial(_infer_timed, _target(worker), "by_bandwidth"))
-        counters = worker.service.device.memory.counters
+    async with open_memory_worker(config) as client:
+        elapsed = await _infer_timed(client, "by_bandwidth")
+        counters = client.device.memory.counters
         assert counters.load_seconds == pytest.approx(0.05)
-        assert elapsed >= 0.05
+        # The load, then the launch, both at the 0.5 time scale.
+        assert elapsed == pytest.approx(0.05 + 0.5 * LAUNCH_SECONDS)
 
 
-async def test_without_a_cache_everything_stays_on_the_device() -> None:
-    async with open_worker(_config(weight_cache_bytes=0)) as worker:
-        target = _target(worker)
-        assert worker.metrics_port is not None
-        await in_thread(partial(_infer_timed, target, "m0"))
-        status = await in_thread(partial(model_control_status, target))
+async def test_without_a_cache_everything_stays_on_the_device(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config(weight_cache_bytes=0)) as client:
+        elapsed = await _infer_timed(client, "m0")
+        assert elapsed == pytest.approx(LAUNCH_SECONDS)  # nothing to load
+        status = await client.control_status()
         assert status.weight_cache_max_bytes == 0
         assert all(m.device_resident and m.residency == 3 for m in status.models)
-        assert await in_thread(partial(compact, target, "m0")) == (0, 0)
-        metrics = await in_thread(partial(scrape, worker.metrics_port))
+        assert await client.compact("m0") == (0, 0)
+        metrics = scrape(client.worker)
         assert "worker_weight_loads_total" not in metrics  # only with a cache
         assert metrics["worker_models_resident"] == 4
         assert metrics["worker_resident_weight_bytes"] == 400 * MIB
-        assert worker.service.device.memory.counters.loads == 0
+        assert client.device.memory.counters.loads == 0
