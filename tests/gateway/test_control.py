@@ -1,4 +1,17 @@
-"""GatewayControlService and `rsgw ctl` against a live gateway (issue 9)."""
+"""GatewayControlService and `rsgw ctl` against a live gateway (issue 9).
+
+Two kinds of test. Those about what the RPCs do (retune, place, report the work
+basis) run on memory streams with the autojump clock (`open_fleet(memory=True)`):
+they drive the service through `rsgw ctl`'s own pure parts (`parse_args` ->
+`call_for` -> rsgw's Channel over the fleet's network -> `render_reply`, or
+`format_error` for the one line a failure prints), so the operator's text is
+still checked, and the traffic and the 600 ms batches they wait on cost no wall
+time. Those about what only a real client or a real process shows stay on
+loopback TCP with the real clock: a grpcio client generated from the .proto alone,
+in its own process (the wire contract, independent of rsgw's code), and `rsgw ctl`
+as a subprocess (argument parsing, exit statuses, the one stderr line, dialing a
+real socket, and a gateway that is gone).
+"""
 
 from __future__ import annotations
 
@@ -8,17 +21,21 @@ import sys
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-import grpc
-import httpx
 import numpy as np
 import pytest
 import trio
+from trio.testing import MockClock
 
+from rsgw._errors import RsgwError
+from rsgw._status import StatusCode
+from rsgw.ctl._args import parse_args
+from rsgw.ctl._commands import Invocation, call_for
+from rsgw.ctl._render import format_error, render_reply
 from rsgw.scheduling._knobs import SchedulingMode
 from rsgw.scheduling._settings import SchedulingConfig
 from tests.gateway.fleet import Fleet, open_fleet
-from tests.gateway.test_lpt_packing import NAMES, catalogue, lpt, samples, send
-from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request
+from tests.gateway.test_lpt_packing import NAMES, catalogue, exposition, lpt, samples, send
+from tests.helpers import catalogue_from_yaml, infer_request
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +107,7 @@ print(json.dumps(results))
 
 
 async def ctl(fleet: Fleet | int, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """`rsgw ctl *args` as a subprocess against a gateway on loopback TCP."""
     port = fleet if isinstance(fleet, int) else fleet.gateway.grpc_port
     return await trio.run_process(
         [sys.executable, "-m", "rsgw", "ctl", "--gateway", f"127.0.0.1:{port}", *args],
@@ -99,14 +117,51 @@ async def ctl(fleet: Fleet | int, *args: str) -> subprocess.CompletedProcess[byt
     )
 
 
-def lpt_fleet(**knobs: object) -> AbstractAsyncContextManager[Fleet]:
-    return open_fleet(3, catalogues=[catalogue()] * 3, scheduling=lpt(**knobs))
+def lpt_fleet(*, memory: bool = False, **knobs: object) -> AbstractAsyncContextManager[Fleet]:
+    return open_fleet(3, memory=memory, catalogues=[catalogue()] * 3, scheduling=lpt(**knobs))
+
+
+class CtlFailed(Exception):
+    """A call `ctl_in_memory` made that failed: the error and the line `rsgw ctl` prints."""
+
+    def __init__(self, error: RsgwError, line: str) -> None:
+        super().__init__(line)
+        self.error = error
+        self.line = line
+
+
+async def ctl_in_memory(fleet: Fleet, *args: str) -> str:
+    """What `rsgw ctl *args` prints, with the call made in process over the fleet's network.
+
+    The same steps as `rsgw.ctl._main` (parse, build the call, call with rsgw's Channel
+    and the command's deadline, render), minus the process around them; the kept
+    subprocess tests check that shell.
+
+    Raises:
+        CtlFailed: the gateway answered an error (`rsgw ctl` would exit 1).
+    """
+    parsed = parse_args(["--gateway", fleet.target, *args])
+    assert isinstance(parsed, Invocation)
+    call = call_for(parsed.command)
+    try:
+        reply = await fleet.channel().unary(
+            call.path,
+            call.request.SerializeToString(),
+            deadline=trio.current_time() + call.deadline_seconds,
+        )
+    except RsgwError as exc:
+        line = format_error(exc.code.name, exc.message, fleet.target)
+        assert "\n" not in line
+        raise CtlFailed(exc, line) from exc
+    return render_reply(parsed.command, call.response_type.FromString(reply))
 
 
 # -- 1: a client built from the proto alone ------------------------------------------------
 
 
 async def test_a_client_generated_from_the_proto_drives_all_four_rpcs(stubs: Path) -> None:
+    # Real: grpcio with stubs from the .proto alone, in its own process, is the wire
+    # contract a third-party client relies on; it needs a real port and a real clock.
     async with lpt_fleet() as fleet:
         done = await trio.run_process(
             [sys.executable, str(stubs / "client.py"), fleet.target],
@@ -130,10 +185,11 @@ async def test_a_client_generated_from_the_proto_drives_all_four_rpcs(stubs: Pat
         assert "cannot be changed at runtime" in refused["details"]
 
 
-# -- 2: repack and set-replicas through the CLI -------------------------------------------
+# -- 2: repack and set-replicas through the CLI (the subprocess, then its parts in memory) --
 
 
 async def test_ctl_repack_waits_for_the_repack_right_after_startup() -> None:
+    # Real: `rsgw ctl` end to end on a success (the process dials TCP, exits 0, prints).
     async with lpt_fleet() as fleet:
         done = await ctl(fleet, "repack", "--wait", "30")
         assert done.returncode == 0, done.stderr
@@ -142,73 +198,65 @@ async def test_ctl_repack_waits_for_the_repack_right_after_startup() -> None:
         assert "last trigger 'operator'" in out
 
 
-async def test_ctl_set_replicas_then_repack_spreads_a_model_over_two_workers() -> None:
-    async with lpt_fleet() as fleet:
-        placed = await ctl(fleet, "set-replicas", "alpha", "2", "--fill-mode", "spread")
-        assert placed.returncode == 0, placed.stderr
-        assert placed.stdout.decode().startswith("alpha: replicas 2 (effective 2), fill spread")
-        assert (await ctl(fleet, "repack", "--wait", "30")).returncode == 0
-        status = await ctl(fleet, "status")
-        assert status.returncode == 0, status.stderr
-        rows = [line for line in status.stdout.decode().splitlines() if " alpha " in f" {line} "]
-        assert rows and rows[0].count("req/") == 2, status.stdout.decode()
-        assert await trio.to_thread.run_sync(send, fleet.target, ("alpha",), 16, 4) == []
+async def test_ctl_set_replicas_then_repack_spreads_a_model_over_two_workers(
+    autojump_clock: MockClock,
+) -> None:
+    async with lpt_fleet(memory=True) as fleet:
+        placed = await ctl_in_memory(fleet, "set-replicas", "alpha", "2", "--fill-mode", "spread")
+        assert placed.startswith("alpha: replicas 2 (effective 2), fill spread")
+        repacked = await ctl_in_memory(fleet, "repack", "--wait", "30")
+        assert repacked.startswith("repack 1 completed in "), repacked
+        status = await ctl_in_memory(fleet, "status")
+        rows = [line for line in status.splitlines() if " alpha " in f" {line} "]
+        assert rows and rows[0].count("req/") == 2, status
+        assert await send(fleet, ("alpha",), 16, 4) == []
         served = [w.service.device.counters["alpha"].requests_served for w in fleet.workers]
         assert sorted(served)[0] == 0 and all(n > 0 for n in sorted(served)[1:]), served
+        assert sum(served) == 16
 
 
 # -- 3: set-policy ------------------------------------------------------------------------------
 
 
-async def test_ctl_set_policy_applies_all_or_nothing() -> None:
-    async with lpt_fleet() as fleet:
+async def test_ctl_set_policy_applies_all_or_nothing(autojump_clock: MockClock) -> None:
+    async with lpt_fleet(memory=True) as fleet:
         shell = fleet.gateway._packing
         assert shell is not None
-        done = await ctl(
+        done = await ctl_in_memory(
             fleet,
             "set-policy",
             "hysteresis=0.15",
             "routing_policy=fill_least",
             "compaction_interval=4",
         )
-        assert done.returncode == 0, done.stderr
-        assert "applied hysteresis, routing_policy, compaction_interval (generation 1)" in (
-            done.stdout.decode()
-        )
+        assert "applied hysteresis, routing_policy, compaction_interval (generation 1)" in done
         knobs = shell.knobs
         assert (knobs.hysteresis, str(knobs.routing_policy), knobs.compaction_interval) == (
             0.15,
             "fill_least",
             4,
         )
-        bad = await ctl(fleet, "set-policy", "hysteresis=0.3", "compaction_interval=-2")
-        assert bad.returncode == 1
-        assert "INVALID_ARGUMENT" in bad.stderr.decode()
-        assert "compaction_interval" in bad.stderr.decode()
+        with pytest.raises(CtlFailed) as bad:
+            await ctl_in_memory(fleet, "set-policy", "hysteresis=0.3", "compaction_interval=-2")
+        assert bad.value.error.code is StatusCode.INVALID_ARGUMENT
+        assert "INVALID_ARGUMENT" in bad.value.line
+        assert "compaction_interval" in bad.value.line
         assert shell.knobs is knobs and shell.generation == 1
 
 
-async def inflight_request(target: str, rows: int) -> None:
-    def call() -> None:
-        with grpc.insecure_channel(target) as channel:
-            body = infer_request("slow", {"x": np.ones((rows, 4), dtype=np.float32)})
-            channel.unary_unary(MODEL_INFER)(body.SerializeToString(), timeout=30)
-
-    await trio.to_thread.run_sync(call)
-
-
-async def test_work_basis_changes_the_metric_label_and_items_keep_counting() -> None:
+async def test_work_basis_changes_the_metric_label_and_items_keep_counting(
+    autojump_clock: MockClock,
+) -> None:
     slow = catalogue_from_yaml(SLOW, with_builtin=False)
-    async with open_fleet(2, catalogues=[slow, slow], scheduling=lpt()) as fleet:
-        assert (await ctl(fleet, "set-policy", "work_basis=items")).returncode == 0
-        placed = await ctl(fleet, "set-replicas", "slow", "1", "--fill-factor", "2")
-        assert placed.returncode == 0, placed.stderr
-        url = f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics"
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
-            nursery.start_soon(inflight_request, fleet.target, 32)
+    async with open_fleet(2, memory=True, catalogues=[slow, slow], scheduling=lpt()) as fleet:
+        await ctl_in_memory(fleet, "set-policy", "work_basis=items")
+        await ctl_in_memory(fleet, "set-replicas", "slow", "1", "--fill-factor", "2")
+        request = infer_request("slow", {"x": np.ones((32, 4), dtype=np.float32)})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fleet.infer, request)
             with trio.fail_after(10):
                 while True:
-                    work = samples((await client.get(url)).text, "gateway_worker_inflight_work")
+                    work = samples(exposition(fleet), "gateway_worker_inflight_work")
                     if any(v > 0 for v in work.values()):
                         break
                     await trio.sleep(0.01)
@@ -220,6 +268,7 @@ async def test_work_basis_changes_the_metric_label_and_items_keep_counting() -> 
 
 
 async def test_under_round_robin_status_says_so_and_mutators_fail_precondition() -> None:
+    # Real: `rsgw ctl` end to end on the gateway's own refusals (exit 1, one stderr line).
     rr = SchedulingConfig(mode=SchedulingMode.ROUND_ROBIN)
     async with open_fleet(2, catalogues=[catalogue()] * 2, scheduling=rr) as fleet:
         status = await ctl(fleet, "status")
@@ -234,6 +283,7 @@ async def test_under_round_robin_status_says_so_and_mutators_fail_precondition()
 
 
 async def test_against_a_stopped_gateway_one_line_and_exit_1() -> None:
+    # Real: a refused TCP connect and the usage error are the process's own exits (1, 2).
     async with lpt_fleet() as fleet:
         port = fleet.gateway.grpc_port
         await fleet.gateway.aclose()

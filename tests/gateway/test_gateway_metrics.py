@@ -1,20 +1,35 @@
-"""The gateway's /metrics, /healthz, /readyz; bounded labels; the other fan-outs."""
+"""The gateway's /metrics, /healthz, /readyz; bounded labels; the other fan-outs.
+
+Two kinds of test. Those that read the admin HTTP server (the merged exposition a
+Prometheus scrape gets, a worker's metrics endpoint that is down, the health
+endpoints) stay on loopback TCP with the real clock: the HTTP server, the
+gateway's scrapes of the workers' admin ports and the merge are what they test,
+and memory fleets run no admin server on the workers. The rest run on memory
+streams with the autojump clock (`open_fleet(memory=True)`), with rsgw's own
+client: label cardinality is a property of the registries, read here directly
+(the gateway's, merged with the workers' as /metrics merges them), and the
+fan-out and UNIMPLEMENTED answers do not depend on the socket or the client.
+"""
 
 from __future__ import annotations
 
 import uuid
 
-import grpc
 import httpx
+import pytest
 import trio
+import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
+from trio.testing import MockClock
 
+from rsgw._errors import GrpcError
+from rsgw._exposition import merge_expositions
+from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
 from tests.gateway.fleet import Fleet, open_fleet
-from tests.helpers import MODEL_INFER, check_simple, infer_request, simple_inputs
-
-SHM_REGISTER = "/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+from tests.helpers import check_simple, infer_request, simple_inputs
 
 
 async def scrape(fleet: Fleet) -> str:
@@ -34,6 +49,7 @@ def label_values(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
 
 
 async def test_metrics_merge_gateway_and_worker_series() -> None:
+    # Real: the merge of the gateway's text with the workers' HTTP scrapes, over HTTP.
     async with open_fleet(2, health_interval_seconds=60) as fleet:
         for seed in range(4):
             await trio.to_thread.run_sync(check_simple, fleet.target, seed)
@@ -60,6 +76,7 @@ async def test_metrics_merge_gateway_and_worker_series() -> None:
 
 
 async def test_a_dead_worker_metrics_endpoint_is_down_not_an_error() -> None:
+    # Real: a worker admin port that stops answering a real HTTP scrape.
     async with open_fleet(2, health_interval_seconds=60) as fleet:
         await fleet.workers[1].aclose()
         text = await scrape(fleet)
@@ -69,31 +86,30 @@ async def test_a_dead_worker_metrics_endpoint_is_down_not_an_error() -> None:
         )
 
 
-async def test_random_names_add_no_label_values() -> None:
-    async with open_fleet(2, health_interval_seconds=60) as fleet:
-        await trio.to_thread.run_sync(check_simple, fleet.target, 0)
-        before = label_values(await scrape(fleet))
+def registries(fleet: Fleet) -> str:
+    """The gateway's registry merged with every worker's, as /metrics merges their texts."""
+    texts = [fleet.gateway._service.metrics.render().decode()]
+    texts += [w.service.metrics.render().decode() for w in fleet.workers]
+    return merge_expositions(texts)
 
-        def storm() -> None:
-            with grpc.insecure_channel(fleet.target) as channel:
-                infer = channel.unary_unary(MODEL_INFER)
-                register = channel.unary_unary(SHM_REGISTER)
-                for i in range(1000):
-                    body = infer_request(f"m-{uuid.uuid4().hex}", simple_inputs(i))
-                    try:
-                        infer(body.SerializeToString(), timeout=10)
-                    except grpc.RpcError as exc:
-                        assert exc.code() == grpc.StatusCode.NOT_FOUND
-                    region = pb.SystemSharedMemoryRegisterRequest(
-                        name=f"r-{uuid.uuid4().hex}", key=f"/k-{uuid.uuid4().hex}", byte_size=64
-                    )
-                    try:
-                        register(region.SerializeToString(), timeout=10)
-                    except grpc.RpcError as exc:
-                        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-        await trio.to_thread.run_sync(storm)
-        after = label_values(await scrape(fleet))
+async def test_random_names_add_no_label_values(autojump_clock: MockClock) -> None:
+    async with open_fleet(2, memory=True, health_interval_seconds=60) as fleet:
+        await fleet.infer(infer_request("simple", simple_inputs(0)))
+        before = label_values(registries(fleet))
+        channel = fleet.channel()
+        for i in range(1000):
+            body = infer_request(f"m-{uuid.uuid4().hex}", simple_inputs(i))
+            with pytest.raises(GrpcError) as unknown:
+                await channel.unary(Method.MODEL_INFER.wire, body.SerializeToString())
+            assert unknown.value.code is StatusCode.NOT_FOUND
+            region = pb.SystemSharedMemoryRegisterRequest(
+                name=f"r-{uuid.uuid4().hex}", key=f"/k-{uuid.uuid4().hex}", byte_size=64
+            )
+            with pytest.raises(GrpcError) as missing:
+                await channel.unary(Method.SHM_REGISTER.wire, region.SerializeToString())
+            assert missing.value.code is StatusCode.FAILED_PRECONDITION
+        after = label_values(registries(fleet))
         new = {labels for name, labels in after - before}
         models = {dict(labels)["model"] for labels in new if "model" in dict(labels)}
         assert models <= {"_unknown_", ""}, models
@@ -102,6 +118,7 @@ async def test_random_names_add_no_label_values() -> None:
 
 
 async def test_healthz_and_readyz_and_404() -> None:
+    # Real: the admin HTTP server's routes, as an HTTP client sees them.
     async with open_fleet(1, health_interval_seconds=60) as fleet:
         base = f"http://127.0.0.1:{fleet.gateway.admin_port}"
         async with httpx.AsyncClient() as client:
@@ -111,48 +128,39 @@ async def test_healthz_and_readyz_and_404() -> None:
             assert (await client.get(base + "/nope")).status_code == 404
 
 
-async def test_is_same_ipc_namespace_and_compact_memory_fan_out() -> None:
-    async with open_fleet(2, health_interval_seconds=60) as fleet:
+async def test_is_same_ipc_namespace_and_compact_memory_fan_out(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_fleet(2, memory=True, health_interval_seconds=60) as fleet:
+        channel = fleet.channel()
 
-        def calls() -> tuple[bool, bool, int]:
-            with grpc.insecure_channel(fleet.target) as channel:
-                ipc = channel.unary_unary(
-                    "/inference.GRPCInferenceService/IsSameIPCNamespace",
-                    request_serializer=pb.IsSameIPCNamespaceRequest.SerializeToString,
-                    response_deserializer=pb.IsSameIPCNamespaceResponse.FromString,
-                )
-                compact = channel.unary_unary(
-                    "/reactant_control.ControlService/CompactMemory",
-                    request_serializer=cpb.CompactMemoryRequest.SerializeToString,
-                    response_deserializer=cpb.CompactMemoryResponse.FromString,
-                )
-                missing = ipc(pb.IsSameIPCNamespaceRequest(name="rsgw_no_such_region")).same
-                import tritonclient.utils.shared_memory as shm
+        async def ipc(name: str) -> bool:
+            request = pb.IsSameIPCNamespaceRequest(name=name).SerializeToString()
+            reply = await channel.unary(Method.IPC_NAMESPACE.wire, request)
+            return pb.IsSameIPCNamespaceResponse.FromString(reply).same
 
-                key = f"/rsgw_ipc_{uuid.uuid4().hex[:8]}"
-                handle = shm.create_shared_memory_region("ipc", key, 64)
-                try:
-                    present = ipc(pb.IsSameIPCNamespaceRequest(name=key.lstrip("/"))).same
-                finally:
-                    shm.destroy_shared_memory_region(handle)
-                reloaded = compact(cpb.CompactMemoryRequest()).reloaded_models
-            return missing, present, reloaded
-
-        missing, present, reloaded = await trio.to_thread.run_sync(calls)
+        missing = await ipc("rsgw_no_such_region")
+        # tritonclient's shm utility is synchronous (shm_open and mmap, no thread, no
+        # wait), so it is safe under the autojump clock.
+        key = f"/rsgw_ipc_{uuid.uuid4().hex[:8]}"
+        handle = shm.create_shared_memory_region("ipc", key, 64)
+        try:
+            present = await ipc(key.lstrip("/"))
+        finally:
+            shm.destroy_shared_memory_region(handle)
+        gone = await ipc(key.lstrip("/"))
+        reply = await channel.unary(
+            Method.COMPACT_MEMORY.wire, cpb.CompactMemoryRequest().SerializeToString()
+        )
+        reloaded = cpb.CompactMemoryResponse.FromString(reply).reloaded_models
         assert missing is False
         assert present is True
+        assert gone is False
         assert reloaded == 0
 
 
-async def test_other_rpcs_are_unimplemented_at_the_gateway() -> None:
-    async with open_fleet(1, health_interval_seconds=60) as fleet:
-
-        def server_ready() -> grpc.StatusCode:
-            with grpc.insecure_channel(fleet.target) as channel:
-                try:
-                    channel.unary_unary("/inference.GRPCInferenceService/ServerReady")(b"")
-                except grpc.RpcError as exc:
-                    return exc.code()
-            return grpc.StatusCode.OK
-
-        assert await trio.to_thread.run_sync(server_ready) == grpc.StatusCode.UNIMPLEMENTED
+async def test_other_rpcs_are_unimplemented_at_the_gateway(autojump_clock: MockClock) -> None:
+    async with open_fleet(1, memory=True, health_interval_seconds=60) as fleet:
+        with pytest.raises(GrpcError) as caught:
+            await fleet.channel().unary(Method.SERVER_READY.wire, b"")
+        assert caught.value.code is StatusCode.UNIMPLEMENTED

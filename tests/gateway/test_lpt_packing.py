@@ -1,32 +1,45 @@
-"""lpt_packing end to end: preconditions, repacks, compaction, drift, metrics (issue 8)."""
+"""lpt_packing end to end: preconditions, repacks, compaction, drift, metrics (issue 8).
+
+These run on memory streams with the autojump clock (`open_fleet(memory=True)`,
+`tests.memory.MemoryNetwork`): what they test is the packing shell (its startup
+checks, its repack loop, its compactions, its metrics), and neither the socket
+nor the client changes any of it. The prober's rounds, the startup retry second
+and the simulated compute keep their Trio-clock durations, so budgets accrue and
+rounds pass as on a real fleet, only without wall time. The scripted failures
+are the network's: a worker that is not listening yet is a refused connect, a
+peer that accepts and never answers is a memory listener that reads nothing,
+a dead worker is its `aclose()`. The metrics are read from the gateway's own
+registry (`GatewayMetrics.render()`, the text its /metrics starts with); the
+merged scrape over HTTP is tested in test_gateway_metrics.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
-import socket
-import threading
 from collections.abc import Iterator
 from functools import partial
 
-import grpc
-import httpx
 import numpy as np
 import pytest
 import trio
+from trio.testing import MockClock
 
 from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import GatewayWedged, ListenError, StartupError
+from rsgw._errors import GatewayWedged, ListenError, RsgwError, StartupError
+from rsgw._methods import Method
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._packing import Packing
+from rsgw.gateway._preconditions import RETRY_INTERVAL
 from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
 from rsgw.scheduling._reports import DRIFT_WARNING
 from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue
-from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
-from tests.gateway.fleet import Fleet, open_fleet
-from tests.helpers import MODEL_INFER, catalogue_from_yaml, infer_request, wait_until_async
+from rsgw.worker._worker import RunningWorker, WorkerConfig
+from tests.gateway.fleet import Fleet, open_fleet, start_worker
+from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
+from tests.memory import MemoryNetwork
 
 MODELS = """
 models:
@@ -75,30 +88,28 @@ def body(model: str, rows: int = 1) -> bytes:
     return infer_request(model, {"x": np.ones((rows, 4), dtype=np.float32)}).SerializeToString()
 
 
-def send(target: str, models: tuple[str, ...], each: int, concurrency: int = 1) -> list[str]:
-    """`each` requests per model, from `concurrency` threads; the failures' codes."""
+async def send(fleet: Fleet, models: tuple[str, ...], each: int, concurrency: int = 1) -> list[str]:
+    """`each` requests per model, from `concurrency` clients (a connection each); the failures."""
     failures: list[str] = []
-    lock = threading.Lock()
     plan = [m for m in models for _ in range(each)]
 
-    def client(share: list[str]) -> None:
-        with grpc.insecure_channel(target) as channel:
-            call = channel.unary_unary(MODEL_INFER)
-            for model in share:
-                try:
-                    call(body(model), timeout=30)
-                except grpc.RpcError as exc:
-                    with lock:
-                        failures.append(f"{model}: {exc.code()} {exc.details()}")
+    async def client(share: list[str]) -> None:
+        channel = fleet.channel()
+        for model in share:
+            try:
+                await channel.unary(Method.MODEL_INFER.wire, body(model), deadline=deadline())
+            except RsgwError as exc:
+                failures.append(f"{model}: {exc.code.name} {exc.message}")
 
-    threads = [
-        threading.Thread(target=client, args=(plan[i::concurrency],)) for i in range(concurrency)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            nursery.start_soon(client, plan[i::concurrency])
     return failures
+
+
+def deadline(seconds: float = 30.0) -> float:
+    """A client deadline `seconds` from now on the Trio clock."""
+    return trio.current_time() + seconds
 
 
 def packing(fleet: Fleet) -> Packing:
@@ -141,10 +152,11 @@ def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRec
 # -- preconditions ---------------------------------------------------------------------
 
 
-async def test_a_fair_worker_fails_startup_naming_it() -> None:
+async def test_a_fair_worker_fails_startup_naming_it(autojump_clock: MockClock) -> None:
     with pytest.raises(BaseExceptionGroup) as caught:
         async with open_fleet(
             3,
+            memory=True,
             catalogues=[catalogue()] * 3,
             worker_overrides=[{}, {"discipline": Discipline.FAIR}, {}],
             scheduling=lpt(),
@@ -155,9 +167,13 @@ async def test_a_fair_worker_fails_startup_naming_it() -> None:
     assert "FIFO or EDF" in str(error) and "worker1" in str(error) and "'fair'" in str(error)
 
 
-async def test_a_different_model_set_fails_startup_naming_the_worker() -> None:
+async def test_a_different_model_set_fails_startup_naming_the_worker(
+    autojump_clock: MockClock,
+) -> None:
     with pytest.raises(BaseExceptionGroup) as caught:
-        async with open_fleet(2, catalogues=[catalogue(), catalogue(extra=True)], scheduling=lpt()):
+        async with open_fleet(
+            2, memory=True, catalogues=[catalogue(), catalogue(extra=True)], scheduling=lpt()
+        ):
             pass
     error = leaf(caught.value)
     assert isinstance(error, StartupError)
@@ -166,10 +182,11 @@ async def test_a_different_model_set_fails_startup_naming_the_worker() -> None:
     assert "delta" in message
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+async def free_port(network: MemoryNetwork) -> int:
+    """A port on `network` that nobody listens on (listened on, then closed)."""
+    listener, port = network.listen("127.0.0.1", 0)
+    await listener.aclose()
+    return port
 
 
 def with_late_worker(worker: RunningWorker, port: int, wait: float) -> GatewayConfig:
@@ -187,52 +204,61 @@ def lone_worker(port: int = 0, name: str = "worker0") -> WorkerConfig:
     return WorkerConfig(name=name, port=port, metrics_port=-1, catalogue=catalogue())
 
 
-async def test_without_a_wait_a_missing_worker_fails_startup() -> None:
+async def test_without_a_wait_a_missing_worker_fails_startup(autojump_clock: MockClock) -> None:
+    network = MemoryNetwork()
     async with trio.open_nursery() as nursery:
-        worker: RunningWorker = await nursery.start(serve_worker, lone_worker())
-        port = free_port()
+        worker: RunningWorker = await nursery.start(start_worker, lone_worker(), network)
+        port = await free_port(network)
         with pytest.raises(BaseExceptionGroup) as caught:
-            await serve_gateway(with_late_worker(worker, port, 0.0))
+            await serve_gateway(with_late_worker(worker, port, 0.0), network=network)
         error = leaf(caught.value)
         assert isinstance(error, StartupError)
         assert f"[127.0.0.1:{port}] unreachable over the control plane" in str(error)
+        assert trio.current_time() < RETRY_INTERVAL  # one round of polls, no retry wait
         nursery.cancel_scope.cancel()
 
 
 async def test_a_late_worker_is_waited_for_then_the_gateway_serves(
-    records: pytest.LogCaptureFixture,
+    records: pytest.LogCaptureFixture, autojump_clock: MockClock
 ) -> None:
+    network = MemoryNetwork()
     async with trio.open_nursery() as nursery:
-        early: RunningWorker = await nursery.start(serve_worker, lone_worker())
-        port = free_port()
+        early: RunningWorker = await nursery.start(start_worker, lone_worker(), network)
+        port = await free_port(network)
         started: list[RunningGateway] = []
 
         async def gateway() -> None:
-            started.append(await nursery.start(serve_gateway, with_late_worker(early, port, 60.0)))
+            config = with_late_worker(early, port, 60.0)
+            started.append(await nursery.start(partial(serve_gateway, network=network), config))
 
         nursery.start_soon(gateway)
         waiting = "lpt_packing: waiting for all workers before serving"
         await wait_until_async(lambda: bool(messages(records, waiting)), 10)
+        await trio.sleep(5 * RETRY_INTERVAL)  # five more rounds of polls find no late worker
         assert not started
-        await nursery.start(serve_worker, lone_worker(port, "late"))
+        late_at = trio.current_time()
+        await nursery.start(start_worker, lone_worker(port, "late"), network)
         await wait_until_async(lambda: bool(started), 15)
-        target = f"127.0.0.1:{started[0].grpc_port}"
-        assert await trio.to_thread.run_sync(send, target, NAMES, 2) == []
+        # A missing worker is polled again every second, so it delays serving by a second.
+        assert trio.current_time() - late_at <= RETRY_INTERVAL + 0.1
+        fleet = Fleet([early], started[0], nursery, network)
+        assert await send(fleet, NAMES, 2) == []
         nursery.cancel_scope.cancel()
 
 
-async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged() -> None:
+async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged(autojump_clock: MockClock) -> None:
     """A listener that accepts and then says nothing: every ModelControlStatus poll hits
     its watchdog, so after `wedge_exit_rounds` rounds startup gives up (the supervisor
     restarts the gateway with a fresh client stack) instead of waiting forever."""
 
-    async def silent(stream: trio.SocketStream) -> None:
+    async def silent(stream: trio.abc.Stream) -> None:
         async with stream:
             await trio.sleep_forever()
 
+    network = MemoryNetwork()
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
+        listener, port = network.listen("127.0.0.1", 0)
+        nursery.start_soon(trio.serve_listeners, silent, [listener])
         config = GatewayConfig(
             endpoints=(f"127.0.0.1:{port}",),
             listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
@@ -242,8 +268,11 @@ async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged() -> None:
             scheduling=lpt(),
         )
         with trio.fail_after(20), pytest.raises(BaseExceptionGroup) as caught:
-            await serve_gateway(config)
+            await serve_gateway(config, network=network)
         assert isinstance(leaf(caught.value), GatewayWedged)
+        # Two watchdogs and the retry wait between them, not the 20 s bound.
+        assert trio.current_time() == pytest.approx(2 * 0.2 + RETRY_INTERVAL)
+        assert network.connects[f"127.0.0.1:{port}"] >= 1
         nursery.cancel_scope.cancel()
 
 
@@ -260,14 +289,14 @@ async def drive_until_compute_repack(fleet: Fleet, mix: tuple[str, ...] = NAMES)
     """Traffic in rounds (each model of `mix` 6 times) until a compute repack lands."""
     with trio.fail_after(30):
         while repacks(fleet, "compute") < 1:
-            failures = await trio.to_thread.run_sync(send, fleet.target, mix, 6, 3)
+            failures = await send(fleet, mix, 6, 3)
             assert failures == []
             await rounds_pass(fleet, 2)
 
 
 @pytest.mark.parametrize("mode", [CompactionMode.EAGER, CompactionMode.OFF])
 async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
-    mode: CompactionMode, records: pytest.LogCaptureFixture
+    mode: CompactionMode, records: pytest.LogCaptureFixture, autojump_clock: MockClock
 ) -> None:
     knobs = lpt(
         compaction_mode=mode,
@@ -275,7 +304,7 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         models={"gamma": ModelOverride(replicas=2)},
     )
     async with open_fleet(
-        3, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
+        3, memory=True, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
     ) as fleet:
         packer = packing(fleet).packer
         assert repacks(fleet, "startup") == 1
@@ -305,7 +334,7 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
             assert [compactions(fleet)[urls.index(u)] for u in changed] == [1] * len(changed)
         # The next repack waits for the full budget, not the first one.
         rounds = fleet.gateway.statistics().probe_rounds
-        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 4, 3) == []
+        assert await send(fleet, NAMES, 4, 3) == []
         await wait_until_async(lambda: fleet.gateway.statistics().probe_rounds >= rounds + 3, 10)
         tick = packer.last_tick
         assert tick is not None and tick.threshold == 1000.0
@@ -316,11 +345,13 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
             assert sum(compactions(fleet)) == len(changed)
 
 
-async def test_eager_compaction_reaches_each_changed_worker_once() -> None:
+async def test_eager_compaction_reaches_each_changed_worker_once(
+    autojump_clock: MockClock,
+) -> None:
     """Force a placement change with the operator handshake and count compactions."""
     knobs = lpt(first_rebalance_compute_seconds=1000.0)
     async with open_fleet(
-        3, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
+        3, memory=True, catalogues=[catalogue()] * 3, worker_overrides=CACHED, scheduling=knobs
     ) as fleet:
         shell = packing(fleet)
         before = dict(shell.packer.assignment)
@@ -360,7 +391,9 @@ async def restart_without(fleet: Fleet, index: int, dropped: str) -> RunningWork
     with trio.fail_after(10):
         while True:  # the old listener closes once its cancelled tasks unwind
             try:
-                worker: RunningWorker = await fleet.nursery.start(serve_worker, config)
+                worker: RunningWorker = await fleet.nursery.start(
+                    start_worker, config, fleet.network
+                )
                 break
             except (ListenError, BaseExceptionGroup) as exc:
                 if not isinstance(leaf(exc), ListenError):
@@ -371,10 +404,10 @@ async def restart_without(fleet: Fleet, index: int, dropped: str) -> RunningWork
 
 
 async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_warning(
-    records: pytest.LogCaptureFixture,
+    records: pytest.LogCaptureFixture, autojump_clock: MockClock
 ) -> None:
     knobs = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
-    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+    async with open_fleet(3, memory=True, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
         shell = packing(fleet)
         urls = fleet.gateway.config.endpoints
         assert shell.packer.assignment["gamma"].urls == tuple(sorted(urls))
@@ -389,26 +422,28 @@ async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_war
         drift = messages(records, DRIFT_WARNING)
         assert [vars(r)["model"] for r in drift] == ["gamma"]
         assert vars(drift[0])["ready"] == 3
-        assert await trio.to_thread.run_sync(send, fleet.target, ("gamma",), 12, 3) == []
+        assert await send(fleet, ("gamma",), 12, 3) == []
         counts = served(fleet, "gamma")
         assert counts[0] > 0 and counts[1] > 0 and counts[0] + counts[1] == 12
 
 
-async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fails_over() -> None:
+async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fails_over(
+    autojump_clock: MockClock,
+) -> None:
     knobs = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
-    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+    async with open_fleet(3, memory=True, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
         shell = packing(fleet)
         lost = fleet.gateway.config.endpoints[1]
         assert all(lost in p.urls for p in shell.packer.assignment.values())
         await fleet.workers[1].aclose()
         # Before any repack: the placement still names the lost worker, and no request fails.
-        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
+        assert await send(fleet, NAMES, 6, 3) == []
         await wait_until_async(lambda: lost not in fleet.gateway.statistics().ready, 10)
         outcome = await shell.request_repack(20)
         assert outcome.completed
         assert all(lost not in p.urls for p in shell.packer.assignment.values())
         assert all(len(p) == 2 for p in shell.packer.assignment.values())
-        assert await trio.to_thread.run_sync(send, fleet.target, NAMES, 6, 3) == []
+        assert await send(fleet, NAMES, 6, 3) == []
 
 
 # -- metrics ------------------------------------------------------------------------------
@@ -434,27 +469,35 @@ def samples(text: str, family: str) -> dict[str, float]:
     return found
 
 
-async def test_every_lpt_metric_appears_with_its_labels_during_traffic() -> None:
+def exposition(fleet: Fleet) -> str:
+    """The gateway's own registry as its /metrics renders it (before the workers' series)."""
+    return fleet.gateway._service.metrics.render().decode()
+
+
+async def test_every_lpt_metric_appears_with_its_labels_during_traffic(
+    autojump_clock: MockClock,
+) -> None:
     knobs = lpt(models={"gamma": ModelOverride(replicas=2)})
-    async with open_fleet(3, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
+    async with open_fleet(3, memory=True, catalogues=[catalogue()] * 3, scheduling=knobs) as fleet:
         await drive_until_compute_repack(fleet)
-        url = f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics"
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
-            done = trio.Event()
+        done = trio.Event()
+        failures: list[str] = []
 
-            async def traffic() -> None:
-                await trio.to_thread.run_sync(send, fleet.target, NAMES, 20, 4)
-                done.set()
+        async def traffic() -> None:
+            failures.extend(await send(fleet, NAMES, 20, 4))
+            done.set()
 
+        seen_work = False
+        text = ""
+        async with trio.open_nursery() as nursery:
             nursery.start_soon(traffic)
-            seen_work = False
-            text = ""
             while not done.is_set():
-                text = (await client.get(url)).text
+                text = exposition(fleet)
                 seen_work = seen_work or any(
                     v > 0 for v in samples(text, "gateway_worker_inflight_work").values()
                 )
                 await trio.sleep(0.01)
+        assert failures == []
         for family, labels in LPT_FAMILIES.items():
             found = samples(text, family)
             assert found, family
