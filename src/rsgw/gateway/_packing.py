@@ -23,7 +23,6 @@ so a request sees either the old assignment and counters or the new ones.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -132,7 +131,7 @@ class Packing:
         knobs = self.knobs
         self._log_settings(knobs)
         self.scheduler.polled(summary)
-        self._installed(self.packer.repack(summary, knobs, time.time(), "startup"), knobs)
+        self._installed(self.packer.repack(summary, knobs, trio.current_time(), "startup"), knobs)
 
     def _log_settings(self, knobs: SchedulingConfig) -> None:
         logger.info(
@@ -199,7 +198,7 @@ class Packing:
         """
         try:
             knobs = self.knobs
-            outcome = self.packer.tick(poll, knobs, sorted(ready), time.time())
+            outcome = self.packer.tick(poll, knobs, sorted(ready), trio.current_time())
             if outcome.repack is not None:
                 self._installed(outcome.repack, knobs)
             self.scheduler.polled(poll)

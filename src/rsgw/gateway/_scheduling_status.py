@@ -7,6 +7,10 @@ builds protobuf messages; nothing awaits, so a status is one consistent picture.
 
 from __future__ import annotations
 
+import time
+
+import trio
+
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._packing import Packing
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
@@ -81,7 +85,7 @@ def repack_status(packing: Packing) -> cpb.RepackStatus:
     )
     report = packer.last_report
     if report is not None:
-        status.last_repack_unix_seconds = report.now
+        status.last_repack_unix_seconds = unix_seconds(report.now)
         status.last_repack_wall_elapsed_seconds = report.wall_seconds
         status.last_repack_compute_seconds = report.compute_seconds
         status.last_trigger = report.trigger
@@ -92,7 +96,7 @@ def repack_status(packing: Packing) -> cpb.RepackStatus:
     if tick is not None:
         status.compute_accumulated_seconds = tick.compute_accum
         status.active_threshold_seconds = tick.threshold
-        status.last_tick_unix_seconds = tick.now
+        status.last_tick_unix_seconds = unix_seconds(tick.now)
     else:
         knobs = packing.knobs
         first = knobs.first_rebalance_compute_seconds
@@ -180,3 +184,12 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
         workers=workers,
         warnings=sorted(warnings),
     )
+
+
+def unix_seconds(trio_time: float) -> float:
+    """A Trio-clock time as Unix time, for the status fields that report one.
+
+    The packer runs on the Trio clock (monotonic, and the one tests can drive);
+    operators read wall-clock timestamps.
+    """
+    return time.time() - (trio.current_time() - trio_time)

@@ -187,7 +187,8 @@ class Packer:
             poll: this round's summary (shared with the routing metadata).
             knobs: the knob snapshot for this tick.
             ready: the ready worker URLs.
-            now: the wall time, in seconds.
+            now: the time, in seconds, on a monotonic clock (the shell passes the
+                Trio clock); only differences between calls matter.
         """
         requested = self._repack_requested
         self._known.update(poll.workers)
