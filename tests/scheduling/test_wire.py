@@ -154,3 +154,15 @@ def test_payload_is_never_read() -> None:
     assert peek_batch_size(body, "x", 2) == 3
     assert peek_batch_size(body, "x", 3) == 0
     assert peek_batch_size(body, "y", 1) == 0
+
+
+def test_a_ten_byte_varint_with_bits_past_64_reads_as_protobuf_reads_it() -> None:
+    # Found by the any-bytes property once it asserted: protobuf accepts such a varint
+    # (dropping the extra bits), so the header walk must not reject the body.
+    overflow = b"\x80" * 9 + b"\x02"
+    body = b"\x08" + overflow + b"\x0a\x01m"  # field 1 as a varint (unknown), then the name
+    assert peek_header(body) == (pb.ModelInferRequest.FromString(body).model_name, "")
+    shape = b"\x0a\x01a\x18" + b"\xff" * 9 + b"\x03"  # input "a", shape [2**64 - 1 + extra]
+    body = b"\x2a" + bytes([len(shape)]) + shape
+    (tensor,) = pb.ModelInferRequest.FromString(body).inputs
+    assert peek_batch_size(body, "a", 1) == tensor.shape[0] == -1

@@ -191,7 +191,7 @@ class GatewayService:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
                 return await pool.channels[url].unary(
-                    Method.MODEL_INFER.wire, body, deadline=deadline
+                    Method.MODEL_INFER.wire, body, deadline=deadline, enforce_deadline=False
                 )
             except RsgwError as exc:
                 expired = trio.current_time() >= deadline

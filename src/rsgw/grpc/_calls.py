@@ -12,8 +12,8 @@ send. Each half goes through the same states:
       \\--END (trailers-only, or a request with nothing in it)---^
     any --RESET--> RESET        (CLOSED stays CLOSED: what it carried was complete)
 
-`TRANSITIONS` is the whole table; `Call.advance` is the only code that changes a
-half's state, and a step that is not in the table raises `CallStateError`. For
+`TRANSITIONS` is the whole table; `Call`'s advance methods are the only code that
+changes a half's state, and a step that is not in the table raises `CallStateError`. For
 the inbound half that means the peer broke the protocol (the connection fails
 the call); for the outbound half it means a bug in our own shell.
 
@@ -39,22 +39,22 @@ if TYPE_CHECKING:
     from rsgw.grpc._metadata import HeaderBlock, RequestHead
 
 
-class HalfState(enum.Enum):
-    """Where one direction of a call is."""
+class HalfState(enum.IntEnum):
+    """Where one direction of a call is; the finished states are the highest."""
 
-    IDLE = "idle"  # no headers yet
-    OPEN = "open"  # headers done; messages may follow
-    CLOSED = "closed"  # ended cleanly: END_STREAM (a request) or trailers (a response)
-    RESET = "reset"  # ended by RST_STREAM, a failure of ours, or a lost connection
+    IDLE = 0  # no headers yet
+    OPEN = 1  # headers done; messages may follow
+    CLOSED = 2  # ended cleanly: END_STREAM (a request) or trailers (a response)
+    RESET = 3  # ended by RST_STREAM, a failure of ours, or a lost connection
 
 
-class Step(enum.Enum):
+class Step(enum.IntEnum):
     """What can happen to a half."""
 
-    HEADERS = "headers"
-    MESSAGE = "message"
-    END = "end"
-    RESET = "reset"
+    HEADERS = 0
+    MESSAGE = 1
+    END = 2
+    RESET = 3
 
 
 _I, _O, _C, _R = HalfState.IDLE, HalfState.OPEN, HalfState.CLOSED, HalfState.RESET
@@ -71,8 +71,14 @@ TRANSITIONS: dict[tuple[HalfState, Step], HalfState] = {
     (_R, Step.RESET): _R,
 }
 
-#: States in which a half will carry nothing more.
+#: States in which a half will carry nothing more (every state from CLOSED up).
 FINISHED = frozenset({HalfState.CLOSED, HalfState.RESET})
+
+#: `TRANSITIONS` as rows by state and columns by step, for the per-call path: a
+#: tuple index per step instead of hashing two enum members.
+_NEXT: tuple[tuple[HalfState | None, ...], ...] = tuple(
+    tuple(TRANSITIONS.get((state, step)) for step in Step) for state in HalfState
+)
 
 
 class CallStateError(RsgwError):
@@ -183,30 +189,51 @@ class Call:
     answered_ok: bool = False
 
     def advance(self, half: str, step: Step) -> HalfState:
-        """Apply `step` to the `"inbound"` or `"outbound"` half; the one place states change.
+        """Apply `step` to the `"inbound"` or `"outbound"` half (see the two below)."""
+        if half == "inbound":
+            return self.advance_inbound(step)
+        return self.advance_outbound(step)
+
+    def advance_inbound(self, step: Step) -> HalfState:
+        """Apply `step` to what the peer sends.
 
         Raises:
-            CallStateError: `step` is not allowed in that half's state.
+            CallStateError: `step` is not allowed in the half's state.
         """
-        current: HalfState = getattr(self, half)
-        following = TRANSITIONS.get((current, step))
+        following = _NEXT[self.inbound][step]
         if following is None:
-            raise CallStateError(
-                f"stream {self.stream_id}: {step.value} on the {half} half in state {current.value}"
-            )
-        setattr(self, half, following)
+            raise self._refused("inbound", self.inbound, step)
+        self.inbound = following
         return following
+
+    def advance_outbound(self, step: Step) -> HalfState:
+        """Apply `step` to what we send.
+
+        Raises:
+            CallStateError: `step` is not allowed in the half's state.
+        """
+        following = _NEXT[self.outbound][step]
+        if following is None:
+            raise self._refused("outbound", self.outbound, step)
+        self.outbound = following
+        return following
+
+    def _refused(self, half: str, state: HalfState, step: Step) -> CallStateError:
+        return CallStateError(
+            f"stream {self.stream_id}: {step.name.lower()} on the {half} half in state "
+            f"{state.name.lower()}"
+        )
 
     def reset(self) -> None:
         """Both halves end now (a reset either way, or a lost connection)."""
-        self.advance("inbound", Step.RESET)
-        self.advance("outbound", Step.RESET)
+        self.advance_inbound(Step.RESET)
+        self.advance_outbound(Step.RESET)
         self.outbox.clear()
         self.end_pending = False
 
     @property
     def over(self) -> bool:
-        return self.inbound in FINISHED and self.outbound in FINISHED
+        return self.inbound >= HalfState.CLOSED and self.outbound >= HalfState.CLOSED
 
     @property
     def sending(self) -> bool:

@@ -35,10 +35,13 @@ from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import CallEnded, ConnectionTerminated, Event, MessageReceived
-from rsgw.grpc._connection import GrpcConnection
+from rsgw.grpc._connection import ConnectionState, GrpcConnection
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
 from rsgw.grpc._transport import Transport
+
+#: Stands in for the deadline scope when the caller holds one (`enforce_deadline=False`).
+_UNSCOPED: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 #: Concurrent calls per channel (the original's `max_concurrent_streams_per_worker`).
 DEFAULT_MAX_CONCURRENT_STREAMS = 32
@@ -133,6 +136,7 @@ class Channel:
         deadline: float = math.inf,
         metadata: HeaderBlock = (),
         uncapped: bool = False,
+        enforce_deadline: bool = True,
     ) -> bytes:
         """Call `path` with `request`; return the response message.
 
@@ -141,6 +145,9 @@ class Channel:
             uncapped: skip the stream cap. For the gateway's own control-plane calls
                 (health probes, metadata polls): a few per round, and they must not
                 queue behind a full load of inference, or a busy worker looks hung.
+            enforce_deadline: False when the caller already runs under a cancel scope
+                with this deadline (the gateway's request path): the call then raises
+                `trio.Cancelled` there, its stream reset, and we save a scope per call.
 
         Raises:
             GrpcError: the peer's status, or DEADLINE_EXCEEDED at `deadline`.
@@ -149,11 +156,12 @@ class Channel:
         """
         if len(request) > self.max_send_message_bytes:
             raise too_large(len(request), self.max_send_message_bytes, "sent")
-        with trio.CancelScope(deadline=deadline) as scope:
+        scope: trio.CancelScope | None
+        with trio.CancelScope(deadline=deadline) if enforce_deadline else _UNSCOPED as scope:
             async with contextlib.nullcontext() if uncapped else self._slots:
                 connection = await self._connect()
                 return await connection.call(self._headers(path, deadline, metadata), request)
-        assert scope.cancelled_caught
+        assert scope is not None and scope.cancelled_caught
         raise GrpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded calling {self.target}")
 
     def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
@@ -216,7 +224,7 @@ class _ClientConnection:
 
     @property
     def usable(self) -> bool:
-        return self.connection.usable
+        return self.connection.state is ConnectionState.ACTIVE
 
     def close(self, reason: str) -> None:
         """Fail every pending call and stop the connection's tasks (no await)."""

@@ -51,15 +51,26 @@ class Outbound:
 
     def queue(self, call: Call, message: bytes, *, end: bool) -> None:
         """Queue one length-prefixed message, then the end of the half if `end`."""
-        call.advance("outbound", Step.MESSAGE)
+        call.advance_outbound(Step.MESSAGE)
         total = len(message)
         h2conn = self._h2
-        room = min(h2conn.local_flow_control_window(call.stream_id), h2conn.max_outbound_frame_size)
-        if total + 5 <= room and not call.outbox:
-            call.outbox.append(message_prefix(total) + message)  # one copy, one frame
-        else:
-            call.outbox += (message_prefix(total), memoryview(message))
+        stream_id = call.stream_id
+        room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
         call.end_pending = end
+        if total + 5 <= room and not call.outbox:
+            # The common case, a message that fits: one copy, one frame, no outbox.
+            try:
+                last = end and not call.trailers
+                h2conn.send_data(stream_id, message_prefix(total) + message, end_stream=last)
+                if last:
+                    self._end(call)
+                elif end:
+                    h2conn.send_headers(stream_id, call.trailers, end_stream=True)
+                    self._end(call)
+            except SEND_FAILURES:
+                self._broken(call)
+            return
+        call.outbox += (message_prefix(total), memoryview(message))
         self._send(call)
 
     def resume(self) -> None:
@@ -118,5 +129,5 @@ class Outbound:
     def _end(self, call: Call) -> None:
         call.end_pending = False
         call.trailers = ()
-        call.advance("outbound", Step.END)
+        call.advance_outbound(Step.END)
         self._ended(call)

@@ -57,10 +57,6 @@ class Meter:
         self._observe(code, self.label, seconds)
 
 
-def metered(
-    call: ServerCall,
-    observe: Callable[[StatusCode, str, float | None], None],
-    label: str = "",
-) -> Meter:
-    """Meter a handler's work: `with metered(call, observe) as meter: ...`."""
-    return Meter(call, observe, label)
+#: Meter a handler's work: `with metered(call, observe) as meter: ...`. The class
+#: itself, so the ModelInfer path pays no extra call for the spelling.
+metered = Meter

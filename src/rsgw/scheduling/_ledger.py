@@ -76,7 +76,8 @@ class Ledger(Generic[R]):
 
     def hold(self, ticket: Ticket[R], url: str) -> None:
         """The call is now held for `url` (before any wait: a queue counts too)."""
-        self.unhold(ticket)
+        if ticket.worker is not None:
+            self.unhold(ticket)
         self._held[url] = self._held.get(url, 0) + 1
         ticket.worker = url
 
@@ -95,7 +96,8 @@ class Ledger(Generic[R]):
         if ticket.closed:
             return
         ticket.closed = True
-        self.unhold(ticket)
+        if ticket.worker is not None:
+            self.unhold(ticket)
         reservation, ticket.reservation = ticket.reservation, None
         if reservation is not None:
             self._release(reservation)

@@ -80,6 +80,8 @@ class RouteWalk:
         per_worker_cap: the per-worker share, for the shed message.
     """
 
+    __slots__ = ("_cap", "_index", "_order", "_replicas", "_targets", "last", "model")
+
     def __init__(
         self, model: str, order: tuple[str, ...], replicas: tuple[str, ...], per_worker_cap: int
     ) -> None:

@@ -22,10 +22,15 @@ from rsgw._errors import DecodeError
 
 _VARINT, _FIXED64, _LENGTH, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
 _MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
+_MASK64 = (1 << 64) - 1
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """Decode one varint at `pos`; return (value, next position)."""
+    """Decode one varint at `pos`; return (value, next position).
+
+    A tenth byte's bits beyond the 64th are dropped, as protobuf's parser drops
+    them (it accepts such a varint), so the two agree on every body.
+    """
     result = 0
     shift = 0
     while True:
@@ -35,9 +40,7 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
-            if shift == 63 and byte > 1:
-                raise DecodeError("varint overflows 64 bits")
-            return result, pos
+            return result & _MASK64, pos
         shift += 7
         if shift > 63:
             raise DecodeError("varint longer than 10 bytes")
@@ -115,9 +118,23 @@ def peek_header(body: bytes) -> tuple[str, str]:
     pos = 0
     name_at = id_at = (0, 0)
     while pos < end:
-        field, wire_type, pos = _tag(buf, pos, end)
+        # One-byte tags and lengths inline: every field the header walk meets in a
+        # real request (small field numbers, names and ids under 128 bytes) takes
+        # this path; the helpers handle everything else, with the same checks.
+        byte = buf[pos]
+        if 8 <= byte < 0x80:
+            field, wire_type = byte >> 3, byte & 7
+            pos += 1
+        else:
+            field, wire_type, pos = _tag(buf, pos, end)
         if wire_type == _LENGTH:
-            start, pos = _length_delimited(buf, pos, end)
+            if pos < end and buf[pos] < 0x80:
+                start = pos + 1
+                pos = start + buf[pos]
+                if pos > end:
+                    raise DecodeError("truncated length-delimited field")
+            else:
+                start, pos = _length_delimited(buf, pos, end)
             if field == 1:
                 name_at = (start, pos)
             elif field == 3:
@@ -126,7 +143,7 @@ def peek_header(body: bytes) -> tuple[str, str]:
             raise DecodeError("unexpected end of group")
         else:
             pos = _skip(buf, pos, end, field, wire_type)
-    return _utf8(buf, *name_at), _utf8(buf, *id_at)
+    return _utf8(buf, *name_at), _utf8(buf, *id_at) if id_at[1] > id_at[0] else ""
 
 
 def peek_batch_size(body: bytes, input_name: str, axis: int) -> int:
