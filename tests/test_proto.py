@@ -5,8 +5,9 @@ What we guard here:
 * The committed `_pb2.py`/`.pyi` files are exactly what `tools/regen_protos.py`
   produces from `proto/` (so nobody edits them by hand or forgets to regenerate).
 * The schema is the wire's: every service, method, message, field and enum value of
-  WIRE.md, nothing more, and the `inference` messages agree with tritonclient's own
-  descriptors field for field.
+  WIRE.md exactly; everything else we declare is Triton's (the Triton-only RPCs and
+  the model configuration messages), and every `inference` message, enum and method
+  agrees with tritonclient's own descriptors field for field.
 * rsgw and tritonclient can be imported into one process in either order, under both
   protobuf runtimes, because rsgw's files live in `rsgw._proto._pool.POOL`.
 * Bytes written by one side's classes parse with the other's.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FieldDescriptor
+from tritonclient.grpc import model_config_pb2 as triton_config_pb2
 from tritonclient.grpc import service_pb2 as triton_pb2
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -270,10 +272,9 @@ EMPTY_MESSAGES = frozenset(
     }
 )
 
-# Fields Triton's `inference` package has and WIRE.md (so rsgw) does not. rsgw parses
-# them as unknown fields, which protobuf keeps when re-serializing (see
-# test_triton_only_parameter_kinds_survive_rsgw). Anything else must match exactly.
-TRITON_ONLY_FIELDS = frozenset(
+# Fields beyond WIRE.md that rsgw declares because Triton has them (checked against
+# tritonclient below): Triton's two further parameter kinds.
+TRITON_FIELDS = frozenset(
     {("inference.InferParameter", "double_param"), ("inference.InferParameter", "uint64_param")}
 )
 
@@ -341,6 +342,9 @@ def wire_md_rows(markdown: str) -> tuple[str, set[str]]:
 
 WIRE = parse_wire_rows(WIRE_ROWS)
 FILES: tuple[FileDescriptor, ...] = (pb.DESCRIPTOR, ctl_pb.DESCRIPTOR)
+#: tritonclient's descriptors: its service file and its model configuration file.
+TRITON_POOLS = triton_pb2.DESCRIPTOR.pool
+TRITON_SERVICE = triton_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
 def walk_messages(file: FileDescriptor) -> Iterator[Descriptor]:
@@ -572,19 +576,35 @@ def test_messages_and_fields_match_wire() -> None:
         for message in walk_messages(file)
         if not is_map_entry(message)
     }
-    assert set(declared) == set(WIRE.fields) | EMPTY_MESSAGES
-    for name, message in declared.items():
-        fields = {f.number: (str(f.name), describe(f)) for f in message.fields}
+    wire = set(WIRE.fields) | EMPTY_MESSAGES
+    assert wire <= set(declared)
+    for name in wire:
+        fields = {
+            f.number: (str(f.name), describe(f))
+            for f in declared[name].fields
+            if (name, str(f.name)) not in TRITON_FIELDS
+        }
         assert fields == WIRE.fields.get(name, {}), name
+    # Everything else is Triton's (and matches tritonclient: see the tests below).
+    beyond = {name for name in set(declared) - wire if name.startswith("inference.")}
+    assert beyond == set(declared) - wire
+    assert {name for name in beyond if triton_message(name) is None} == set()
 
 
 def test_enums_match_wire() -> None:
     declared = {str(e.full_name): e for file in FILES for e in file.enum_types_by_name.values()}
-    nested = [e for file in FILES for m in walk_messages(file) for e in m.enum_types]
-    assert nested == []
-    assert set(declared) == set(WIRE.enums)
-    for name, enum in declared.items():
-        assert {v.number: str(v.name) for v in enum.values} == WIRE.enums[name]
+    nested = {str(e.full_name) for file in FILES for m in walk_messages(file) for e in m.enum_types}
+    assert set(WIRE.enums) <= set(declared)
+    for name, values in WIRE.enums.items():
+        assert {v.number: str(v.name) for v in declared[name].values} == values
+    # Every other enum, top-level or nested, is Triton's model configuration's.
+    for name in (set(declared) - set(WIRE.enums)) | nested:
+        assert name.startswith("inference."), name
+        theirs = TRITON_POOLS.FindEnumTypeByName(name)
+        ours = POOL.FindEnumTypeByName(name)  # type: ignore[no-untyped-call]  # stubs 6.x
+        assert {v.number: v.name for v in ours.values} == {
+            v.number: v.name for v in theirs.values
+        }, name
 
 
 def test_services_match_wire() -> None:
@@ -594,12 +614,29 @@ def test_services_match_wire() -> None:
         for service in file.services_by_name.values()
         for method in service.methods
     }
-    assert set(methods) == set(WIRE.methods)
+    assert set(WIRE.methods) <= set(methods)
     for name, method in methods.items():
-        assert (method.input_type.full_name, method.output_type.full_name) == WIRE.methods[name]
         assert POOL.FindMethodByName(name) is method  # type: ignore[no-untyped-call]  # stubs 6.x
-        assert not method.client_streaming
-        assert not method.server_streaming
+        if name in WIRE.methods:
+            assert (method.input_type.full_name, method.output_type.full_name) == WIRE.methods[name]
+            assert not method.client_streaming
+            assert not method.server_streaming
+            continue
+        # A Triton-only method: the same types and streaming as tritonclient's.
+        theirs = TRITON_SERVICE.methods_by_name[method.name]
+        assert name.startswith("inference.GRPCInferenceService."), name
+        assert (method.input_type.full_name, method.output_type.full_name) == (
+            theirs.input_type.full_name,
+            theirs.output_type.full_name,
+        )
+        assert (method.client_streaming, method.server_streaming) == (
+            theirs.client_streaming,
+            theirs.server_streaming,
+        )
+    # We serve every RPC of Triton's service (and IsSameIPCNamespace besides).
+    ours = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    assert ours - {m.name for m in TRITON_SERVICE.methods} == {"IsSameIPCNamespace"}
+    assert {m.name for m in TRITON_SERVICE.methods} <= ours
     # Every message a method names is declared (the tables are consistent).
     for request, response in WIRE.methods.values():
         assert {request, response} <= set(WIRE.fields) | EMPTY_MESSAGES
@@ -615,18 +652,24 @@ def test_wire_rows_are_a_faithful_copy_of_wire_md() -> None:
 # --- Agreement with tritonclient -----------------------------------------------------------
 
 
+def triton_message(name: str) -> Descriptor | None:
+    try:
+        message: Descriptor = TRITON_POOLS.FindMessageTypeByName(name)
+    except KeyError:
+        return None
+    return message
+
+
 def test_inference_messages_match_tritonclient() -> None:
-    triton_pool = triton_pb2.DESCRIPTOR.pool
     compared: list[str] = []
     missing: list[str] = []
     for message in walk_messages(pb.DESCRIPTOR):
         name = str(message.full_name)
-        try:
-            theirs = triton_pool.FindMessageTypeByName(name)
-        except KeyError:
+        theirs = triton_message(name)
+        if theirs is None:
             missing.append(name)
             continue
-        assert theirs.file.name == triton_pb2.DESCRIPTOR.name
+        assert theirs.file.name in {triton_pb2.DESCRIPTOR.name, triton_config_pb2.DESCRIPTOR.name}
         compared.append(name)
         assert is_map_entry(message) == is_map_entry(theirs), name
 
@@ -642,20 +685,21 @@ def test_inference_messages_match_tritonclient() -> None:
             )
 
         ours_by_number = {f.number: signature(f) for f in message.fields}
-        theirs_by_number = {
-            f.number: signature(f)
-            for f in theirs.fields
-            if (name, str(f.name)) not in TRITON_ONLY_FIELDS
-        }
+        theirs_by_number = {f.number: signature(f) for f in theirs.fields}
         assert ours_by_number == theirs_by_number, name
     assert sorted(missing) == [
         "inference.IsSameIPCNamespaceRequest",
         "inference.IsSameIPCNamespaceResponse",
     ]
-    # WIRE.md's 30 inference messages less the two rsgw-only ones, plus 6 map entries.
-    assert len(compared) == 34
-    assert {n for n in WIRE.fields if n.startswith("inference.")} - set(compared) == set(missing)
+    # Every message of tritonclient's two files is ours too, map entries included.
+    theirs_all = {
+        str(m.full_name)
+        for module in (triton_pb2, triton_config_pb2)
+        for m in walk_messages(module.DESCRIPTOR)
+    }
+    assert theirs_all == set(compared)
     assert "inference.ModelInferRequest.InferInputTensor.ParametersEntry" in compared
+    assert "inference.ModelConfig" in compared
 
 
 def build_request(module: ModuleType) -> Any:
@@ -699,12 +743,13 @@ def test_bytes_cross_between_tritonclient_and_rsgw(
     assert parsed.SerializeToString(deterministic=True) == wire
 
 
-def test_triton_only_parameter_kinds_survive_rsgw() -> None:
-    """Triton's double/uint64 parameters are unknown to rsgw but kept byte for byte."""
+def test_triton_parameter_kinds_cross_both_ways() -> None:
+    """Triton's double/uint64 parameters (sequence ids may come as uint64) are ours too."""
     request = triton_pb2.ModelInferRequest(model_name="m")
     request.parameters["temperature"].double_param = 0.7
     request.inputs.add(name="x").parameters["seed"].uint64_param = 2**64 - 1
     wire = request.SerializeToString(deterministic=True)
     ours = pb.ModelInferRequest.FromString(wire)
-    assert ours.parameters["temperature"].WhichOneof("parameter_choice") is None
+    assert ours.parameters["temperature"].double_param == 0.7
+    assert ours.inputs[0].parameters["seed"].uint64_param == 2**64 - 1
     assert ours.SerializeToString(deterministic=True) == wire
