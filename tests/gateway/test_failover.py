@@ -34,7 +34,8 @@ import trio
 from trio.testing import MockClock
 
 from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import RsgwError
+from rsgw._errors import GrpcError, RsgwError
+from rsgw._status import StatusCode
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import builtin_catalogue
@@ -257,3 +258,30 @@ async def test_sigkill_during_a_run_loses_no_request_real_processes(
         )
         assert await readyz(gateway) == 200
         nursery.cancel_scope.cancel()
+
+
+async def test_a_known_model_with_every_replica_down_is_unavailable_naming_no_address(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_fleet(2, memory=True, health_interval_seconds=0.5) as fleet:
+        await fleet.infer(infer_request("simple", simple_inputs(0)))
+        for worker in fleet.workers:
+            await worker.aclose()
+        await wait_until_async(lambda: not fleet.gateway.statistics().ready, what="all down")
+        with pytest.raises(GrpcError) as caught:
+            await fleet.infer(infer_request("simple", simple_inputs(1)))
+        assert caught.value.code is StatusCode.UNAVAILABLE
+        assert caught.value.message == "model 'simple' has no ready replica"
+        with pytest.raises(GrpcError) as caught:
+            await fleet.infer(infer_request("never_served", simple_inputs(1)))
+        assert caught.value.code is StatusCode.NOT_FOUND
+        assert caught.value.message == "Request for unknown model: 'never_served' is not found"
+
+
+async def test_a_replica_that_fails_is_named_not_addressed(autojump_clock: MockClock) -> None:
+    async with open_fleet(1, memory=True, health_interval_seconds=3600) as fleet:
+        await fleet.workers[0].aclose()  # the table still lists it until the next round
+        with pytest.raises(GrpcError) as caught:
+            await fleet.infer(infer_request("simple", simple_inputs(0)))
+        assert caught.value.code is StatusCode.UNAVAILABLE
+        assert caught.value.message == "worker0 is unavailable"

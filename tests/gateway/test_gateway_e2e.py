@@ -79,4 +79,4 @@ async def test_unknown_model_is_not_found_naming_it() -> None:
         with pytest.raises(InferenceServerException) as caught:
             await trio.to_thread.run_sync(call)
         assert "StatusCode.NOT_FOUND" in str(caught.value.status())
-        assert 'model "no_such_model" not found on any worker' in caught.value.message()
+        assert caught.value.message() == "Request for unknown model: 'no_such_model' is not found"

@@ -68,6 +68,15 @@ class WorkerPool:
         """The metrics label of a worker: its friendly name, or its URL when unnamed."""
         return self._names.get(url, url)
 
+    def public_name(self, url: str) -> str:
+        """How client-facing messages name a worker: its name, never its address.
+
+        Internal addresses go to the log and the metrics only; an unnamed worker is
+        `worker<i>` by its position in the configuration.
+        """
+        name = self._names.get(url)
+        return name if name else f"worker{self.urls.index(url)}"
+
     async def aclose(self) -> None:
         for channel in self.channels.values():
             await channel.aclose()

@@ -76,6 +76,10 @@ class Prober:
         self.on_ready = on_ready
         #: The current routing table; replaced, never mutated.
         self.table = RoutingTable()
+        #: Every model some worker has served since start (bounded by the fleet's
+        #: catalogues): a request for one of these whose replicas are all down is
+        #: UNAVAILABLE, not NOT_FOUND.
+        self.known: frozenset[str] = frozenset()
         #: Workers whose last ServerReady said ready.
         self.ready: frozenset[str] = frozenset()
         #: False until the first probe round has completed (`/readyz` says 503).
@@ -221,6 +225,8 @@ class Prober:
                 extra={"models": len(table), "generation": table.generation},
             )
         self.table = table
+        if not self.known.issuperset(table.models):
+            self.known = self.known | frozenset(table.models)
         self._metrics.routing_table_size.set(len(table))
         if self.on_swap is not None:
             self.on_swap(table)

@@ -38,8 +38,10 @@ from rsgw.scheduling._plan import (
     RouteWalk,
     Shed,
     gateway_deadline,
+    no_ready_replica,
     shed_at_gateway,
     shed_at_replicas,
+    unknown_model,
 )
 from rsgw.scheduling._schedulers import AnyReservation, RoundRobinScheduler, Scheduler
 from rsgw.scheduling._wire import peek_header
@@ -148,12 +150,15 @@ class GatewayService:
             await self.prober.refresh_now()
             replicas = self.prober.table.replicas(model)
         if not replicas:
-            meter.label = UNKNOWN_MODEL
             meter.timed = True
+            if model in self.prober.known:  # served before: its replicas are all down
+                meter.label = model
+                raise no_ready_replica(model)
+            meter.label = UNKNOWN_MODEL
             # Debug only: the name is client-chosen, and a storm of them must not
             # become a log storm.
             logger.debug("model not found on any worker", extra={"model": model[:200]})
-            raise GrpcError(StatusCode.NOT_FOUND, f'model "{model}" not found on any worker')
+            raise unknown_model(model)
         meter.label = model
         # Replicas holding their share are not offered to the scheduler, so its
         # choice (and the reservation it charges) is where the call really goes.
@@ -195,7 +200,7 @@ class GatewayService:
                 )
             except RsgwError as exc:
                 expired = trio.current_time() >= deadline
-                answer = walk.failed(url, exc, expired=expired)
+                answer = walk.failed(url, exc, expired=expired, who=pool.public_name(url))
                 if exc.code is StatusCode.NOT_FOUND:
                     self.prober.request_refresh()
                 if answer is not None:

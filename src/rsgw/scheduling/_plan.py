@@ -64,6 +64,16 @@ def shed_at_replicas(model: str, cap: int) -> Shed:
     )
 
 
+def unknown_model(model: str) -> GrpcError:
+    """No worker serves `model`, nor ever did: Triton's NOT_FOUND and its wording."""
+    return GrpcError(StatusCode.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+
+
+def no_ready_replica(model: str) -> GrpcError:
+    """The fleet served `model` once, but none of its replicas is ready now."""
+    return GrpcError(StatusCode.UNAVAILABLE, f"model '{model}' has no ready replica")
+
+
 def gateway_deadline(model: str) -> GrpcError:
     return GrpcError(
         StatusCode.DEADLINE_EXCEEDED, f'deadline exceeded at gateway for model "{model}"'
@@ -116,18 +126,19 @@ class RouteWalk:
         self._targets = self._order + tuple(u for u in self._replicas if u not in self._order)
         return self._index < len(self._targets)
 
-    def failed(self, url: str, error: RsgwError, *, expired: bool) -> GrpcError | None:
+    def failed(self, url: str, error: RsgwError, *, expired: bool, who: str) -> GrpcError | None:
         """Record a failed attempt on `url`: the error to answer with now, or None to go on.
 
         `expired`: the call's deadline has passed, so nothing more will be tried.
+        `who`: the worker as the client may read it (a name, never an address: a
+        connection failure's own text names the address, so it stays in the log).
         """
         if expired:
             return gateway_deadline(self.model)
-        failure = GrpcError(
-            StatusCode.UNAVAILABLE if isinstance(error, WorkerUnavailable) else error.code,
-            f"worker {url}: {error.message}",
-            error.trailers,
-        )
+        if isinstance(error, WorkerUnavailable):
+            failure = GrpcError(StatusCode.UNAVAILABLE, f"{who} is unavailable")
+        else:
+            failure = GrpcError(error.code, f"{who}: {error.message}", error.trailers)
         if isinstance(error, ResponseInterrupted) or failure.code not in FAILOVER_CODES:
             return failure  # it may have run, or the worker judged it: one answer only
         self.last = failure
