@@ -159,8 +159,10 @@ async def test_is_same_ipc_namespace_and_compact_memory_fan_out(
         assert reloaded == 0
 
 
-async def test_other_rpcs_are_unimplemented_at_the_gateway(autojump_clock: MockClock) -> None:
+async def test_unknown_methods_are_unimplemented_at_the_gateway(
+    autojump_clock: MockClock,
+) -> None:
     async with open_fleet(1, memory=True, health_interval_seconds=60) as fleet:
         with pytest.raises(GrpcError) as caught:
-            await fleet.channel().unary(Method.SERVER_READY.wire, b"")
+            await fleet.channel().unary(b"/inference.GRPCInferenceService/NoSuchRpc", b"")
         assert caught.value.code is StatusCode.UNIMPLEMENTED

@@ -28,6 +28,7 @@ from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._pool import fan_out
 from rsgw.grpc._metering import metered
+from rsgw.scheduling._merge import merge_shm_status
 
 if TYPE_CHECKING:
     from rsgw.gateway._metrics import GatewayMetrics
@@ -141,6 +142,27 @@ class FleetCalls:
                 "shm rollback failed",
                 extra={"worker": self.pool.label(url), "error": str(results[url])},
             )
+
+    async def shm_status(
+        self, request: pb.SystemSharedMemoryStatusRequest, call: ServerCall
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        """The regions registered through the gateway: those every worker reports alike."""
+        method = Method.SHM_STATUS
+        with metered(call, self.metrics.observer(method.rpc)):
+            deadline = min(call.deadline, trio.current_time() + self.request_timeout)
+            caller = self._caller(method, request.SerializeToString(), deadline)
+            results = await fan_out(self.pool.urls, caller, self._observe_worker(method.rpc))
+            answers = [
+                pb.SystemSharedMemoryStatusResponse.FromString(reply)
+                for url in self.pool.urls
+                if isinstance(reply := results[url], bytes)
+            ]
+            if answers:
+                return merge_shm_status(answers)
+            first = results[self.pool.urls[0]]
+            if isinstance(first, GrpcError):  # every worker said the same: no such region
+                raise GrpcError(first.code, first.message)
+            raise GrpcError(StatusCode.UNAVAILABLE, "no worker answered SystemSharedMemoryStatus")
 
     # -- answered by asking everyone ----------------------------------------------------
 

@@ -30,6 +30,7 @@ from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
+from rsgw.gateway._models import ModelCalls
 from rsgw.grpc._metering import Meter, metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._ledger import Ledger, Ticket
@@ -81,6 +82,7 @@ class GatewayService:
             max_concurrent_requests, max_requests_per_worker, self.scheduler.release
         )
         self.fleet = FleetCalls(pool, metrics, self.admitted, request_timeout=request_timeout)
+        self.models = ModelCalls(pool, prober, metrics, request_timeout=request_timeout)
         self._observe_infer = metrics.observer(Method.MODEL_INFER.rpc)
         metrics.max_concurrent.set(max_concurrent_requests)
         if max_concurrent_requests:
@@ -96,7 +98,9 @@ class GatewayService:
             Method.IPC_NAMESPACE: typed_unary(
                 pb.IsSameIPCNamespaceRequest, fleet.is_same_ipc_namespace
             ),
+            Method.SHM_STATUS: typed_unary(pb.SystemSharedMemoryStatusRequest, fleet.shm_status),
             Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, fleet.compact_memory),
+            **self.models.handlers(),
         }
         return {method.path: handler for method, handler in table.items()}
 

@@ -47,6 +47,7 @@ from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
+from rsgw.worker._counters import ModelCounters as ModelCounters
 from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH, DeviceMemory, not_resident
 from rsgw.worker._weights import Residency, ResidencyMode
 
@@ -58,21 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Queue-wait samples kept per model for the p50/p99 gauges.
-_WAIT_SAMPLES = 1024
 #: Sub-calls of metas coalesce with each other: they carry no tensors of their own.
 _SUBCALL_VARIANT = "meta-subcall"
-
-
-@dataclass(slots=True)
-class ModelCounters:
-    """Cumulative per-model figures, as ModelControlStatus reports them."""
-
-    dispatch_count: int = 0
-    requests_served: int = 0
-    rows_served: int = 0
-    total_compute_seconds: float = 0.0
-    queue_waits: deque[float] = field(default_factory=lambda: deque(maxlen=_WAIT_SAMPLES))
 
 
 @dataclass(slots=True, eq=False)
@@ -239,6 +227,9 @@ class Device:
         counters.requests_served += 1
         counters.rows_served += 1
         counters.total_compute_seconds += compute
+        counters.compute_request_seconds += compute
+        executions, busy = counters.batches.get(1, (0, 0.0))
+        counters.batches[1] = (executions + 1, busy + compute)
         return outputs
 
     # -- control (validated by the caller; run between batches) ---------------------
@@ -321,12 +312,16 @@ class Device:
         counters = self.counters[batch.model]
         for pending in batch.requests:
             counters.queue_waits.append(started - pending.enqueued_at)
+            counters.queue_seconds += started - pending.enqueued_at
         seconds = spec.execution_seconds(rows) * self.time_scale
         await trio.sleep(seconds)
         counters.dispatch_count += 1
         counters.requests_served += len(batch.requests)
         counters.rows_served += rows
         counters.total_compute_seconds += seconds
+        counters.compute_request_seconds += seconds * len(batch.requests)
+        executions, busy = counters.batches.get(rows, (0, 0.0))
+        counters.batches[rows] = (executions + 1, busy + seconds)
         self.busy_seconds += seconds
         # The scheduler learns the simulated (scaled) time, the same seconds the
         # counters report, so the fair split it steers is the one they show.

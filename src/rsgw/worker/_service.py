@@ -14,6 +14,7 @@ to every RPC, as if they did not exist.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from rsgw.grpc._typed import typed_unary
 from rsgw.worker._memory import not_resident
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
+from rsgw.worker._triton import model_config, model_statistics
 from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
@@ -87,6 +89,8 @@ class WorkerService:
             Method.MODEL_READY: typed_unary(pb.ModelReadyRequest, self.model_ready),
             Method.SERVER_METADATA: typed_unary(pb.ServerMetadataRequest, self.server_metadata),
             Method.MODEL_METADATA: typed_unary(pb.ModelMetadataRequest, self.model_metadata),
+            Method.MODEL_CONFIG: typed_unary(pb.ModelConfigRequest, self.model_config),
+            Method.MODEL_STATISTICS: typed_unary(pb.ModelStatisticsRequest, self.model_statistics),
             Method.REPOSITORY_INDEX: typed_unary(pb.RepositoryIndexRequest, self.repository_index),
             Method.MODEL_INFER: self.model_infer,
             Method.SHM_REGISTER: typed_unary(
@@ -155,6 +159,25 @@ class WorkerService:
             outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in spec.outputs],
         )
 
+    async def model_config(
+        self, request: pb.ModelConfigRequest, _: ServerCall
+    ) -> pb.ModelConfigResponse:
+        spec = self._model(request.name, request.version)
+        return pb.ModelConfigResponse(config=model_config(spec, self.identity.gpu))
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest, _: ServerCall
+    ) -> pb.ModelStatisticsResponse:
+        """One model's statistics, or every routable model's when no name is given."""
+        if request.name:
+            specs: tuple[ModelSpec, ...] = (self._model(request.name, request.version),)
+        else:
+            specs = self.catalogue.routable
+        counters = self.device.counters
+        return pb.ModelStatisticsResponse(
+            model_stats=[model_statistics(spec, counters[spec.name]) for spec in specs]
+        )
+
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, _: ServerCall
     ) -> pb.RepositoryIndexResponse:
@@ -170,10 +193,12 @@ class WorkerService:
                 )
         return response
 
-    def _model(self, name: str) -> ModelSpec:
+    def _model(self, name: str, version: str = "") -> ModelSpec:
         spec = self.catalogue.route(name)
         if spec is None:
             raise NotFound(f"unknown model: {name}")
+        if version and version != spec.version:
+            raise NotFound(f"unknown model: {name} version {version}")
         return spec
 
     # -- inference ----------------------------------------------------------------------
@@ -213,6 +238,15 @@ class WorkerService:
 
     def _observe_infer(self, code: StatusCode, model: str, seconds: float | None) -> None:
         self.metrics.count_request(model, code, seconds or 0.0)
+        counters = self.device.counters.get(model)
+        if counters is not None:  # a served model (the label of anything else is _unknown_)
+            if code is StatusCode.OK:
+                count, total = counters.success
+                counters.success = (count + 1, total + (seconds or 0.0))
+            else:
+                count, total = counters.fail
+                counters.fail = (count + 1, total + (seconds or 0.0))
+            counters.last_inference_ms = int(time.time() * 1000)
 
     def _decode_inputs(
         self, spec: ModelSpec, request: pb.ModelInferRequest

@@ -1,0 +1,231 @@
+"""The KServe V2 / Triton RPCs about the server and its models, beyond ModelInfer.
+
+Three kinds, by who can answer:
+- **The gateway itself**: ServerLive (true while it serves), ServerReady (the rule of
+  `/readyz`: some worker is ready), ServerMetadata (the fleet's identity as its ready
+  workers report it, with the extensions every one of them has).
+- **One replica of the model**, routed by the request's model name (field 1, read from
+  the raw bytes as ModelInfer's is) with ModelInfer's failover rule: ModelReady,
+  ModelMetadata, ModelConfig, ModelStatistics of one model. A model no worker serves
+  is NOT_FOUND in Triton's words; one whose replicas are all down is UNAVAILABLE
+  (ModelReady answers `ready: false` for both, as Triton does).
+- **Every worker, merged**: ModelStatistics with no name (per model and version, the
+  counts and durations add, the last inference is the latest; memory usage is listed
+  per worker, it does not add up across GPUs) and RepositoryIndex (one row per model
+  and version: READY if any replica is, else the first worker's state and reason).
+
+These calls are not admitted against the inference cap and do not go through the
+scheduler: they are cheap, and a client makes them before its first inference.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from rsgw._errors import DecodeError, GrpcError, RsgwError
+from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._status import StatusCode
+from rsgw._version import __version__
+from rsgw.gateway._metrics import UNKNOWN_MODEL
+from rsgw.gateway._pool import fan_out
+from rsgw.grpc._metering import metered
+from rsgw.grpc._typed import typed_unary
+from rsgw.scheduling._merge import merge_indexes, merge_statistics
+from rsgw.scheduling._plan import RouteWalk, no_ready_replica, unknown_model
+from rsgw.scheduling._wire import peek_header
+
+if TYPE_CHECKING:
+    from rsgw.gateway._metrics import GatewayMetrics
+    from rsgw.gateway._pool import WorkerPool
+    from rsgw.gateway._prober import Prober
+    from rsgw.grpc._server import ServerCall, UnaryHandler
+
+logger = logging.getLogger(__name__)
+
+#: Deadline of the gateway's own calls to workers for these RPCs.
+DEFAULT_DEADLINE = 10.0
+#: What ServerMetadata says when no worker answers.
+FALLBACK_NAME = "rsgw"
+
+#: The RPCs routed to one replica of the model their request names.
+_ROUTED = (
+    Method.MODEL_READY,
+    Method.MODEL_METADATA,
+    Method.MODEL_CONFIG,
+    Method.MODEL_STATISTICS,
+)
+_NOT_READY = pb.ModelReadyResponse(ready=False).SerializeToString()
+
+
+class ModelCalls:
+    """The handlers of the RPCs above, over the gateway's pool and prober."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        prober: Prober,
+        metrics: GatewayMetrics,
+        *,
+        request_timeout: float = DEFAULT_DEADLINE,
+    ) -> None:
+        self.pool = pool
+        self.prober = prober
+        self.metrics = metrics
+        self.request_timeout = request_timeout
+        self._turn = itertools.count()
+
+    def handlers(self) -> dict[Method, UnaryHandler]:
+        table: dict[Method, UnaryHandler] = {
+            Method.SERVER_LIVE: typed_unary(pb.ServerLiveRequest, self.server_live),
+            Method.SERVER_READY: typed_unary(pb.ServerReadyRequest, self.server_ready),
+            Method.SERVER_METADATA: typed_unary(pb.ServerMetadataRequest, self.server_metadata),
+            Method.REPOSITORY_INDEX: typed_unary(pb.RepositoryIndexRequest, self.repository_index),
+        }
+        for method in _ROUTED:
+            table[method] = self._routed(method)
+        return table
+
+    # -- answered by the gateway --------------------------------------------------------
+
+    async def server_live(
+        self, request: pb.ServerLiveRequest, call: ServerCall
+    ) -> pb.ServerLiveResponse:
+        with metered(call, self.metrics.observer(Method.SERVER_LIVE.rpc)):
+            return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(
+        self, request: pb.ServerReadyRequest, call: ServerCall
+    ) -> pb.ServerReadyResponse:
+        with metered(call, self.metrics.observer(Method.SERVER_READY.rpc)):
+            return pb.ServerReadyResponse(ready=self.prober.ready_any)
+
+    async def server_metadata(
+        self, request: pb.ServerMetadataRequest, call: ServerCall
+    ) -> pb.ServerMetadataResponse:
+        """The ready workers' name and version, and the extensions all of them have."""
+        with metered(call, self.metrics.observer(Method.SERVER_METADATA.rpc)):
+            ready = [url for url in self.pool.urls if url in self.prober.ready]
+            results = await self._everyone(ready, Method.SERVER_METADATA, b"", call)
+            answers = [
+                pb.ServerMetadataResponse.FromString(reply)
+                for url in ready
+                if isinstance(reply := results.get(url), bytes)
+            ]
+            if not answers:
+                return pb.ServerMetadataResponse(name=FALLBACK_NAME, version=__version__)
+            common = set(answers[0].extensions).intersection(*(a.extensions for a in answers))
+            first = answers[0]
+            return pb.ServerMetadataResponse(
+                name=first.name,
+                version=first.version,
+                extensions=[e for e in first.extensions if e in common],
+            )
+
+    # -- routed to one replica ----------------------------------------------------------
+
+    def _routed(self, method: Method) -> UnaryHandler:
+        observe = self.metrics.observer(method.rpc)
+
+        async def handler(body: bytes, call: ServerCall) -> bytes:
+            with metered(call, observe) as meter:
+                try:
+                    model, _ = peek_header(body)
+                except DecodeError as exc:
+                    raise GrpcError(
+                        StatusCode.INVALID_ARGUMENT, f"malformed {method.rpc}Request: {exc}"
+                    ) from exc
+                if not model and method is Method.MODEL_STATISTICS:
+                    return await self._all_statistics(body, call)
+                replicas = await self._replicas(model)
+                if not replicas:
+                    if method is Method.MODEL_READY:
+                        return _NOT_READY
+                    if model in self.prober.known:
+                        meter.label = model
+                        raise no_ready_replica(model)
+                    meter.label = UNKNOWN_MODEL
+                    raise unknown_model(model)
+                meter.label = model
+                return await self._forward(method, model, replicas, body, call)
+
+        return handler
+
+    async def _replicas(self, model: str) -> tuple[str, ...]:
+        replicas = self.prober.table.replicas(model)
+        if not replicas and model:
+            await self.prober.refresh_now()
+            replicas = self.prober.table.replicas(model)
+        return replicas
+
+    async def _forward(
+        self, method: Method, model: str, replicas: tuple[str, ...], body: bytes, call: ServerCall
+    ) -> bytes:
+        """One replica answers, in rotation; the others only if it certainly did not."""
+        start = next(self._turn) % len(replicas)
+        order = replicas[start:] + replicas[:start]
+        walk = RouteWalk(model, order, replicas, 0)
+        deadline = min(call.deadline, trio.current_time() + self.request_timeout)
+        while (url := walk.next(_never_full)) is not None:
+            try:
+                return await self.pool.channels[url].unary(method.wire, body, deadline=deadline)
+            except RsgwError as exc:
+                expired = trio.current_time() >= deadline
+                answer = walk.failed(url, exc, expired=expired, who=self.pool.public_name(url))
+                if answer is not None:
+                    raise answer from exc
+        raise walk.outcome()
+
+    # -- merged over every worker -------------------------------------------------------
+
+    async def _all_statistics(self, body: bytes, call: ServerCall) -> bytes:
+        ready = [url for url in self.pool.urls if url in self.prober.ready]
+        results = await self._everyone(ready, Method.MODEL_STATISTICS, body, call)
+        answers = [
+            pb.ModelStatisticsResponse.FromString(reply)
+            for url in ready
+            if isinstance(reply := results.get(url), bytes)
+        ]
+        if ready and not answers:
+            raise GrpcError(StatusCode.UNAVAILABLE, "no worker answered ModelStatistics")
+        return merge_statistics(answers).SerializeToString()
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest, call: ServerCall
+    ) -> pb.RepositoryIndexResponse:
+        """One row per model and version: READY if any replica is."""
+        with metered(call, self.metrics.observer(Method.REPOSITORY_INDEX.rpc)):
+            body = request.SerializeToString()
+            urls = self.pool.urls
+            results = await self._everyone(urls, Method.REPOSITORY_INDEX, body, call)
+            answers = [
+                pb.RepositoryIndexResponse.FromString(reply)
+                for url in urls  # configured order: "the first worker's reason" is stable
+                if isinstance(reply := results.get(url), bytes)
+            ]
+            return merge_indexes(answers)
+
+    async def _everyone(
+        self, urls: tuple[str, ...] | list[str], method: Method, body: bytes, call: ServerCall
+    ) -> dict[str, bytes | Exception]:
+        deadline = min(call.deadline, trio.current_time() + self.request_timeout)
+
+        async def one(url: str) -> bytes:
+            return await self.pool.channels[url].unary(method.wire, body, deadline=deadline)
+
+        results = await fan_out(urls, one)
+        for url, result in results.items():
+            if isinstance(result, Exception):
+                logger.warning(
+                    "worker did not answer",
+                    extra={"rpc": method.rpc, "worker": self.pool.label(url), "error": str(result)},
+                )
+        return results
+
+
+def _never_full(url: str) -> bool:
+    return False

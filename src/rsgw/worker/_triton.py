@@ -1,0 +1,103 @@
+"""The worker's catalogue and counters as Triton reports them: ModelConfig, ModelStatistics.
+
+Pure: a catalogue entry (and the device's counters) in, Triton's messages out, so
+`tritonclient`'s `get_model_config` and `get_inference_statistics` read the
+simulated worker as they read a Triton server.
+
+How the catalogue maps onto Triton's model configuration:
+- Triton's batch dimension is implicit and first. A model whose batch axis is the
+  first dimension of its batch input reports `max_batch_size` and the dimensions
+  after it; any other model (no batch axis, or the axis elsewhere, as our image
+  model's last axis) reports `max_batch_size: 0` and its full shapes, which is
+  the truthful Triton description of it.
+- Batching models get `dynamic_batching` (the device coalesces requests); every
+  model runs as one instance of kind KIND_GPU on the worker's GPU.
+- BYTES tensors are Triton's TYPE_STRING.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+
+if TYPE_CHECKING:
+    from rsgw.worker._counters import ModelCounters
+    from rsgw.worker._specs import ModelSpec, TensorSpec
+
+_NS = 1_000_000_000
+
+
+def data_type(datatype: str) -> str:
+    """The name of Triton's `DataType` for a KServe V2 datatype name."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def batches_first(spec: ModelSpec) -> bool:
+    """Whether Triton's implicit leading batch dimension describes the model."""
+    return spec.max_batch_size > 0 and spec.batch_axis == 1
+
+
+def _dims(tensor: TensorSpec, batched: bool) -> list[int]:
+    return list(tensor.shape[1:] if batched and tensor.shape else tensor.shape)
+
+
+def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
+    """Triton's configuration of a catalogue model on the GPU `gpu`."""
+    batched = batches_first(spec)
+    config = pb.ModelConfig(
+        name=spec.name,
+        platform=spec.platform,
+        max_batch_size=spec.max_batch_size if batched else 0,
+        input=[
+            pb.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=_dims(t, batched))
+            for t in spec.inputs
+        ],
+        output=[
+            pb.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=_dims(t, batched))
+            for t in spec.outputs
+        ],
+    )
+    if batched:
+        config.dynamic_batching.SetInParent()
+    group = config.instance_group.add(
+        name=f"{spec.name}_0", kind=pb.ModelInstanceGroup.KIND_GPU, count=1
+    )
+    if gpu.isdigit():
+        group.gpus.append(int(gpu))
+    config.version_policy.latest.num_versions = 1
+    return config
+
+
+def _duration(count: int, seconds: float) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=count, ns=round(seconds * _NS))
+
+
+def model_statistics(spec: ModelSpec, counters: ModelCounters) -> pb.ModelStatistics:
+    """Triton's statistics of one model from the device's and the service's counters.
+
+    Durations are the simulated device seconds (scaled by --time-scale) for queue and
+    compute, and wall seconds for a request's success or failure, as /metrics has them.
+    """
+    served = counters.requests_served
+    stats = pb.ModelStatistics(
+        name=spec.name,
+        version=spec.version,
+        last_inference=counters.last_inference_ms,
+        inference_count=counters.rows_served,
+        execution_count=counters.dispatch_count,
+    )
+    inference = stats.inference_stats
+    inference.success.CopyFrom(_duration(*counters.success))
+    inference.fail.CopyFrom(_duration(*counters.fail))
+    inference.queue.CopyFrom(_duration(served, counters.queue_seconds))
+    inference.compute_infer.CopyFrom(_duration(served, counters.compute_request_seconds))
+    inference.compute_input.count = served
+    inference.compute_output.count = served
+    for size in sorted(counters.batches):
+        executions, seconds = counters.batches[size]
+        batch = stats.batch_stats.add(batch_size=size)
+        batch.compute_infer.CopyFrom(_duration(executions, seconds))
+        batch.compute_input.count = executions
+        batch.compute_output.count = executions
+    return stats
