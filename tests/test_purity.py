@@ -31,7 +31,13 @@ SHELL_MODULES = {
     "node": {"_supervisor", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
 }
-SANS_IO = {"grpc/_connection.py", "grpc/_flow.py", "grpc/_h2.py"}
+SANS_IO = {
+    "grpc/_connection.py",
+    "grpc/_server_connection.py",
+    "grpc/_client_connection.py",
+    "grpc/_flow.py",
+    "grpc/_h2.py",
+}
 #: Generated code, not ours to shape.
 IGNORED_PACKAGES = {"_proto"}
 

@@ -29,7 +29,9 @@ from rsgw.grpc._calls import (
     MessageReceived,
     ResponseStarted,
 )
-from rsgw.grpc._connection import ConnectionState, GrpcConnection
+from rsgw.grpc._client_connection import ClientConnection
+from rsgw.grpc._connection import ConnectionState
+from rsgw.grpc._server_connection import ServerConnection
 
 PATH = b"/t.T/Echo"
 HEADERS = [
@@ -49,8 +51,8 @@ SMALL_WINDOW = 65535
 class Pair:
     """A client core and a server core connected by hand."""
 
-    client: GrpcConnection
-    server: GrpcConnection
+    client: ClientConnection
+    server: ServerConnection
     client_events: list[Event] = field(default_factory=list)
     server_events: list[Event] = field(default_factory=list)
 
@@ -78,15 +80,12 @@ class Pair:
 
 def new_pair(window: int = 32 * 1024 * 1024, max_receive: int = 4 * 1024 * 1024) -> Pair:
     pair = Pair(
-        GrpcConnection(
-            client_side=True,
+        ClientConnection(
             peer="server:1",
             window_bytes=window,
             max_receive_message_bytes=max_receive,
         ),
-        GrpcConnection(
-            client_side=False, window_bytes=window, max_receive_message_bytes=max_receive
-        ),
+        ServerConnection(window_bytes=window, max_receive_message_bytes=max_receive),
     )
     pair.pump()
     return pair
@@ -217,14 +216,14 @@ def test_eof_ends_every_call_once() -> None:
 
 
 def test_garbage_ends_the_connection_with_h2s_goaway() -> None:
-    server = GrpcConnection(client_side=False)
+    server = ServerConnection()
     assert server.receive_data(b"GET / HTTP/1.1\r\n\r\n") == []
     assert server.state is ConnectionState.CLOSED
     assert server.closed_reason is not None and "HTTP/2" in server.closed_reason
 
 
 def test_a_request_that_is_not_grpc_is_answered_without_an_event() -> None:
-    server = GrpcConnection(client_side=False)
+    server = ServerConnection()
     raw = h2.connection.H2Connection()  # plain h2, to send what no gRPC client would
     raw.initiate_connection()
     headers = [h for h in HEADERS if h[0] != b"content-type"] + [(b"content-type", b"text/html")]

@@ -150,6 +150,13 @@ class CallEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxDrained:
+    """What a call queued beyond the peer's window has gone: its sender may go on."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionTerminated:
     """The peer sent GOAWAY: no new calls here; calls above `last_stream_id` were dropped."""
 
@@ -158,7 +165,13 @@ class ConnectionTerminated:
 
 
 Event = (
-    CallStarted | ResponseStarted | MessageReceived | HalfClosed | CallEnded | ConnectionTerminated
+    CallStarted
+    | ResponseStarted
+    | MessageReceived
+    | HalfClosed
+    | CallEnded
+    | OutboxDrained
+    | ConnectionTerminated
 )
 
 

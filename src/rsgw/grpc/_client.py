@@ -35,7 +35,8 @@ from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import CallEnded, ConnectionTerminated, Event, MessageReceived
-from rsgw.grpc._connection import ConnectionState, GrpcConnection
+from rsgw.grpc._client_connection import ClientConnection
+from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
 from rsgw.grpc._transport import Transport
@@ -212,8 +213,7 @@ class _ClientConnection:
 
     def __init__(self, channel: Channel, stream: trio.abc.Stream) -> None:
         self._channel = channel
-        self.connection = GrpcConnection(
-            client_side=True,
+        self.connection = ClientConnection(
             peer=channel.target,
             max_receive_message_bytes=channel.max_receive_message_bytes,
             max_send_message_bytes=channel.max_send_message_bytes,

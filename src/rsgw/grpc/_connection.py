@@ -1,26 +1,23 @@
 """One gRPC connection over HTTP/2, with no I/O: bytes in, call events out, bytes to send.
 
 Sans-IO in h11's sense: the shell feeds what it read to `receive_data` and gets
-back `rsgw.grpc._calls` events; it tells the connection what to send
-(`start_call`, `send_response`, `cancel`, ...) and writes `data_to_send()` to its
-stream. No trio, no socket, no clock: the server and client shells are thin
-loops around this class, and it can be driven by a test byte by byte.
+back `rsgw.grpc._calls` events; it tells the connection what to send and writes
+`data_to_send()` to its stream. No trio, no socket, no clock: the server and client
+shells are thin loops around it, and a test can drive it byte by byte.
 
-What it owns:
+This module holds what both ends share; `ServerConnection`
+(`rsgw.grpc._server_connection`) and `ClientConnection`
+(`rsgw.grpc._client_connection`) add what only one end does. Together they own:
 - every call's state (through `Call`'s advance methods, the transition table's one door);
 - message framing and size limits, both ways;
 - flow control: DATA received is acknowledged once per `receive_data`, and
-  outbound DATA the peer's window cannot take waits in its call's outbox, drained
-  first come first served whenever the peer opens a window, so a large message
-  never starves the ones queued behind it and no sender ever has to wait;
+  outbound DATA the peer's window cannot take waits in its call's outbox
+  (`rsgw.grpc._flow`), drained first come first served whenever the peer opens a
+  window, so a large message never starves the ones queued behind it and no sender
+  ever has to wait (a streaming sender may wait for `OutboxDrained`);
 - how calls end: the peer's status, a reset, GOAWAY, a lost connection, each
   turned into one `CallEnded` carrying the error a client raises (the one place
-  where h2's outcomes become rsgw errors).
-
-A server goes away gracefully with `go_away()`: new streams are refused
-(REFUSED_STREAM, which clients retry safely elsewhere), and the GOAWAY frame
-follows the last answer. h2 refuses to send anything after its GOAWAY, so it
-cannot be announced first.
+  where h2's outcomes become rsgw errors, with `rsgw.grpc._calls`).
 """
 
 from __future__ import annotations
@@ -33,39 +30,28 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
-from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
+from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
     Call,
     CallEnded,
-    CallStarted,
     ConnectionTerminated,
     EndCause,
     Event,
-    HalfClosed,
     HalfState,
     MessageReceived,
-    ResponseStarted,
+    OutboxDrained,
     Step,
-    http_status_error,
     lost,
     reset_by_peer,
 )
 from rsgw.grpc._flow import SEND_FAILURES, Outbound
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, MessageDecoder, too_large
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES, new_h2_connection
-from rsgw.grpc._metadata import (
-    RESPONSE_HEADERS,
-    Header,
-    HeaderBlock,
-    parse_request_headers,
-    parse_status,
-    status_trailers,
-    trailers_only,
-)
+from rsgw.grpc._metadata import RESPONSE_HEADERS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from typing import Any
 
     _H2Handler = Callable[[Any, list[Event]], None]
@@ -82,10 +68,9 @@ class ConnectionState(enum.Enum):
 
 
 class GrpcConnection:
-    """The calls on one HTTP/2 connection, for a server or a client; see the module docstring.
+    """The calls on one HTTP/2 connection; see the module docstring.
 
     Args:
-        client_side: which end of the connection we are.
         peer: how messages name the other end (`host:port`, or "the client").
         max_receive_message_bytes / max_send_message_bytes: per-message limits; a
             message over them fails its own call (RESOURCE_EXHAUSTED), never others.
@@ -93,10 +78,12 @@ class GrpcConnection:
         max_concurrent_streams: a server's stream limit (None: h2's default).
     """
 
+    #: Which end of the connection this class is.
+    client_side = False
+
     def __init__(
         self,
         *,
-        client_side: bool,
         peer: str = "peer",
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -104,12 +91,11 @@ class GrpcConnection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_concurrent_streams: int | None = None,
     ) -> None:
-        self.client_side = client_side
         self.peer = peer
         self.max_receive_message_bytes = max_receive_message_bytes
         self.max_send_message_bytes = max_send_message_bytes
         self._h2 = new_h2_connection(
-            client_side=client_side,
+            client_side=self.client_side,
             window_bytes=window_bytes,
             max_frame_bytes=max_frame_bytes,
             max_concurrent_streams=max_concurrent_streams,
@@ -117,7 +103,14 @@ class GrpcConnection:
         self._calls: dict[int, Call] = {}
         self._outbound = Outbound(self._h2, ended=self._after_outbound_end, broken=self._drop)
         self._unacknowledged: dict[int, int] = {}
-        self._handlers = self._h2_handlers()
+        self._handlers: dict[type[h2.events.Event], _H2Handler] = {
+            h2.events.DataReceived: self._on_data,
+            h2.events.StreamEnded: self._on_end,
+            h2.events.StreamReset: self._on_reset,
+            h2.events.WindowUpdated: self._on_window,
+            h2.events.RemoteSettingsChanged: self._on_window,
+            h2.events.ConnectionTerminated: self._on_goaway,
+        }
         self.data_to_send = self._h2.data_to_send  # type: ignore[method-assign]  # the same, one call less on the hot path
         self.state = ConnectionState.ACTIVE
         #: Why the connection ended (None while it has not).
@@ -139,6 +132,11 @@ class GrpcConnection:
     def call(self, stream_id: int) -> Call | None:
         """The record of a call in flight (for tests and assertions)."""
         return self._calls.get(stream_id)
+
+    def is_sending(self, stream_id: int) -> bool:
+        """Part of what the call queued still waits for the peer's window."""
+        call = self._calls.get(stream_id)
+        return call is not None and bool(call.outbox)
 
     # -- bytes in, bytes out ---------------------------------------------------------------
 
@@ -162,30 +160,13 @@ class GrpcConnection:
         except h2.exceptions.ProtocolError as exc:
             return self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
         events: list[Event] = []
-        handlers = self._handlers
+        handlers = self._handlers  # one dict lookup per h2 event on the hot path
         for h2_event in h2_events:
             handler = handlers.get(type(h2_event))
             if handler is not None:
                 handler(h2_event, events)
         self._acknowledge()
         return events
-
-    def _h2_handlers(self) -> dict[type[h2.events.Event], _H2Handler]:
-        """What each h2 event means here (one dict lookup per event on the hot path)."""
-        headers = self._on_response_headers if self.client_side else self._on_request
-        handlers: dict[type[h2.events.Event], _H2Handler] = {
-            h2.events.DataReceived: self._on_data,
-            h2.events.RequestReceived: headers,
-            h2.events.ResponseReceived: headers,
-            h2.events.StreamEnded: self._on_end,
-            h2.events.StreamReset: self._on_reset,
-            h2.events.WindowUpdated: self._on_window,
-            h2.events.RemoteSettingsChanged: self._on_window,
-            h2.events.ConnectionTerminated: self._on_goaway,
-        }
-        if self.client_side:
-            handlers[h2.events.TrailersReceived] = self._on_trailers_received
-        return handlers
 
     def connection_lost(self, reason: str) -> list[Event]:
         """The connection is gone (EOF, an error, or we abandon it): end every call.
@@ -206,53 +187,35 @@ class GrpcConnection:
             events.append(self._ended(call, EndCause.LOST, error))
         return events
 
-    # -- receiving -----------------------------------------------------------------------
+    # -- sending ---------------------------------------------------------------------------
 
-    def _on_request(self, event: h2.events.RequestReceived, events: list[Event]) -> None:
-        stream_id = event.stream_id
-        headers = event.headers or []
-        if self.state is not ConnectionState.ACTIVE:
-            with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            return
+    def send_message(self, stream_id: int, message: bytes) -> bool:
+        """Queue one message on a streaming call (a server's first sends the headers).
+
+        Returns True when the message is all in h2's hands, False when part of it
+        waits for the peer's window (an `OutboxDrained` event follows); a sender
+        that respects flow control waits for it before sending more. A call that
+        is gone (reset, ended) takes nothing and returns True.
+
+        Raises:
+            GrpcError: RESOURCE_EXHAUSTED, the message is over the send limit.
+        """
+        if len(message) > self.max_send_message_bytes:
+            raise too_large(len(message), self.max_send_message_bytes, "sent")
+        call = self._calls.get(stream_id)
+        if call is None or call.outbound >= HalfState.CLOSED or call.end_pending:
+            return True
         try:
-            head = parse_request_headers(headers)
-        except RsgwError as exc:  # not a gRPC call we can serve: answer and forget it
-            self._answer_unregistered(stream_id, exc)
-            return
-        call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
-        call.advance_inbound(Step.HEADERS)
-        self._calls[stream_id] = call
-        events.append(CallStarted(stream_id, head))
+            if call.outbound is HalfState.IDLE:  # a server's first message
+                self._h2.send_headers(stream_id, RESPONSE_HEADERS)
+                call.advance_outbound(Step.HEADERS)
+            self._outbound.queue(call, message, end=False)
+        except SEND_FAILURES:
+            self._drop(call)
+            return True
+        return not call.outbox
 
-    def _on_response_headers(self, event: h2.events.ResponseReceived, events: list[Event]) -> None:
-        stream_id = event.stream_id
-        headers = event.headers or []
-        call = self._calls.get(stream_id)
-        if call is None or call.inbound is not HalfState.IDLE:
-            return
-        call.response_started = True
-        if any(name == b"grpc-status" for name, _ in headers):  # trailers-only
-            self._on_trailers(stream_id, headers)
-            return  # the half goes IDLE -> CLOSED when the stream ends
-        call.advance_inbound(Step.HEADERS)
-        http_status = next((value for name, value in headers if name == b":status"), b"")
-        if http_status != b"200":
-            call.status = http_status_error(http_status, self.peer)
-        events.append(ResponseStarted(stream_id))
-
-    def _on_trailers_received(self, event: h2.events.TrailersReceived, events: list[Event]) -> None:
-        self._on_trailers(event.stream_id, event.headers or [])
-
-    def _on_trailers(self, stream_id: int, headers: list[Header]) -> None:
-        call = self._calls.get(stream_id)
-        if call is None or call.status is not None or call.answered_ok:
-            return
-        status = parse_status(headers)
-        if status.code is StatusCode.OK:
-            call.answered_ok = True
-        else:
-            call.status = GrpcError(status.code, status.message, status.trailers)
+    # -- receiving (what both ends do alike) ------------------------------------------------
 
     def _on_data(self, event: h2.events.DataReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
@@ -272,27 +235,14 @@ class GrpcConnection:
             events.append(MessageReceived(stream_id, message))
 
     def _on_end(self, event: h2.events.StreamEnded, events: list[Event]) -> None:
-        stream_id = event.stream_id
-        call = self._calls.get(stream_id)
+        call = self._calls.get(event.stream_id)
         if call is None or call.inbound >= HalfState.CLOSED:
             return
         call.advance_inbound(Step.END)
-        if not call.decoder.at_boundary:
-            error = GrpcError(StatusCode.INTERNAL, "stream ended in the middle of a message")
-            self._fail(call, error, events)
-        elif not self.client_side:
-            events.append(HalfClosed(stream_id))
-            if call.outbound >= HalfState.CLOSED:  # answered before the request ended
-                self._forget(call)
-        elif call.status is not None:
-            self._finish_client_call(call, EndCause.ANSWERED, call.status, events)
-        elif call.answered_ok:
-            self._finish_client_call(call, EndCause.ANSWERED, None, events)
+        if call.decoder.at_boundary:
+            self._inbound_ended(call, events)
         else:
-            error = GrpcError(
-                StatusCode.INTERNAL, f"{self.peer} ended a call without a grpc-status"
-            )
-            self._finish_client_call(call, EndCause.FAILED, error, events)
+            self._fail(call, _incomplete(), events)
 
     def _on_reset(self, event: h2.events.StreamReset, events: list[Event]) -> None:
         stream_id = event.stream_id
@@ -307,122 +257,36 @@ class GrpcConnection:
         events.append(self._ended(call, cause, error))
 
     def _on_window(self, event: h2.events.Event, events: list[Event]) -> None:
-        self._outbound.resume()
+        for stream_id in self._outbound.resume():
+            events.append(OutboxDrained(stream_id))
 
     def _on_goaway(self, event: h2.events.ConnectionTerminated, events: list[Event]) -> None:
-        """No new calls here; a client's calls past `last_stream_id` were never processed."""
+        """The peer takes no new calls on this connection."""
         last_stream_id = event.last_stream_id or 0
         if self.state is ConnectionState.ACTIVE:
             self.state = ConnectionState.DRAINING
-        if self.client_side:
-            for stream_id in [sid for sid in self._calls if sid > last_stream_id]:
-                call = self._calls.pop(stream_id)
-                self._outbound.forget(stream_id)
-                call.reset()
-                error = WorkerUnavailable(f"{self.peer} is going away; call not processed")
-                events.append(self._ended(call, EndCause.REFUSED, error))
+        self._past_goaway(last_stream_id, events)
         events.append(ConnectionTerminated(last_stream_id, int(event.error_code or 0)))
 
-    # -- sending: client -------------------------------------------------------------------
+    # -- what each end does its own way -------------------------------------------------------
 
-    def start_call(self, headers: Sequence[Header], message: bytes) -> int:
-        """Open a call, send `headers` and one message, and end the request.
+    def _inbound_ended(self, call: Call, events: list[Event]) -> None:
+        """The peer's half ended cleanly (END_STREAM on a message boundary)."""
+        raise NotImplementedError
 
-        Returns the call's stream id; its outcome arrives as a `CallEnded`.
+    def _fail(self, call: Call, error: RsgwError, events: list[Event]) -> None:
+        """We end a call ourselves (a bad or oversized message): tell both sides."""
+        raise NotImplementedError
 
-        Raises:
-            GrpcError: RESOURCE_EXHAUSTED, the message is over the send limit.
-            WorkerUnavailable: the connection takes no new calls (going away,
-                closed, or out of streams); no stream was opened.
-        """
-        if len(message) > self.max_send_message_bytes:
-            raise too_large(len(message), self.max_send_message_bytes, "sent")
-        if self.state is not ConnectionState.ACTIVE:
-            raise WorkerUnavailable(
-                f"connection to {self.peer} {self.closed_reason or 'is going away'}"
-            )
-        try:
-            stream_id = self._h2.get_next_available_stream_id()
-            self._h2.send_headers(stream_id, headers)
-        except h2.exceptions.ProtocolError as exc:  # too many streams, or GOAWAY received
-            raise WorkerUnavailable(f"connection to {self.peer} refused a stream: {exc}") from exc
-        call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
-        call.advance_outbound(Step.HEADERS)
-        self._calls[stream_id] = call
-        self._outbound.queue(call, message, end=True)
-        return stream_id
-
-    def cancel(self, stream_id: int) -> None:
-        """Abandon a call (the caller was cancelled): RST_STREAM CANCEL, no event."""
-        call = self._calls.pop(stream_id, None)
-        self._outbound.forget(stream_id)
-        if call is None:
-            return
-        call.reset()
-        if self.closed_reason is None:
-            with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
-
-    # -- sending: server -------------------------------------------------------------------
-
-    def send_response(
-        self,
-        stream_id: int,
-        message: bytes | None,
-        code: StatusCode = StatusCode.OK,
-        text: str = "",
-        trailers: HeaderBlock = (),
-    ) -> None:
-        """Answer a unary call: response headers, `message`, then the status trailers.
-
-        With `message` None the answer is trailers-only (one HEADERS frame), as for
-        a call that failed before it produced anything. A message over the send
-        limit becomes RESOURCE_EXHAUSTED. A call the client already reset is
-        ignored. If the client is still uploading once the answer has gone, its
-        upload is stopped (RST_STREAM NO_ERROR).
-        """
-        call = self._calls.get(stream_id)
-        if call is None or call.outbound is not HalfState.IDLE:
-            return
-        if message is not None and len(message) > self.max_send_message_bytes:
-            error = too_large(len(message), self.max_send_message_bytes, "sent")
-            message, code, text = None, error.code, error.message
-        try:
-            if message is None:
-                self._h2.send_headers(
-                    stream_id, trailers_only(code, text, trailers), end_stream=True
-                )
-                call.advance_outbound(Step.END)
-                self._after_outbound_end(call)
-                return
-            self._h2.send_headers(stream_id, RESPONSE_HEADERS)
-            call.advance_outbound(Step.HEADERS)
-            call.trailers = status_trailers(code, text, trailers)
-            self._outbound.queue(call, message, end=True)
-        except SEND_FAILURES:
-            self._drop(call)
-
-    def reject(self, stream_id: int, error: RsgwError) -> None:
-        """Fail a call before any answer: trailers-only with the error's status."""
-        self.send_response(stream_id, None, error.code, error.message, error.trailers)
-
-    def go_away(self) -> None:
-        """Take no new calls; send GOAWAY as soon as the calls in flight are answered."""
-        self._going_away = True
-        if self.state is ConnectionState.ACTIVE:
-            self.state = ConnectionState.DRAINING
-        self._goaway_if_idle()
-
-    # -- internals -----------------------------------------------------------------------
+    def _past_goaway(self, last_stream_id: int, events: list[Event]) -> None:
+        """The peer's GOAWAY named `last_stream_id` (only a client has calls past it)."""
 
     def _after_outbound_end(self, call: Call) -> None:
-        if not self.client_side and call.inbound is HalfState.OPEN:
-            # Answered while the client still uploads: stop the upload.
-            with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(call.stream_id, h2.errors.ErrorCodes.NO_ERROR)
-            call.advance_inbound(Step.RESET)
-        if call.inbound >= HalfState.CLOSED:  # the outbound half has just ended
+        """Our half has just ended; a call whose other half has too is over."""
+        if call.inbound >= HalfState.CLOSED:
             self._forget(call)
+
+    # -- bookkeeping ------------------------------------------------------------------------
 
     def _acknowledge(self) -> None:
         """Hand back the window for every DATA byte consumed, once per read.
@@ -434,29 +298,6 @@ class GrpcConnection:
         pending, self._unacknowledged = self._unacknowledged, {}
         for stream_id, size in pending.items():
             self._h2.acknowledge_received_data(size, stream_id)
-
-    def _fail(self, call: Call, error: RsgwError, events: list[Event]) -> None:
-        """We end a call ourselves (a bad or oversized message): tell both sides."""
-        if self.client_side:
-            self._finish_client_call(call, EndCause.FAILED, error, events)
-            return
-        if call.outbound is HalfState.IDLE:
-            with contextlib.suppress(*SEND_FAILURES):
-                self._h2.send_headers(
-                    call.stream_id, trailers_only(error.code, error.message), end_stream=True
-                )
-        self._reset_stream(call, h2.errors.ErrorCodes.NO_ERROR)
-        events.append(self._ended(call, EndCause.FAILED, error))
-
-    def _finish_client_call(
-        self, call: Call, cause: EndCause, error: RsgwError | None, events: list[Event]
-    ) -> None:
-        if call.outbound < HalfState.CLOSED or call.inbound < HalfState.CLOSED:
-            # The answer came before our request was all sent (or it was bad): stop.
-            self._reset_stream(call, h2.errors.ErrorCodes.CANCEL)
-        else:
-            self._calls.pop(call.stream_id, None)
-        events.append(CallEnded(call.stream_id, cause, error, call.response_started))
 
     def _reset_stream(self, call: Call, code: h2.errors.ErrorCodes) -> None:
         with contextlib.suppress(*SEND_FAILURES):
@@ -486,12 +327,6 @@ class GrpcConnection:
     def _ended(self, call: Call, cause: EndCause, error: RsgwError | None) -> CallEnded:
         return CallEnded(call.stream_id, cause, error, call.response_started)
 
-    def _answer_unregistered(self, stream_id: int, error: RsgwError) -> None:
-        """Answer a request we will not serve (bad headers) without ever tracking it."""
-        with contextlib.suppress(*SEND_FAILURES):
-            self._h2.send_headers(
-                stream_id, trailers_only(error.code, error.message), end_stream=True
-            )
-            stream = self._h2.streams.get(stream_id)
-            if stream is not None and stream.open:
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
+def _incomplete() -> GrpcError:
+    return GrpcError(StatusCode.INTERNAL, "stream ended in the middle of a message")

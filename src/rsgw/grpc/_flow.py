@@ -23,6 +23,8 @@ from rsgw.grpc._framing import message_prefix
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from rsgw.grpc._metadata import HeaderBlock
+
 #: What h2 raises when a stream went away under a send.
 SEND_FAILURES = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError)
 
@@ -73,12 +75,29 @@ class Outbound:
         call.outbox += (message_prefix(total), memoryview(message))
         self._send(call)
 
-    def resume(self) -> None:
-        """The peer opened a window: the calls that waited first go first."""
+    def finish(self, call: Call, trailers: HeaderBlock) -> None:
+        """End the outbound half once its outbox has gone.
+
+        With `trailers` (a server's status) or, with `()`, by END_STREAM (a client's
+        half-close).
+        """
+        call.trailers = trailers
+        call.end_pending = True
+        self._send(call)
+
+    def resume(self) -> list[int]:
+        """The peer opened a window: the calls that waited first go first.
+
+        Returns the calls whose outbox this emptied (their senders may go on).
+        """
+        drained: list[int] = []
         for call in list(self._waiting.values()):
             self._send(call)
-            if call.sending and self._h2.outbound_flow_control_window <= 0:
-                return
+            if not call.sending:
+                drained.append(call.stream_id)
+            elif self._h2.outbound_flow_control_window <= 0:
+                break
+        return drained
 
     def forget(self, stream_id: int | None = None) -> None:
         """Stop sending for one call, or for every call (the connection ended)."""

@@ -1,6 +1,6 @@
-"""The gRPC server shell: a listener, and per connection a thin loop over `GrpcConnection`.
+"""The gRPC server shell: a listener, and per connection a thin loop over its core.
 
-Theory of operation. Each accepted stream gets a `GrpcConnection` (the sans-IO
+Theory of operation. Each accepted stream gets a `ServerConnection` (the sans-IO
 core, which owns every call's state) and a `Transport` (which reads into it and
 writes out of it). This module only decides what to run: a call whose path has
 no handler is answered UNIMPLEMENTED; a unary call's handler starts once the
@@ -35,10 +35,11 @@ from rsgw.grpc._calls import (
     HalfClosed,
     MessageReceived,
 )
-from rsgw.grpc._connection import ConnectionState, GrpcConnection
+from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
 from rsgw.grpc._metadata import HeaderBlock
+from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._transport import Transport, peer_address
 
 logger = logging.getLogger(__name__)
@@ -206,9 +207,7 @@ class _ServerConnection:
 
     def __init__(self, server: GrpcServer, stream: trio.abc.Stream) -> None:
         self._server = server
-        self.connection = GrpcConnection(
-            client_side=False,
-            peer="the client",
+        self.connection = ServerConnection(
             max_receive_message_bytes=server.max_receive_message_bytes,
             max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server._window_bytes,
@@ -226,7 +225,7 @@ class _ServerConnection:
         self.ended = trio.Event()
 
     def go_away(self) -> None:
-        """Take no new calls; GOAWAY follows the last answer (see `GrpcConnection`)."""
+        """Take no new calls; GOAWAY follows the last answer (see `ServerConnection`)."""
         self.connection.go_away()
         self.transport.flush()
 
