@@ -26,19 +26,29 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import hpack
 import trio
 
-from rsgw._errors import GrpcError, WorkerUnavailable
+from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
-from rsgw.grpc._calls import CallEnded, ConnectionTerminated, Event, MessageReceived
+from rsgw.grpc._calls import (
+    CallEnded,
+    ConnectionTerminated,
+    Event,
+    MessageReceived,
+    OutboxDrained,
+)
 from rsgw.grpc._client_connection import ClientConnection
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
+from rsgw.grpc._streams import ClientStream
 from rsgw.grpc._transport import Transport
 
 #: Stands in for the deadline scope when the caller holds one (`enforce_deadline=False`).
@@ -51,17 +61,26 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
-    """A caller waiting for its call to end."""
+    """A caller waiting for its unary call to end (fed as a `ClientStream` is)."""
 
     messages: list[bytes] = field(default_factory=list)
-    ended: CallEnded | None = None
+    error: RsgwError | None = None
     done: trio.Event = field(default_factory=trio.Event)
+
+    def deliver(self, message: bytes) -> None:
+        self.messages.append(message)
+
+    def finish(self, error: RsgwError | None) -> None:
+        self.error = error
+        self.done.set()
+
+    def drained(self) -> None:
+        pass  # a unary request never waits for window: the core queues it whole
 
     def reply(self, peer: str) -> bytes:
         """The one response message, or the error the call ended with."""
-        assert self.ended is not None
-        if self.ended.error is not None:
-            raise self.ended.error
+        if self.error is not None:
+            raise self.error
         if len(self.messages) != 1:
             raise GrpcError(
                 StatusCode.INTERNAL,
@@ -165,6 +184,29 @@ class Channel:
         assert scope is not None and scope.cancelled_caught
         raise GrpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded calling {self.target}")
 
+    @asynccontextmanager
+    async def stream(
+        self, path: bytes, *, deadline: float = math.inf, metadata: HeaderBlock = ()
+    ) -> AsyncIterator[ClientStream]:
+        """A streaming call to `path` for the duration of the block.
+
+        The call holds one of the channel's stream slots while open; `deadline` is
+        sent as `grpc-timeout` (the peer enforces it; the caller's own cancel scope
+        is what stops waiting here). Leaving the block before the call ended resets
+        it (RST_STREAM CANCEL).
+
+        Raises:
+            WorkerUnavailable: no connection, or it took no new stream.
+        """
+        async with self._slots:
+            connection = await self._connect()
+            stream_id, stream = connection.open_stream(self._headers(path, deadline, metadata))
+            try:
+                yield stream
+            finally:
+                if not stream.ended:
+                    connection.abandon(stream_id)
+
     def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
         headers = [*self._request_prefix, (b":path", path), *self._request_suffix]
         if deadline != math.inf:
@@ -219,7 +261,7 @@ class _ClientConnection:
             max_send_message_bytes=channel.max_send_message_bytes,
         )
         self._transport = Transport(self.connection, stream)
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, _Waiter | ClientStream] = {}
         self._cancel_scope = trio.CancelScope()
 
     @property
@@ -254,18 +296,44 @@ class _ClientConnection:
                 self._transport.flush()
         return waiter.reply(self._channel.target)
 
+    def open_stream(self, headers: list[Header]) -> tuple[int, ClientStream]:
+        """A streaming call: opened now, fed by `_dispatch`; see `Channel.stream`."""
+        stream_id = self.connection.open_call(headers)
+        stream = ClientStream(partial(self._send, stream_id), partial(self._end, stream_id))
+        self._waiters[stream_id] = stream
+        self._transport.flush()
+        return stream_id, stream
+
+    def abandon(self, stream_id: int) -> None:
+        """The caller left a stream that had not ended: reset it."""
+        if self._waiters.pop(stream_id, None) is not None:
+            self.connection.cancel(stream_id)
+            self._transport.flush()
+
+    def _send(self, stream_id: int, message: bytes) -> bool:
+        fits = self.connection.send_message(stream_id, message)
+        self._transport.flush()
+        return fits
+
+    def _end(self, stream_id: int) -> None:
+        self.connection.end_request(stream_id)
+        self._transport.flush()
+
     def _dispatch(self, event: Event) -> None:
         if isinstance(event, MessageReceived):
             waiter = self._waiters.get(event.stream_id)
             if waiter is not None:
-                waiter.messages.append(event.message)
+                waiter.deliver(event.message)
         elif isinstance(event, CallEnded):
             waiter = self._waiters.pop(event.stream_id, None)
             if waiter is not None:
-                waiter.ended = event
-                waiter.done.set()
+                waiter.finish(event.error)
             if not self._waiters and not self.usable:
                 self._hang_up()
+        elif isinstance(event, OutboxDrained):
+            waiter = self._waiters.get(event.stream_id)
+            if waiter is not None:
+                waiter.drained()
         elif isinstance(event, ConnectionTerminated):
             self._channel._forget(self)  # calls in flight finish; new ones reconnect
             if not self._waiters:

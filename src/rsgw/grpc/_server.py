@@ -21,6 +21,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
@@ -34,12 +35,14 @@ from rsgw.grpc._calls import (
     Event,
     HalfClosed,
     MessageReceived,
+    OutboxDrained,
 )
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
 from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
+from rsgw.grpc._streams import ServerStream
 from rsgw.grpc._transport import Transport, peer_address
 
 logger = logging.getLogger(__name__)
@@ -76,15 +79,21 @@ class ServerCall:
 
 
 UnaryHandler = Callable[[bytes, ServerCall], Awaitable[bytes]]
+StreamHandler = Callable[[ServerStream], Awaitable[None]]
 
 
 @dataclass(slots=True, eq=False)
 class _Pending:
-    """A call this connection serves: its handler, what it received, its cancel scope."""
+    """A call this connection serves: its handler, what it received, its cancel scope.
 
-    handler: UnaryHandler
+    A unary call collects its one message in `messages` and runs once the client
+    half-closes; a streaming call (`stream` set) runs at once and is fed as it goes.
+    """
+
+    handler: UnaryHandler | None
     call: ServerCall
     messages: list[bytes] = field(default_factory=list)
+    stream: ServerStream | None = None
     scope: trio.CancelScope | None = None
     ended: bool = False
 
@@ -108,6 +117,7 @@ class GrpcServer:
         self,
         handlers: Mapping[str, UnaryHandler],
         *,
+        stream_handlers: Mapping[str, StreamHandler] | None = None,
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
@@ -115,6 +125,9 @@ class GrpcServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
+        self._stream_handlers = {
+            path.encode(): handler for path, handler in (stream_handlers or {}).items()
+        }
         self.max_receive_message_bytes = max_receive_message_bytes
         self.max_send_message_bytes = max_send_message_bytes
         self._max_concurrent_streams = max_concurrent_streams
@@ -201,6 +214,9 @@ class GrpcServer:
     def lookup(self, path: bytes) -> UnaryHandler | None:
         return self._handlers.get(path)
 
+    def stream_lookup(self, path: bytes) -> StreamHandler | None:
+        return self._stream_handlers.get(path)
+
 
 class _ServerConnection:
     """One connection: the core, its transport, and the calls it runs handlers for."""
@@ -243,7 +259,10 @@ class _ServerConnection:
         if isinstance(event, MessageReceived):
             pending = self._calls.get(event.stream_id)
             if pending is not None:
-                pending.messages.append(event.message)
+                if pending.stream is not None:
+                    pending.stream.deliver(event.message)
+                else:
+                    pending.messages.append(event.message)
         elif isinstance(event, CallStarted):
             self._on_started(event)
         elif isinstance(event, HalfClosed):
@@ -254,23 +273,37 @@ class _ServerConnection:
                 pending.ended = True
                 if pending.scope is not None:
                     pending.scope.cancel()
+        elif isinstance(event, OutboxDrained):
+            pending = self._calls.get(event.stream_id)
+            if pending is not None and pending.stream is not None:
+                pending.stream.drained()
         elif isinstance(event, ConnectionTerminated):
             self.go_away()  # the client opens no more calls; finish these, then hang up
 
     def _on_started(self, event: CallStarted) -> None:
         head = event.head
         handler = self._server.lookup(head.path)
-        if handler is None:
+        stream_handler = None if handler else self._server.stream_lookup(head.path)
+        if handler is None and stream_handler is None:
             error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
             self.connection.reject(event.stream_id, error)
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
         call = ServerCall(head.path.decode(), deadline, head.metadata, self._peer)
-        self._calls[event.stream_id] = _Pending(handler, call)
+        if stream_handler is None:
+            self._calls[event.stream_id] = _Pending(handler, call)
+            return
+        stream = ServerStream(call, partial(self._send, event.stream_id))
+        pending = self._calls[event.stream_id] = _Pending(None, call, stream=stream)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_stream, event.stream_id, pending, stream_handler)
 
     def _on_half_closed(self, stream_id: int) -> None:
         pending = self._calls.get(stream_id)
         if pending is None:
+            return
+        if pending.stream is not None:
+            pending.stream.half_closed()
             return
         if len(pending.messages) != 1:
             del self._calls[stream_id]
@@ -288,6 +321,7 @@ class _ServerConnection:
         code = StatusCode.OK
         message = ""
         response: bytes | None = None
+        assert pending.handler is not None
         with trio.CancelScope(deadline=call.deadline) as scope:
             pending.scope = scope
             try:
@@ -307,3 +341,33 @@ class _ServerConnection:
             code, message, response = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded", None
         self.connection.send_response(stream_id, response, code, message, call.trailers)
         self.transport.flush()
+
+    async def _run_stream(self, stream_id: int, pending: _Pending, handler: StreamHandler) -> None:
+        call = pending.call
+        assert pending.stream is not None
+        code = StatusCode.OK
+        message = ""
+        with trio.CancelScope(deadline=call.deadline) as scope:
+            pending.scope = scope
+            try:
+                await handler(pending.stream)
+            except RsgwError as exc:
+                code, message = exc.code, exc.message
+                if exc.trailers:
+                    call.trailers = call.trailers + exc.trailers
+            except Exception as exc:
+                logger.exception("stream handler for %s failed", call.path)
+                code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        pending.scope = None
+        if pending.ended:
+            return
+        self._calls.pop(stream_id, None)
+        if scope.cancelled_caught:
+            code, message = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
+        self.connection.end_call(stream_id, code, message, call.trailers)
+        self.transport.flush()
+
+    def _send(self, stream_id: int, message: bytes) -> bool:
+        fits = self.connection.send_message(stream_id, message)
+        self.transport.flush()
+        return fits
