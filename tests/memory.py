@@ -7,7 +7,8 @@ wall time. The failures a real network has are scripted here:
 - nobody listening: `connect` raises ConnectionRefusedError, as TCP does;
 - a peer that dies: cancel its server (its streams close, the other end reads EOF);
 - a peer that hangs (a SIGSTOPped worker): `freeze(target)` stops every byte to
-  and from it until `thaw(target)`.
+  and from it until `thaw(target)`; `stall_clients(target)` stops its clients
+  reading what it sends (a consumer that stops reading).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import trio.testing
 
 from rsgw._errors import ListenError
 
+#: The key under which the client ends of a target's connections are frozen.
+_CLIENTS = "clients of "
 #: Where automatically chosen ports start (port 0 picks the next one).
 FIRST_PORT = 40000
 
@@ -51,15 +54,23 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
 
 
 class _Gated(trio.abc.Stream):
-    """A stream that moves no byte while its address is frozen."""
+    """A stream that moves no byte while its key is frozen (`send_key` None: sends always)."""
 
-    def __init__(self, stream: trio.abc.Stream, network: MemoryNetwork, address: str) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        network: MemoryNetwork,
+        receive_key: str,
+        send_key: str | None,
+    ) -> None:
         self._stream = stream
         self._network = network
-        self._address = address
+        self._receive_key = receive_key
+        self._send_key = send_key
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._network.wait_thawed(self._address)
+        if self._send_key is not None:
+            await self._network.wait_thawed(self._send_key)
         await self._stream.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -67,7 +78,7 @@ class _Gated(trio.abc.Stream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self._stream.receive_some(max_bytes)
-        await self._network.wait_thawed(self._address)
+        await self._network.wait_thawed(self._receive_key)
         return data
 
     async def send_eof(self) -> None:
@@ -103,8 +114,8 @@ class MemoryNetwork:
             raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
         self.connects[target] = self.connects.get(target, 0) + 1
         client, server = trio.testing.memory_stream_pair()
-        listener.offer(_Gated(server, self, target))
-        return client
+        listener.offer(_Gated(server, self, target, target))
+        return _Gated(client, self, _CLIENTS + target, None)
 
     def forget(self, listener: MemoryListener) -> None:
         if self._listeners.get(listener.address) is listener:
@@ -119,6 +130,13 @@ class MemoryNetwork:
         event = self._frozen.pop(target, None)
         if event is not None:
             event.set()
+
+    def stall_clients(self, target: str) -> None:
+        """The clients of `target` stop reading what it sends (a stuck consumer)."""
+        self.freeze(_CLIENTS + target)
+
+    def resume_clients(self, target: str) -> None:
+        self.thaw(_CLIENTS + target)
 
     async def wait_thawed(self, target: str) -> None:
         while (event := self._frozen.get(target)) is not None:

@@ -52,6 +52,7 @@ class Handlers:
             raise
 
     async def flood(self, stream: ServerStream) -> None:
+        await stream.receive()  # "go"
         for _ in range(64):
             await stream.send(b"x" * MIB)
             self.sent += 1
@@ -153,12 +154,13 @@ async def test_a_sender_waits_for_a_peer_that_does_not_read(
 ) -> None:
     channel = served.channel()
     async with channel.stream(b"/t.S/Flood") as stream:
+        await stream.send(b"go")
         stream.end()
-        served.network.freeze(served.target)  # the client's bytes stop moving
+        served.network.stall_clients(served.target)  # the client stops reading
         await trio.testing.wait_all_tasks_blocked()
         held = served.handlers.sent
         assert 16 < held < 40  # about the 32 MiB stream window, not all 64 MiB
-        served.network.thaw(served.target)
+        served.network.resume_clients(served.target)
         received = [reply async for reply in stream]
     assert len(received) == 64
     assert served.handlers.sent == 64
