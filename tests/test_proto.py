@@ -413,12 +413,17 @@ def load_regen() -> ModuleType:
 def test_committed_generated_files_are_current(tmp_path: Path) -> None:
     regen = load_regen()
     fresh = regen.generate(tmp_path)
-    assert sorted(p.name for p in fresh) == [
-        "grpc_predict_v2_pb2.py",
-        "grpc_predict_v2_pb2.pyi",
-        "reactant_control_v1_pb2.py",
-        "reactant_control_v1_pb2.pyi",
-    ]
+    assert sorted(p.name for p in fresh) == sorted(
+        f"{stem}_pb2.{suffix}"
+        for stem in (
+            "grpc_predict_v2",
+            "reactant_control_v1",
+            "grpc_health_v1",
+            "grpc_reflection_v1",
+            "grpc_reflection_v1alpha",
+        )
+        for suffix in ("py", "pyi")
+    )
     stale = [
         p.name
         for p in fresh

@@ -26,7 +26,16 @@ SHELL_PACKAGES = {"gateway"}
 #: In mixed packages ("" is the top level): the modules that do I/O.
 SHELL_MODULES = {
     "": {"__init__", "__main__", "_cli", "_logging", "_admin", "_net", "_exposition"},
-    "grpc": {"__init__", "_transport", "_server", "_client", "_typed", "_metering", "_streams"},
+    "grpc": {
+        "__init__",
+        "_transport",
+        "_server",
+        "_client",
+        "_typed",
+        "_metering",
+        "_streams",
+        "_standard",
+    },
     "worker": {"_device", "_memory", "_metrics", "_service", "_shm", "_worker"},
     "node": {"_supervisor", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},

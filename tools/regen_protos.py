@@ -46,7 +46,13 @@ PROTO_DIR = REPO_ROOT / "proto"
 PACKAGE_DIR = REPO_ROOT / "src" / "rsgw" / "_proto"
 
 # Order does not matter to protoc; it is fixed so the file list we return is stable.
-PROTO_FILES: tuple[str, ...] = ("grpc_predict_v2.proto", "reactant_control_v1.proto")
+PROTO_FILES: tuple[str, ...] = (
+    "grpc_predict_v2.proto",
+    "reactant_control_v1.proto",
+    "grpc_health_v1.proto",
+    "grpc_reflection_v1.proto",
+    "grpc_reflection_v1alpha.proto",
+)
 
 # Must match the `grpcio-tools==1.81.*` pin in pyproject.toml's test extra. 1.81 ships
 # protoc 33.x, whose gencode needs protobuf >= 6.33.5 at run time; 1.85+ needs

@@ -32,6 +32,7 @@ from rsgw.gateway._prober import Prober
 from rsgw.gateway._service import GatewayService
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
+from rsgw.grpc._standard import standard_services
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMetaTracker
@@ -188,8 +189,11 @@ async def serve_gateway(
             await nursery.start(packing.serve)
         await nursery.start(prober.serve)
         control = GatewayControl(mode, packing, prober, metrics)
+        handlers = service.handlers() | control.handlers()
+        standard, streams = standard_services(handlers, lambda: prober.ready_any)
         server = GrpcServer(
-            service.handlers() | control.handlers(),
+            handlers | standard,
+            stream_handlers=streams,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
         )

@@ -21,6 +21,7 @@ from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
 from rsgw._net import TCP, Network
 from rsgw.grpc._server import GrpcServer
+from rsgw.grpc._standard import standard_services
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue, builtin_catalogue
 from rsgw.worker._device import Device
@@ -130,8 +131,11 @@ async def serve_worker(
         max_concurrent_requests=config.max_concurrent_requests,
     )
     metrics.admission = service
+    handlers = service.handlers()
+    standard, streams = standard_services(handlers, lambda: service.ready)
     server = GrpcServer(
-        service.handlers(),
+        handlers | standard,
+        stream_handlers=streams,
         max_receive_message_bytes=config.max_message_bytes,
         max_send_message_bytes=config.max_message_bytes,
     )
