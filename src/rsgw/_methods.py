@@ -58,3 +58,7 @@ class Method(enum.Enum):
         #: `/package.Service/Method`, as handler tables and HTTP/2 `:path` spell it.
         self.path = f"/{service}/{rpc}"
         self.wire = self.path.encode()
+
+
+#: Every method by its wire path (the listener's refusals are counted by name).
+METHODS_BY_PATH: dict[bytes, Method] = {method.wire: method for method in Method}

@@ -163,6 +163,18 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
     autojump_clock: MockClock,
 ) -> None:
     async with open_fleet(1, memory=True, health_interval_seconds=60) as fleet:
-        with pytest.raises(GrpcError) as caught:
-            await fleet.channel().unary(b"/inference.GRPCInferenceService/NoSuchRpc", b"")
-        assert caught.value.code is StatusCode.UNIMPLEMENTED
+        for path in (b"/inference.GRPCInferenceService/NoSuchRpc", b"/made.Up/Path"):
+            with pytest.raises(GrpcError) as caught:
+                await fleet.channel().unary(path, b"")
+            assert caught.value.code is StatusCode.UNIMPLEMENTED
+        # Refusals are counted too, under a bounded label (paths are client-chosen).
+        counter = fleet.gateway._service.metrics.requests
+        assert counter.labels("_unknown_", "", "Unimplemented")._value.get() == 2
+        # A known method refused before its handler (a unary call with two messages).
+        async with fleet.channel().stream(Method.MODEL_INFER.wire) as stream:
+            await stream.send(b"")
+            await stream.send(b"")
+            stream.end()
+            with pytest.raises(GrpcError):
+                await stream.receive()
+        assert counter.labels("ModelInfer", "", "Internal")._value.get() == 1

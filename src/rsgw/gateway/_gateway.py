@@ -194,6 +194,7 @@ async def serve_gateway(
         server = GrpcServer(
             handlers | standard,
             stream_handlers=streams,
+            on_refused=metrics.refused,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
         )

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rsgw._exposition import LATENCY_BUCKETS, render_registry
+from rsgw._methods import METHODS_BY_PATH
 from rsgw._status import StatusCode
 
 #: The model label of a request for a model no worker serves.
@@ -157,6 +158,15 @@ class GatewayMetrics:
             self.observe(rpc, model, code, seconds)
 
         return observe
+
+    def refused(self, path: bytes, code: StatusCode) -> None:
+        """Count a call the listener refused before any handler ran.
+
+        The rpc label is the method's name when it is one rsgw knows, else
+        `_unknown_`: paths are client-chosen and must not grow the label set.
+        """
+        method = METHODS_BY_PATH.get(path)
+        self.observe(method.rpc if method is not None else UNKNOWN_MODEL, "", code, None)
 
     def observe_worker(self, rpc: str, url: str, seconds: float) -> None:
         key = (rpc, url)

@@ -32,6 +32,7 @@ from rsgw.grpc._calls import (
     CallEnded,
     CallStarted,
     ConnectionTerminated,
+    EndCause,
     Event,
     HalfClosed,
     MessageReceived,
@@ -103,6 +104,9 @@ class GrpcServer:
 
     Args:
         handlers: full method path (`/package.Service/Method`) to handler.
+        stream_handlers: the same, for streaming methods (see `ServerStream`).
+        on_refused: called with (path, status) for each call refused before any
+            handler ran, so a service can count those too.
         max_receive_message_bytes: larger request messages fail their own call
             with RESOURCE_EXHAUSTED; other calls on the connection go on.
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
@@ -118,6 +122,7 @@ class GrpcServer:
         handlers: Mapping[str, UnaryHandler],
         *,
         stream_handlers: Mapping[str, StreamHandler] | None = None,
+        on_refused: Callable[[bytes, StatusCode], None] | None = None,
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
@@ -128,6 +133,9 @@ class GrpcServer:
         self._stream_handlers = {
             path.encode(): handler for path, handler in (stream_handlers or {}).items()
         }
+        #: Told of every call refused before a handler ran (path, status): an unknown
+        #: method, a malformed or oversized request. Handlers count their own calls.
+        self.on_refused = on_refused
         self.max_receive_message_bytes = max_receive_message_bytes
         self.max_send_message_bytes = max_send_message_bytes
         self._max_concurrent_streams = max_concurrent_streams
@@ -273,6 +281,8 @@ class _ServerConnection:
                 pending.ended = True
                 if pending.scope is not None:
                     pending.scope.cancel()
+                elif event.cause is EndCause.FAILED and event.error is not None:
+                    self._refused(pending.call.path.encode(), event.error.code)
         elif isinstance(event, OutboxDrained):
             pending = self._calls.get(event.stream_id)
             if pending is not None and pending.stream is not None:
@@ -287,6 +297,7 @@ class _ServerConnection:
         if handler is None and stream_handler is None:
             error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
             self.connection.reject(event.stream_id, error)
+            self._refused(head.path, error.code)
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
         call = ServerCall(head.path.decode(), deadline, head.metadata, self._peer)
@@ -312,6 +323,7 @@ class _ServerConnection:
                 f"unary call expects one request message, got {len(pending.messages)}",
             )
             self.connection.reject(stream_id, error)
+            self._refused(pending.call.path.encode(), error.code)
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._run_unary, stream_id, pending)
@@ -366,6 +378,10 @@ class _ServerConnection:
             code, message = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
+
+    def _refused(self, path: bytes, code: StatusCode) -> None:
+        if self._server.on_refused is not None:
+            self._server.on_refused(path, code)
 
     def _send(self, stream_id: int, message: bytes) -> bool:
         fits = self.connection.send_message(stream_id, message)
