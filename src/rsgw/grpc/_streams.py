@@ -16,7 +16,7 @@ that queue needs per-call windows; issue 18 (bounded memory) takes it up.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -99,9 +99,16 @@ class ServerStream:
         """Send one response message (the first sends the response headers)."""
         await self._outlet.send(message)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while (message := await self.receive()) is not None:
-            yield message
+    def __aiter__(self) -> ServerStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # A plain iterator, not an async generator: a handler cancelled mid-loop
+        # leaves no generator for the garbage collector to finalize.
+        message = await self.receive()
+        if message is None:
+            raise StopAsyncIteration
+        return message
 
     # -- fed by the server shell ----------------------------------------------------------
 
@@ -143,9 +150,14 @@ class ClientStream:
         """The next reply, None once the call ended OK; the call's error if it failed."""
         return await self._inbox.get()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while (message := await self.receive()) is not None:
-            yield message
+    def __aiter__(self) -> ClientStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        message = await self.receive()
+        if message is None:
+            raise StopAsyncIteration
+        return message
 
     # -- fed by the client shell ----------------------------------------------------------
 
