@@ -193,7 +193,7 @@ async def serve_gateway(
         standard, streams = standard_services(handlers, lambda: prober.ready_any)
         server = GrpcServer(
             handlers | standard,
-            stream_handlers=streams,
+            stream_handlers=service.stream_handlers() | streams,
             on_refused=metrics.refused,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,

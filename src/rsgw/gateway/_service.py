@@ -31,6 +31,7 @@ from rsgw._status import StatusCode
 from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
+from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._metering import Meter, metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._ledger import Ledger, Ticket
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
-    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
     from rsgw.scheduling._routing import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class GatewayService:
         )
         self.fleet = FleetCalls(pool, metrics, self.admitted, request_timeout=request_timeout)
         self.models = ModelCalls(pool, prober, metrics, request_timeout=request_timeout)
+        self.streams = StreamProxy(pool, prober, self.scheduler, metrics)
         self._observe_infer = metrics.observer(Method.MODEL_INFER.rpc)
         metrics.max_concurrent.set(max_concurrent_requests)
         if max_concurrent_requests:
@@ -103,6 +105,10 @@ class GatewayService:
             **self.models.handlers(),
         }
         return {method.path: handler for method, handler in table.items()}
+
+    def stream_handlers(self) -> dict[str, StreamHandler]:
+        """The streaming methods: ModelStreamInfer, passed through per message."""
+        return {Method.MODEL_STREAM_INFER.path: self.streams.model_stream_infer}
 
     @property
     def inflight(self) -> int:

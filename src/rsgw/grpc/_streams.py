@@ -60,7 +60,12 @@ class _Inbox:
 
 
 class _Outlet:
-    """Sends through the connection; waits while the peer's window holds a backlog."""
+    """Sends through the connection; waits while the peer's window holds a backlog.
+
+    Several tasks may send on one stream (a worker answering a stream's requests
+    as each completes): every sender waiting for the backlog waits on the same
+    event, which `drained` sets and replaces.
+    """
 
     __slots__ = ("_drained", "_send")
 
@@ -72,11 +77,11 @@ class _Outlet:
         if self._send(message):
             await trio.lowlevel.checkpoint()
             return
-        self._drained = trio.Event()
         await self._drained.wait()
 
     def drained(self) -> None:
         self._drained.set()
+        self._drained = trio.Event()
 
 
 class ServerStream:

@@ -206,3 +206,32 @@ def _input_extent(buf: bytes, start: int, stop: int, wanted: bytes, axis: int) -
         return 0
     value = shape[axis - 1]
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# -- ModelStreamInferResponse, written without protobuf --------------------------------
+
+_INFER_RESPONSE_TAG = b"\x12"  # field 2 (infer_response), length-delimited
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def stream_reply(infer_response: bytes) -> bytes:
+    """A ModelStreamInferResponse carrying an already serialized ModelInferResponse.
+
+    The response bytes are embedded as they are (field 2), so a worker's answer is
+    never parsed or re-encoded on its way into the stream.
+    """
+    return _INFER_RESPONSE_TAG + _encode_varint(len(infer_response)) + infer_response
+
+
+def stream_error(message: str) -> bytes:
+    """A ModelStreamInferResponse reporting one request's failure (field 1)."""
+    text = message.encode("utf-8")
+    return b"\x0a" + _encode_varint(len(text)) + text

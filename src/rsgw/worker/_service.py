@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -28,6 +28,7 @@ from rsgw._status import StatusCode
 from rsgw._version import __version__
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
+from rsgw.scheduling._wire import stream_error, stream_reply
 from rsgw.worker._memory import not_resident
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
@@ -37,7 +38,8 @@ from rsgw.worker._weights import Residency, ResidencyMode
 if TYPE_CHECKING:
     from collections.abc import Hashable, Mapping
 
-    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
+    from rsgw.grpc._streams import ServerStream
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
     from rsgw.worker._metrics import WorkerMetrics
@@ -113,6 +115,10 @@ class WorkerService:
             Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
         }
         return {method.path: handler for method, handler in table.items()}
+
+    def stream_handlers(self) -> dict[str, StreamHandler]:
+        """The streaming methods: Triton's ModelStreamInfer."""
+        return {Method.MODEL_STREAM_INFER.path: self.model_stream_infer}
 
     # -- health and metadata ----------------------------------------------------------
 
@@ -235,6 +241,23 @@ class WorkerService:
                 return self._encode_response(spec, request, outputs)
         finally:
             self.inflight -= 1
+
+    async def model_stream_infer(self, stream: ServerStream) -> None:
+        """Triton's ModelStreamInfer: each request answered on the stream as it completes.
+
+        Requests run concurrently (so they batch as unary calls do); a request that
+        fails answers with its error message and the stream goes on, as Triton's does.
+        """
+        async with trio.open_nursery() as nursery:
+            async for body in stream:
+                nursery.start_soon(self._stream_one, stream, body)
+
+    async def _stream_one(self, stream: ServerStream, body: bytes) -> None:
+        try:
+            reply = stream_reply(await self.model_infer(body, stream.call))
+        except RsgwError as exc:
+            reply = stream_error(exc.message)
+        await stream.send(reply)
 
     def _observe_infer(self, code: StatusCode, model: str, seconds: float | None) -> None:
         self.metrics.count_request(model, code, seconds or 0.0)

@@ -135,7 +135,7 @@ async def serve_worker(
     standard, streams = standard_services(handlers, lambda: service.ready)
     server = GrpcServer(
         handlers | standard,
-        stream_handlers=streams,
+        stream_handlers=service.stream_handlers() | streams,
         max_receive_message_bytes=config.max_message_bytes,
         max_send_message_bytes=config.max_message_bytes,
     )

@@ -1,0 +1,139 @@
+"""ModelStreamInfer through the gateway: a bidirectional pass-through, routed per message.
+
+A client's stream may carry requests for several models. Each request is routed by
+its own model name (read from the raw bytes, as ModelInfer's is) and goes to that
+worker over one upstream stream per worker, opened on first use; each worker's
+replies are passed back as they come, in that worker's order, never decoded. So
+decoupled models (zero or many responses per request) work unchanged.
+
+How it ends: when the client half-closes, every upstream is half-closed, and the
+client's stream ends OK once all of them have. A request the gateway cannot route
+(a malformed body, a model no worker serves) is answered on the stream with an
+error message, as Triton answers a failed request in a stream, and the stream goes
+on. A worker that dies or fails the whole stream ends the client's stream with
+UNAVAILABLE (or the worker's status), naming the worker: never a hang.
+
+Scheduling: each request is placed by the scheduler like a unary call, but the
+reservation is released at once: replies are not matched to requests here (a
+decoupled model's are not even countable), so a stream's requests do not count
+toward least_outstanding's in-flight work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from rsgw._errors import DecodeError, GrpcError, RsgwError, WorkerUnavailable
+from rsgw._methods import Method
+from rsgw._status import StatusCode
+from rsgw.grpc._metering import metered
+from rsgw.scheduling._plan import no_ready_replica, unknown_model
+from rsgw.scheduling._wire import peek_header, stream_error
+
+if TYPE_CHECKING:
+    from rsgw.gateway._metrics import GatewayMetrics
+    from rsgw.gateway._pool import WorkerPool
+    from rsgw.gateway._prober import Prober
+    from rsgw.grpc._streams import ClientStream, ServerStream
+    from rsgw.scheduling._schedulers import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class StreamProxy:
+    """The gateway's ModelStreamInfer; see the module docstring."""
+
+    def __init__(
+        self, pool: WorkerPool, prober: Prober, scheduler: Scheduler, metrics: GatewayMetrics
+    ) -> None:
+        self.pool = pool
+        self.prober = prober
+        self.scheduler = scheduler
+        self._observe = metrics.observer(Method.MODEL_STREAM_INFER.rpc)
+
+    async def model_stream_infer(self, stream: ServerStream) -> None:
+        with metered(stream.call, self._observe):
+            failures: list[GrpcError] = []
+            upstreams: dict[str, ClientStream] = {}
+            async with contextlib.AsyncExitStack() as opened, trio.open_nursery() as nursery:
+                async for body in stream:
+                    url = await self._route(stream, body)
+                    if url is None:
+                        continue
+                    upstream = upstreams.get(url)
+                    if upstream is None:
+                        try:
+                            upstream = await opened.enter_async_context(
+                                self.pool.channels[url].stream(
+                                    Method.MODEL_STREAM_INFER.wire, deadline=stream.call.deadline
+                                )
+                            )
+                        except RsgwError as exc:
+                            failures.append(self._failure(url, exc))
+                            break
+                        upstreams[url] = upstream
+                        nursery.start_soon(self._pump, url, upstream, stream, failures, nursery)
+                    await upstream.send(body)
+                for upstream in upstreams.values():
+                    upstream.end()
+                if failures:
+                    nursery.cancel_scope.cancel()
+            if failures:
+                raise failures[0]
+
+    async def _route(self, stream: ServerStream, body: bytes) -> str | None:
+        """The worker for one request, or None after answering it with an error."""
+        try:
+            model, _ = peek_header(body)
+            replicas = self.prober.table.replicas(model) if model else ()
+            if not replicas and model:
+                await self.prober.refresh_now()
+                replicas = self.prober.table.replicas(model)
+            if not replicas:
+                if not model:
+                    raise GrpcError(StatusCode.INVALID_ARGUMENT, "model_name is empty")
+                raise (
+                    no_ready_replica(model)
+                    if model in self.prober.known
+                    else (unknown_model(model))
+                )
+            order, reservation = self.scheduler.select(model, replicas, body)
+            self.scheduler.release(reservation)  # see the module docstring
+            if not order:
+                raise no_ready_replica(model)
+            return order[0]
+        except (DecodeError, GrpcError) as exc:
+            message = exc.message if isinstance(exc, GrpcError) else f"malformed request: {exc}"
+            await stream.send(stream_error(message))
+            return None
+
+    async def _pump(
+        self,
+        url: str,
+        upstream: ClientStream,
+        client: ServerStream,
+        failures: list[GrpcError],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Pass one worker's replies back; its failure ends the whole stream."""
+        try:
+            async for reply in upstream:
+                await client.send(reply)
+        except RsgwError as exc:
+            failures.append(self._failure(url, exc))
+            nursery.cancel_scope.cancel()
+
+    def _failure(self, url: str, error: RsgwError) -> GrpcError:
+        """How a worker's failure reads to the client: named, never addressed."""
+        name = self.pool.public_name(url)
+        if isinstance(error, WorkerUnavailable):
+            logger.warning(
+                "worker lost under a stream",
+                extra={"worker": self.pool.label(url), "error": str(error)},
+            )
+            return GrpcError(StatusCode.UNAVAILABLE, f"{name} is unavailable")
+        return GrpcError(error.code, f"{name}: {error.message}", error.trailers)
