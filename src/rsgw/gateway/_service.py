@@ -46,7 +46,8 @@ from rsgw.scheduling._plan import (
     unknown_model,
 )
 from rsgw.scheduling._schedulers import AnyReservation, RoundRobinScheduler, Scheduler
-from rsgw.scheduling._wire import peek_header
+from rsgw.scheduling._sequences import SequenceTable, holder_lost
+from rsgw.scheduling._wire import SequenceFlags, peek_routing
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -84,7 +85,9 @@ class GatewayService:
         )
         self.fleet = FleetCalls(pool, metrics, self.admitted, request_timeout=request_timeout)
         self.models = ModelCalls(pool, prober, metrics, request_timeout=request_timeout)
-        self.streams = StreamProxy(pool, prober, self.scheduler, metrics)
+        #: Which worker holds each live sequence of a stateful model.
+        self.sequences = SequenceTable()
+        self.streams = StreamProxy(pool, prober, self.scheduler, metrics, self.sequences)
         self._observe_infer = metrics.observer(Method.MODEL_INFER.rpc)
         metrics.max_concurrent.set(max_concurrent_requests)
         if max_concurrent_requests:
@@ -150,7 +153,7 @@ class GatewayService:
     ) -> bytes:
         meter.timed = False  # refused before routing: counted, but no latency observed
         try:
-            model, _ = peek_header(body)
+            model, sequence = peek_routing(body)
         except DecodeError as exc:
             raise _malformed(exc) from exc
         if not model:
@@ -170,6 +173,9 @@ class GatewayService:
             logger.debug("model not found on any worker", extra={"model": model[:200]})
             raise unknown_model(model)
         meter.label = model
+        pinned = False
+        if sequence is not None and not sequence.start:
+            replicas, pinned = self._sequence_holder(model, sequence.id, replicas)
         # Replicas holding their share are not offered to the scheduler, so its
         # choice (and the reservation it charges) is where the call really goes.
         ledger = self.ledger
@@ -179,6 +185,8 @@ class GatewayService:
         except DecodeError as exc:  # the batch-extent walk met bad bytes
             raise _malformed(exc) from exc
         ledger.reserve(ticket, reservation)
+        if not order and pinned and free:
+            order = free  # a live sequence's holder, outside the scheduler's choice
         if not order:  # every replica the scheduler may use holds its share
             self.metrics.shed.inc()
             raise shed_at_replicas(model, ledger.max_per_worker)
@@ -187,11 +195,35 @@ class GatewayService:
         deadline = min(call.deadline, trio.current_time() + self.request_timeout)
         with trio.move_on_at(deadline):
             try:
-                return await self._forward(body, walk, ticket, deadline)
+                response = await self._forward(body, walk, ticket, deadline)
             except Shed:
                 meter.timed = False  # the replicas filled up meanwhile: still a refusal
                 raise
+            if sequence is not None:
+                self._sequence_answered(model, sequence, walk.answered)
+            return response
         raise gateway_deadline(model)  # the scope caught the deadline (at a gate, say)
+
+    def _sequence_holder(
+        self, model: str, sequence_id: int | str, replicas: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], bool]:
+        """A live sequence's request may go to its holder only (docs in `_sequences`).
+
+        Returns the replicas it may use and whether it is pinned to one.
+        """
+        holder = self.sequences.holder(model, sequence_id, trio.current_time())
+        if holder is None:
+            return replicas, False  # not a sequence we know: routed as any request
+        if holder not in replicas:
+            self.sequences.ended(model, sequence_id)
+            raise holder_lost(model, sequence_id, self.pool.public_name(holder))
+        return (holder,), True
+
+    def _sequence_answered(self, model: str, sequence: SequenceFlags, url: str | None) -> None:
+        if sequence.end:
+            self.sequences.ended(model, sequence.id)
+        elif sequence.start and url is not None:
+            self.sequences.started(model, sequence.id, url, trio.current_time())
 
     async def _forward(
         self, body: bytes, walk: RouteWalk, ticket: Ticket[AnyReservation], deadline: float
@@ -205,9 +237,11 @@ class GatewayService:
             try:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
-                return await pool.channels[url].unary(
+                response = await pool.channels[url].unary(
                     Method.MODEL_INFER.wire, body, deadline=deadline, enforce_deadline=False
                 )
+                walk.answered = url
+                return response
             except RsgwError as exc:
                 expired = trio.current_time() >= deadline
                 answer = walk.failed(url, exc, expired=expired, who=pool.public_name(url))

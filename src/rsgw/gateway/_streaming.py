@@ -16,7 +16,9 @@ UNAVAILABLE (or the worker's status), naming the worker: never a hang.
 Scheduling: each request is placed by the scheduler like a unary call, but the
 reservation is released at once: replies are not matched to requests here (a
 decoupled model's are not even countable), so a stream's requests do not count
-toward least_outstanding's in-flight work.
+toward least_outstanding's in-flight work. Sequence affinity holds in streams as in
+unary calls (`rsgw.scheduling._sequences`): a live sequence's requests go to the
+worker that took its start.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from rsgw._methods import Method
 from rsgw._status import StatusCode
 from rsgw.grpc._metering import metered
 from rsgw.scheduling._plan import no_ready_replica, unknown_model
-from rsgw.scheduling._wire import peek_header, stream_error
+from rsgw.scheduling._sequences import SequenceTable, holder_lost
+from rsgw.scheduling._wire import peek_routing, stream_error
 
 if TYPE_CHECKING:
     from rsgw.gateway._metrics import GatewayMetrics
@@ -48,11 +51,17 @@ class StreamProxy:
     """The gateway's ModelStreamInfer; see the module docstring."""
 
     def __init__(
-        self, pool: WorkerPool, prober: Prober, scheduler: Scheduler, metrics: GatewayMetrics
+        self,
+        pool: WorkerPool,
+        prober: Prober,
+        scheduler: Scheduler,
+        metrics: GatewayMetrics,
+        sequences: SequenceTable,
     ) -> None:
         self.pool = pool
         self.prober = prober
         self.scheduler = scheduler
+        self.sequences = sequences
         self._observe = metrics.observer(Method.MODEL_STREAM_INFER.rpc)
 
     async def model_stream_infer(self, stream: ServerStream) -> None:
@@ -88,7 +97,7 @@ class StreamProxy:
     async def _route(self, stream: ServerStream, body: bytes) -> str | None:
         """The worker for one request, or None after answering it with an error."""
         try:
-            model, _ = peek_header(body)
+            model, sequence = peek_routing(body)
             replicas = self.prober.table.replicas(model) if model else ()
             if not replicas and model:
                 await self.prober.refresh_now()
@@ -101,11 +110,25 @@ class StreamProxy:
                     if model in self.prober.known
                     else (unknown_model(model))
                 )
+            now = trio.current_time()
+            if sequence is not None and not sequence.start:
+                holder = self.sequences.holder(model, sequence.id, now)
+                if holder is not None and holder not in replicas:
+                    self.sequences.ended(model, sequence.id)
+                    raise holder_lost(model, sequence.id, self.pool.public_name(holder))
+                if holder is not None:
+                    replicas = (holder,)
             order, reservation = self.scheduler.select(model, replicas, body)
             self.scheduler.release(reservation)  # see the module docstring
-            if not order:
-                raise no_ready_replica(model)
-            return order[0]
+            url = order[0] if order else replicas[0]
+            if sequence is not None:
+                # A stream's replies are not matched to requests: the choice made here
+                # is the sequence's holder.
+                if sequence.end:
+                    self.sequences.ended(model, sequence.id)
+                elif sequence.start:
+                    self.sequences.started(model, sequence.id, url, now)
+            return url
         except (DecodeError, GrpcError) as exc:
             message = exc.message if isinstance(exc, GrpcError) else f"malformed request: {exc}"
             await stream.send(stream_error(message))

@@ -90,7 +90,7 @@ class RouteWalk:
         per_worker_cap: the per-worker share, for the shed message.
     """
 
-    __slots__ = ("_cap", "_index", "_order", "_replicas", "_targets", "last", "model")
+    __slots__ = ("_cap", "_index", "_order", "_replicas", "_targets", "answered", "last", "model")
 
     def __init__(
         self, model: str, order: tuple[str, ...], replicas: tuple[str, ...], per_worker_cap: int
@@ -103,6 +103,8 @@ class RouteWalk:
         self._index = 0
         #: The failure to answer with if no replica is left.
         self.last: GrpcError | None = None
+        #: The replica that answered, once one has (the shell says so).
+        self.answered: str | None = None
 
     @property
     def tried(self) -> int:

@@ -18,6 +18,8 @@ and the worker, which parses the whole request, rejects it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rsgw._errors import DecodeError
 
 _VARINT, _FIXED64, _LENGTH, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
@@ -144,6 +146,111 @@ def peek_header(body: bytes) -> tuple[str, str]:
         else:
             pos = _skip(buf, pos, end, field, wire_type)
     return _utf8(buf, *name_at), _utf8(buf, *id_at) if id_at[1] > id_at[0] else ""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFlags:
+    """Triton's sequence parameters of a request: its correlation id and control flags."""
+
+    id: int | str
+    start: bool
+    end: bool
+
+
+_SEQUENCE_KEYS = {b"sequence_id": "id", b"sequence_start": "start", b"sequence_end": "end"}
+
+
+def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
+    """The request's `model_name` and, if it belongs to a sequence, its sequence flags.
+
+    One walk for both, so sequence affinity costs a request without parameters
+    nothing. A `sequence_id` of 0 or "" means no sequence, as in Triton; a later
+    occurrence of a parameter wins, as protobuf's map parsing has it.
+
+    Raises:
+        DecodeError: the body is not a valid ModelInferRequest encoding.
+    """
+    buf = body
+    end = len(buf)
+    pos = 0
+    name_at = (0, 0)
+    found: dict[str, int | str | bool] | None = None
+    while pos < end:
+        byte = buf[pos]
+        if 8 <= byte < 0x80:
+            field, wire_type = byte >> 3, byte & 7
+            pos += 1
+        else:
+            field, wire_type, pos = _tag(buf, pos, end)
+        if wire_type == _LENGTH:
+            start, pos = _length_delimited(buf, pos, end)
+            if field == 1:
+                name_at = (start, pos)
+            elif field == 4:
+                entry = _parameter(buf, start, pos)
+                if entry is not None:
+                    found = found if found is not None else {}
+                    found[entry[0]] = entry[1]
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, end, field, wire_type)
+    model = _utf8(buf, *name_at)
+    if found is None or not found.get("id"):
+        return model, None
+    sequence_id = found["id"]
+    if isinstance(sequence_id, bool):  # a bool_param under sequence_id: not an id
+        return model, None
+    return model, SequenceFlags(
+        sequence_id, bool(found.get("start", False)), bool(found.get("end", False))
+    )
+
+
+def _parameter(buf: bytes, start: int, stop: int) -> tuple[str, int | str | bool] | None:
+    """One `parameters` map entry: (which flag, its value) if it is a sequence parameter."""
+    pos = start
+    key = b""
+    value: int | str | bool | None = None
+    while pos < stop:
+        field, wire_type, pos = _tag(buf, pos, stop)
+        if field == 1 and wire_type == _LENGTH:
+            s, pos = _length_delimited(buf, pos, stop)
+            key = buf[s:pos]
+        elif field == 2 and wire_type == _LENGTH:
+            s, pos = _length_delimited(buf, pos, stop)
+            value = _parameter_value(buf, s, pos)
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, stop, field, wire_type)
+    which = _SEQUENCE_KEYS.get(key)  # an exact ASCII match: no UTF-8 check needed
+    if which is None:
+        return None
+    return which, value if value is not None else 0
+
+
+def _parameter_value(buf: bytes, start: int, stop: int) -> int | str | bool | None:
+    """An InferParameter's value: bool (1), int64 (2), string (3), uint64 (5); the last set wins."""
+    pos = start
+    value: int | str | bool | None = None
+    while pos < stop:
+        field, wire_type, pos = _tag(buf, pos, stop)
+        if field == 1 and wire_type == _VARINT:
+            raw, pos = _varint(buf, pos, stop)
+            value = raw != 0
+        elif field == 2 and wire_type == _VARINT:
+            raw, pos = _varint(buf, pos, stop)
+            value = raw - (1 << 64) if raw >= 1 << 63 else raw
+        elif field == 5 and wire_type == _VARINT:
+            value, pos = _varint(buf, pos, stop)
+        elif field == 3 and wire_type == _LENGTH:
+            s, pos = _length_delimited(buf, pos, stop)
+            value = _utf8(buf, s, pos)
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(buf, pos, stop, field, wire_type)
+    return value
 
 
 def peek_batch_size(body: bytes, input_name: str, axis: int) -> int:
