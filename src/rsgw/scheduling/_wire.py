@@ -183,7 +183,13 @@ def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
         else:
             field, wire_type, pos = _tag(buf, pos, end)
         if wire_type == _LENGTH:
-            start, pos = _length_delimited(buf, pos, end)
+            if pos < end and buf[pos] < 0x80:  # a one-byte length: inline, as in peek_header
+                start = pos + 1
+                pos = start + buf[pos]
+                if pos > end:
+                    raise DecodeError("truncated length-delimited field")
+            else:
+                start, pos = _length_delimited(buf, pos, end)
             if field == 1:
                 name_at = (start, pos)
             elif field == 4:
