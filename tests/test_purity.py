@@ -36,7 +36,7 @@ SHELL_MODULES = {
         "_streams",
         "_standard",
     },
-    "worker": {"_device", "_memory", "_metrics", "_service", "_shm", "_worker"},
+    "worker": {"_control", "_device", "_memory", "_metrics", "_service", "_shm", "_worker"},
     "node": {"_supervisor", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
 }

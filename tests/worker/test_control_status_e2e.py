@@ -85,7 +85,10 @@ async def test_batch_locators_metas_and_counters_across_a_restart(
         load = 0.5 * pipe.weight_nbytes / DEFAULT_LOAD_BANDWIDTH
         assert elapsed == pytest.approx([load + per_request, per_request, per_request])
         code, message = await grpc_error(client.model_metadata("search_scorer"))
-        assert (code, message) == (StatusCode.NOT_FOUND, "unknown model: search_scorer")
+        assert (code, message) == (
+            StatusCode.NOT_FOUND,
+            "Request for unknown model: 'search_scorer' is not found",
+        )
         assert not await client.model_ready("search_scorer")
         after = await client.statuses()
 

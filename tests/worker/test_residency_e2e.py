@@ -226,4 +226,7 @@ async def test_internal_submodels_are_invisible(model: str, autojump_clock: Mock
         assert model not in names and "search_pipeline" in names
         request = infer_request(model, {"x": np.zeros((1, 2), np.int32)})
         code, details = await grpc_error(client.infer(request))
-        assert (code, details) == (StatusCode.NOT_FOUND, f"unknown model: {model}")
+        assert (code, details) == (
+            StatusCode.NOT_FOUND,
+            f"Request for unknown model: '{model}' is not found",
+        )

@@ -33,7 +33,9 @@ async def test_each_request_is_answered_on_the_stream(autojump_clock: MockClock)
             stream.end()
             replies = [pb.ModelStreamInferResponse.FromString(r) async for r in stream]
         errors = [r.error_message for r in replies if r.error_message]
-        assert errors == ["unknown model: nope"]  # the stream went on after it
+        assert errors == [
+            "Request for unknown model: 'nope' is not found"
+        ]  # the stream went on after it
         answered = {r.infer_response.id: r.infer_response for r in replies if not r.error_message}
         assert set(answered) == set(requests)
         for request_id, inputs in requests.items():

@@ -1,46 +1,65 @@
-"""The RPCs the gateway answers by asking every worker: shared memory, IPC, compaction.
+"""The RPCs the gateway answers by asking every worker (or every holder of a model).
 
-Each is one fan-out (`rsgw.gateway._pool.fan_out`: every worker at once, each
-result or its error) and a rule that turns the results into one answer:
-- SystemSharedMemoryRegister: all or nothing; a partial success is rolled back;
-- SystemSharedMemoryUnregister: succeeds if any worker succeeds (empty name = all);
-- IsSameIPCNamespace: true only if every worker sees the client's region;
-- CompactMemory: succeeds if any worker compacted; the answer sums their reloads.
-While an SHM call runs on a worker, its register gate holds ModelInfer back
-there (a region registered on some workers but not yet on this one must not be
-used here). SHM calls count against the admission cap and are labelled
-`model=""`: region names are the client's own and would make labels unbounded.
+Each is one fan-out (`rsgw.gateway._pool.fan_out`: the workers at once, each result
+or its error) and one of two rules:
+- **all or nothing** (SystemSharedMemoryRegister, CudaSharedMemoryRegister,
+  RepositoryModelLoad): every worker must succeed; where some did and others did
+  not, the ones that did are undone (unregister, unload) and the call fails with
+  FAILED_PRECONDITION naming the workers that failed and why;
+- **any succeeds** (the Unregisters, RepositoryModelUnload, CompactMemory): the call
+  succeeds if one worker did; only if every worker failed does it fail.
+When every worker failed with the same status (a key that does not exist, a model
+no worker knows), the call fails with that status: it is the client's answer, and
+more precise than the original's FAILED_PRECONDITION for every failure.
+Statuses merge (the regions every worker reports alike, `rsgw.scheduling._merge`);
+IsSameIPCNamespace is true only if every worker says so; CompactMemory sums the
+models reloaded.
+
+While an SHM call runs on a worker its register gate holds ModelInfer back there (a
+region registered on some workers but not yet on this one must not be used). SHM
+calls count against the admission cap and are labelled `model=""`: region names
+are the client's own and would make labels unbounded. Workers are named in what the
+client reads, never addressed.
+
+Model control goes to the workers that should hold the model: the ones its
+lpt_packing placement names, every worker in the other modes (`holders`); the
+call answers once the routing table agrees (the prober rediscovers first).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError
+from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._pool import fan_out
 from rsgw.grpc._metering import metered
-from rsgw.scheduling._merge import merge_shm_status
+from rsgw.grpc._typed import typed_unary
+from rsgw.scheduling._merge import ShmStatus, merge_shm_status
 
 if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
-    from rsgw.grpc._server import ServerCall
+    from rsgw.gateway._prober import Prober
+    from rsgw.grpc._server import ServerCall, UnaryHandler
 
 logger = logging.getLogger(__name__)
 
 #: Deadline of IsSameIPCNamespace calls to workers.
 IPC_DEADLINE = 5.0
-#: CompactMemory may reload weights: at least this long (the original's 300 s floor).
-COMPACT_MIN_DEADLINE = 300.0
+#: CompactMemory and model loads may move weights: at least this long (the original's
+#: 300 s floor for compaction).
+SLOW_MIN_DEADLINE = 300.0
 
 Results = dict[str, bytes | Exception]
 
@@ -48,121 +67,246 @@ Results = dict[str, bytes | Exception]
 class FleetCalls:
     """The fan-out RPCs of one gateway; see the module docstring.
 
-    `admitted(rpc)` holds a place under the admission cap for the call's duration
-    (or raises RESOURCE_EXHAUSTED at the cap).
+    Args:
+        admitted: holds a place under the admission cap for a call's duration (or
+            raises RESOURCE_EXHAUSTED at the cap); SHM calls take one.
+        holders: the workers that should hold a model (for model control).
     """
 
     def __init__(
         self,
         pool: WorkerPool,
+        prober: Prober,
         metrics: GatewayMetrics,
         admitted: Callable[[str], AbstractContextManager[object]],
+        holders: Callable[[str], tuple[str, ...]],
         *,
         request_timeout: float,
     ) -> None:
         self.pool = pool
+        self.prober = prober
         self.metrics = metrics
         self._admitted = admitted
+        self._holders = holders
         self.request_timeout = request_timeout
 
-    # -- shared memory ------------------------------------------------------------------
+    def handlers(self) -> dict[Method, UnaryHandler]:
+        """The handler table of the fan-out RPCs."""
+        return {
+            Method.SHM_REGISTER: self._shm(
+                Method.SHM_REGISTER, pb.SystemSharedMemoryRegisterRequest, Method.SHM_UNREGISTER
+            ),
+            Method.SHM_UNREGISTER: self._shm(
+                Method.SHM_UNREGISTER, pb.SystemSharedMemoryUnregisterRequest, None
+            ),
+            Method.SHM_STATUS: self._status(Method.SHM_STATUS, pb.SystemSharedMemoryStatusResponse),
+            Method.CUDA_SHM_REGISTER: self._shm(
+                Method.CUDA_SHM_REGISTER,
+                pb.CudaSharedMemoryRegisterRequest,
+                Method.CUDA_SHM_UNREGISTER,
+            ),
+            Method.CUDA_SHM_UNREGISTER: self._shm(
+                Method.CUDA_SHM_UNREGISTER, pb.CudaSharedMemoryUnregisterRequest, None
+            ),
+            Method.CUDA_SHM_STATUS: self._status(
+                Method.CUDA_SHM_STATUS, pb.CudaSharedMemoryStatusResponse
+            ),
+            Method.REPOSITORY_MODEL_LOAD: typed_unary(
+                pb.RepositoryModelLoadRequest, self.model_load
+            ),
+            Method.REPOSITORY_MODEL_UNLOAD: typed_unary(
+                pb.RepositoryModelUnloadRequest, self.model_unload
+            ),
+            Method.IPC_NAMESPACE: typed_unary(
+                pb.IsSameIPCNamespaceRequest, self.is_same_ipc_namespace
+            ),
+            Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
+        }
 
-    async def shm_register(self, body: bytes, call: ServerCall) -> bytes:
-        """Register on every worker, or on none: partial success is rolled back."""
-        rpc = Method.SHM_REGISTER.rpc
-        with self._admitted(rpc), metered(call, self.metrics.observer(rpc)):
-            name = _region_name(pb.SystemSharedMemoryRegisterRequest, body)
-            if not name:
-                raise GrpcError(
-                    StatusCode.INVALID_ARGUMENT,
-                    "SystemSharedMemoryRegisterRequest.name is empty",
-                )
-            results = await self._gated(Method.SHM_REGISTER, body, call.deadline)
-            failed = _failed(results)
-            if failed:
-                succeeded = [url for url in results if url not in failed]
-                await self._roll_back(name, succeeded)
-                logger.warning(
-                    "shm register failed",
-                    extra={
-                        "failed": [self.pool.label(u) for u in failed],
-                        "rolled_back": len(succeeded),
-                    },
-                )
-                raise GrpcError(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"SHM register failed on workers: [{', '.join(failed)}]: "
-                    + "; ".join(str(results[u]) for u in failed),
-                )
-            logger.info("shm region registered", extra={"workers": len(results)})
+    # -- the two rules ----------------------------------------------------------------------
+
+    async def all_or_nothing(
+        self,
+        method: Method,
+        body: bytes,
+        urls: Sequence[str],
+        deadline: float,
+        undo: Callable[[list[str]], Awaitable[None]],
+        *,
+        gated: bool = False,
+    ) -> bytes:
+        """Every worker in `urls` succeeds, or the ones that did are undone and we fail."""
+        results = await self._ask(method, body, urls, deadline, gated=gated)
+        failed = [url for url in urls if isinstance(results[url], Exception)]
+        if not failed:
             return _first_reply(results)
+        succeeded = [url for url in urls if url not in failed]
+        await undo(succeeded)
+        code = StatusCode.FAILED_PRECONDITION
+        if not succeeded:
+            code = _common_code([results[url] for url in failed]) or code
+        logger.warning(
+            "fan-out failed; undone where it succeeded",
+            extra={
+                "rpc": method.rpc,
+                "failed": [self.pool.label(u) for u in failed],
+                "undone": len(succeeded),
+            },
+        )
+        raise GrpcError(
+            code,
+            f"{method.rpc} failed on {len(failed)} of {len(urls)} workers "
+            f"({self._why(failed, results)})",
+        )
 
-    async def shm_unregister(self, body: bytes, call: ServerCall) -> bytes:
-        """Unregister everywhere; succeeds if any worker succeeds (empty name = all)."""
-        rpc = Method.SHM_UNREGISTER.rpc
-        with self._admitted(rpc), metered(call, self.metrics.observer(rpc)):
-            _region_name(pb.SystemSharedMemoryUnregisterRequest, body)
-            results = await self._gated(Method.SHM_UNREGISTER, body, call.deadline)
-            failed = _failed(results)
-            if failed and len(failed) == len(results):
-                raise GrpcError(
-                    StatusCode.UNAVAILABLE,
-                    f"SHM unregister failed on all workers: [{', '.join(failed)}]",
-                )
-            if failed:
-                logger.warning(
-                    "shm unregister failed on some workers",
-                    extra={"failed": [self.pool.label(u) for u in failed]},
-                )
-            return _first_reply(results)
+    async def any_succeeds(
+        self, method: Method, body: bytes, urls: Sequence[str], deadline: float, *, gated: bool
+    ) -> bytes:
+        """One worker's success is the call's; it fails only if every worker did."""
+        results = await self._ask(method, body, urls, deadline, gated=gated)
+        failed = [url for url in urls if isinstance(results[url], Exception)]
+        if failed and len(failed) == len(urls):
+            code = _common_code([results[url] for url in failed]) or StatusCode.UNAVAILABLE
+            raise GrpcError(
+                code, f"{method.rpc} failed on every worker ({self._why(failed, results)})"
+            )
+        if failed:
+            logger.warning(
+                "fan-out failed on some workers",
+                extra={"rpc": method.rpc, "failed": [self.pool.label(u) for u in failed]},
+            )
+        return _first_reply(results)
 
-    async def _gated(self, method: Method, body: bytes, client_deadline: float) -> Results:
-        """The SHM fan-out, each worker's register gate closed while its call runs."""
-        deadline = min(client_deadline, trio.current_time() + self.request_timeout)
+    async def _ask(
+        self, method: Method, body: bytes, urls: Sequence[str], deadline: float, *, gated: bool
+    ) -> Results:
+        """The fan-out; with `gated`, each worker's register gate is closed meanwhile."""
         gate = self.pool.gate
 
         async def one(url: str) -> bytes:
-            gate.begin(url)
+            if gated:
+                gate.begin(url)
             try:
                 return await self.pool.channels[url].unary(method.wire, body, deadline=deadline)
             finally:
-                gate.end(url)
+                if gated:
+                    gate.end(url)
 
-        return await fan_out(self.pool.urls, one, self._observe_worker("SystemSharedMemory"))
+        return await fan_out(urls, one, self._observe_worker(method.rpc))
 
-    async def _roll_back(self, name: str, urls: list[str]) -> None:
-        """Best effort: unregister a partially registered region where it succeeded."""
-        if not urls:
-            return
-        body = pb.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
-        deadline = trio.current_time() + self.request_timeout
-        results = await fan_out(urls, self._caller(Method.SHM_UNREGISTER, body, deadline))
-        for url in _failed(results):
-            logger.warning(
-                "shm rollback failed",
-                extra={"worker": self.pool.label(url), "error": str(results[url])},
+    def _why(self, urls: Sequence[str], results: Results) -> str:
+        """What went wrong on each worker, in words a client may read (no addresses)."""
+        reasons = []
+        for url in urls:
+            error = results[url]
+            text = (
+                "unavailable"
+                if isinstance(error, WorkerUnavailable) or not isinstance(error, RsgwError)
+                else error.message
             )
+            reasons.append(f"{self.pool.public_name(url)}: {text}")
+        return "; ".join(reasons)
 
-    async def shm_status(
-        self, request: pb.SystemSharedMemoryStatusRequest, call: ServerCall
-    ) -> pb.SystemSharedMemoryStatusResponse:
-        """The regions registered through the gateway: those every worker reports alike."""
-        method = Method.SHM_STATUS
+    def _deadline(self, call: ServerCall, at_least: float = 0.0) -> float:
+        budget = max(self.request_timeout, at_least)
+        return min(call.deadline, trio.current_time() + budget)
+
+    # -- shared memory ------------------------------------------------------------------
+
+    def _shm(
+        self, method: Method, request: type[Message], undo_with: Method | None
+    ) -> UnaryHandler:
+        """A register (all or nothing, undone by `undo_with`) or an unregister (any)."""
+        observe = self.metrics.observer(method.rpc)
+
+        async def handler(body: bytes, call: ServerCall) -> bytes:
+            with self._admitted(method.rpc), metered(call, observe):
+                name = _region_name(request, body)
+                urls = self.pool.urls
+                deadline = self._deadline(call)
+                if undo_with is None:
+                    return await self.any_succeeds(method, body, urls, deadline, gated=True)
+                if not name:
+                    raise GrpcError(
+                        StatusCode.INVALID_ARGUMENT, f"{request.DESCRIPTOR.name}.name is empty"
+                    )
+                undo = self._undoer(undo_with, _named(undo_with, name))
+                return await self.all_or_nothing(method, body, urls, deadline, undo, gated=True)
+
+        return handler
+
+    def _status(self, method: Method, response: type[ShmStatus]) -> UnaryHandler:
+        """A status: the regions every worker reports alike."""
+        observe = self.metrics.observer(method.rpc)
+
+        async def handler(body: bytes, call: ServerCall) -> bytes:
+            with metered(call, observe):
+                urls = self.pool.urls
+                results = await self._ask(method, body, urls, self._deadline(call), gated=False)
+                answers = [
+                    response.FromString(reply)
+                    for url in urls
+                    if isinstance(reply := results[url], bytes)
+                ]
+                if answers:
+                    merged: bytes = merge_shm_status(answers).SerializeToString()
+                    return merged
+                first = results[urls[0]]
+                if isinstance(first, GrpcError):  # every worker said the same: no such region
+                    raise GrpcError(first.code, first.message)
+                raise GrpcError(StatusCode.UNAVAILABLE, f"no worker answered {method.rpc}")
+
+        return handler
+
+    def _undoer(self, method: Method, body: bytes) -> Callable[[list[str]], Awaitable[None]]:
+        """Best effort: run `method` where the failed call had succeeded."""
+
+        async def undo(urls: list[str]) -> None:
+            if not urls:
+                return
+            deadline = trio.current_time() + self.request_timeout
+            results = await self._ask(method, body, urls, deadline, gated=False)
+            for url, result in results.items():
+                if isinstance(result, Exception):
+                    logger.warning(
+                        "undo failed",
+                        extra={
+                            "rpc": method.rpc,
+                            "worker": self.pool.label(url),
+                            "error": str(result),
+                        },
+                    )
+
+        return undo
+
+    # -- explicit model control -----------------------------------------------------------
+
+    async def model_load(
+        self, request: pb.RepositoryModelLoadRequest, call: ServerCall
+    ) -> pb.RepositoryModelLoadResponse:
+        """Load on every worker that should hold the model; undone if any fails."""
+        method = Method.REPOSITORY_MODEL_LOAD
         with metered(call, self.metrics.observer(method.rpc)):
-            deadline = min(call.deadline, trio.current_time() + self.request_timeout)
-            caller = self._caller(method, request.SerializeToString(), deadline)
-            results = await fan_out(self.pool.urls, caller, self._observe_worker(method.rpc))
-            answers = [
-                pb.SystemSharedMemoryStatusResponse.FromString(reply)
-                for url in self.pool.urls
-                if isinstance(reply := results[url], bytes)
-            ]
-            if answers:
-                return merge_shm_status(answers)
-            first = results[self.pool.urls[0]]
-            if isinstance(first, GrpcError):  # every worker said the same: no such region
-                raise GrpcError(first.code, first.message)
-            raise GrpcError(StatusCode.UNAVAILABLE, "no worker answered SystemSharedMemoryStatus")
+            urls = self._holders(request.model_name)
+            undo = self._undoer(
+                Method.REPOSITORY_MODEL_UNLOAD,
+                pb.RepositoryModelUnloadRequest(model_name=request.model_name).SerializeToString(),
+            )
+            deadline = self._deadline(call, SLOW_MIN_DEADLINE)
+            await self.all_or_nothing(method, request.SerializeToString(), urls, deadline, undo)
+            await self.prober.rediscover()
+            return pb.RepositoryModelLoadResponse()
+
+    async def model_unload(
+        self, request: pb.RepositoryModelUnloadRequest, call: ServerCall
+    ) -> pb.RepositoryModelUnloadResponse:
+        """Unload everywhere it is held; succeeds if any worker did."""
+        method = Method.REPOSITORY_MODEL_UNLOAD
+        with metered(call, self.metrics.observer(method.rpc)):
+            body = request.SerializeToString()
+            await self.any_succeeds(method, body, self.pool.urls, self._deadline(call), gated=False)
+            await self.prober.rediscover()
+            return pb.RepositoryModelUnloadResponse()
 
     # -- answered by asking everyone ----------------------------------------------------
 
@@ -170,10 +314,13 @@ class FleetCalls:
         self, request: pb.IsSameIPCNamespaceRequest, call: ServerCall
     ) -> pb.IsSameIPCNamespaceResponse:
         """True only if every worker sees the client's region (any may serve it later)."""
-        with metered(call, self.metrics.observer(Method.IPC_NAMESPACE.rpc)):
+        method = Method.IPC_NAMESPACE
+        with metered(call, self.metrics.observer(method.rpc)):
             deadline = min(call.deadline, trio.current_time() + IPC_DEADLINE)
-            caller = self._caller(Method.IPC_NAMESPACE, request.SerializeToString(), deadline)
-            results = await fan_out(self.pool.urls, caller)
+            urls = self.pool.urls
+            results = await self._ask(
+                method, request.SerializeToString(), urls, deadline, gated=False
+            )
             same = bool(results)
             for url, result in results.items():
                 if isinstance(result, Exception):
@@ -192,15 +339,16 @@ class FleetCalls:
         """Compact every worker; the answer sums the models they reloaded."""
         method = Method.COMPACT_MEMORY
         with metered(call, self.metrics.observer(method.rpc)):
-            budget = max(self.request_timeout, COMPACT_MIN_DEADLINE)
-            deadline = min(call.deadline, trio.current_time() + budget)
-            caller = self._caller(method, request.SerializeToString(), deadline)
-            results = await fan_out(self.pool.urls, caller, self._observe_worker(method.rpc))
-            failed = _failed(results)
-            if failed and len(failed) == len(results):
+            urls = self.pool.urls
+            deadline = self._deadline(call, SLOW_MIN_DEADLINE)
+            results = await self._ask(
+                method, request.SerializeToString(), urls, deadline, gated=False
+            )
+            failed = [url for url in urls if isinstance(results[url], Exception)]
+            if failed and len(failed) == len(urls):
                 raise GrpcError(
                     StatusCode.UNAVAILABLE,
-                    f"compaction failed on all workers: [{', '.join(failed)}]",
+                    f"compaction failed on every worker ({self._why(failed, results)})",
                 )
             reloaded = sum(
                 cpb.CompactMemoryResponse.FromString(r).reloaded_models
@@ -209,34 +357,38 @@ class FleetCalls:
             )
             return cpb.CompactMemoryResponse(reloaded_models=reloaded)
 
-    def _caller(
-        self, method: Method, body: bytes, deadline: float
-    ) -> Callable[[str], Awaitable[bytes]]:
-        async def call(url: str) -> bytes:
-            return await self.pool.channels[url].unary(method.wire, body, deadline=deadline)
-
-        return call
-
     def _observe_worker(self, rpc: str) -> Callable[[str, float], None]:
         return lambda url, seconds: self.metrics.observe_worker(rpc, url, seconds)
 
 
-def _failed(results: Results) -> list[str]:
-    return [url for url, result in results.items() if isinstance(result, Exception)]
+def _common_code(errors: Sequence[bytes | Exception]) -> StatusCode | None:
+    """The status every worker answered alike (a client's fault, say), or None."""
+    codes = {e.code if isinstance(e, GrpcError) else None for e in errors}
+    code = codes.pop() if len(codes) == 1 else None
+    return code
 
 
 def _first_reply(results: Results) -> bytes:
     return next((r for r in results.values() if isinstance(r, bytes)), b"")
 
 
-def _region_name(
-    message: type[pb.SystemSharedMemoryRegisterRequest]
-    | type[pb.SystemSharedMemoryUnregisterRequest],
-    body: bytes,
-) -> str:
+def _region_name(message: type[Message], body: bytes) -> str:
     try:
-        return message.FromString(body).name
+        name: str = message.FromString(body).name  # type: ignore[attr-defined]  # every SHM request has one
+    except RsgwError:
+        raise
     except Exception as exc:  # protobuf's DecodeError
         raise GrpcError(
             StatusCode.INVALID_ARGUMENT, f"malformed {message.DESCRIPTOR.name}: {exc}"
         ) from exc
+    return name
+
+
+def _named(unregister: Method, name: str) -> bytes:
+    """The unregister request that undoes a register of region `name`."""
+    request: Message = (
+        pb.CudaSharedMemoryUnregisterRequest(name=name)
+        if unregister is Method.CUDA_SHM_UNREGISTER
+        else pb.SystemSharedMemoryUnregisterRequest(name=name)
+    )
+    return request.SerializeToString()

@@ -180,6 +180,7 @@ async def serve_gateway(
             max_concurrent_requests=config.max_concurrent_requests,
             max_requests_per_worker=config.grpc.max_concurrent_requests_per_worker,
             scheduler=scheduler,
+            holders=None if packing is None else packing.holders,
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)

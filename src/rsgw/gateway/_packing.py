@@ -101,6 +101,11 @@ class Packing:
     def knobs(self) -> SchedulingConfig:
         return self.scheduler.knobs
 
+    def holders(self, model: str) -> tuple[str, ...]:
+        """The workers the placement in force puts `model` on; every worker if unplaced."""
+        placed = self.packer.assignment.get(model)
+        return placed.urls if placed is not None else self._pool.urls
+
     def retune(self, knobs: SchedulingConfig) -> int:
         """Put a new knob set in force (the control plane); returns the new generation.
 

@@ -246,6 +246,20 @@ class Prober:
             except Exception:
                 logger.warning("on-demand discovery failed", exc_info=True)
 
+    async def rediscover(self) -> None:
+        """Rediscover now, unthrottled, and wait for it: the fleet's models just changed.
+
+        A discovery already running may have read the indexes before the change, so
+        this one runs after it. Model control answers only once routing agrees.
+        """
+        running = self._refreshing
+        if running is not None:
+            await running.wait()
+        try:
+            await self._refresh()
+        except Exception:
+            logger.warning("discovery after a model change failed", exc_info=True)
+
     def request_refresh(self) -> None:
         """Rediscover soon, without waiting (a worker said NOT_FOUND)."""
         if (

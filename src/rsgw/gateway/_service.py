@@ -25,15 +25,12 @@ import trio
 
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._methods import Method
-from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._metering import Meter, metered
-from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._plan import (
     CLIENT_FAULT_CODES,
@@ -50,7 +47,7 @@ from rsgw.scheduling._sequences import SequenceTable, holder_lost
 from rsgw.scheduling._wire import SequenceFlags, peek_routing
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
@@ -73,6 +70,7 @@ class GatewayService:
         max_concurrent_requests: int = 0,
         max_requests_per_worker: int = 0,
         scheduler: Scheduler | None = None,
+        holders: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -83,7 +81,14 @@ class GatewayService:
         self.ledger: Ledger[AnyReservation] = Ledger(
             max_concurrent_requests, max_requests_per_worker, self.scheduler.release
         )
-        self.fleet = FleetCalls(pool, metrics, self.admitted, request_timeout=request_timeout)
+        self.fleet = FleetCalls(
+            pool,
+            prober,
+            metrics,
+            self.admitted,
+            holders or (lambda model: pool.urls),
+            request_timeout=request_timeout,
+        )
         self.models = ModelCalls(pool, prober, metrics, request_timeout=request_timeout)
         #: Which worker holds each live sequence of a stateful model.
         self.sequences = SequenceTable()
@@ -95,16 +100,9 @@ class GatewayService:
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the gateway answers."""
-        fleet = self.fleet
         table: dict[Method, UnaryHandler] = {
             Method.MODEL_INFER: self.model_infer,
-            Method.SHM_REGISTER: fleet.shm_register,
-            Method.SHM_UNREGISTER: fleet.shm_unregister,
-            Method.IPC_NAMESPACE: typed_unary(
-                pb.IsSameIPCNamespaceRequest, fleet.is_same_ipc_namespace
-            ),
-            Method.SHM_STATUS: typed_unary(pb.SystemSharedMemoryStatusRequest, fleet.shm_status),
-            Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, fleet.compact_memory),
+            **self.fleet.handlers(),
             **self.models.handlers(),
         }
         return {method.path: handler for method, handler in table.items()}

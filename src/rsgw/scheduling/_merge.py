@@ -10,7 +10,7 @@ this one place (and documented in docs/api.md):
 - repository index: one row per model and version, READY if any worker has it
   ready, else the state and reason of the first worker (in configured order) that
   lists it;
-- system shared memory status: the regions every answering worker reports the same
+- shared memory status (system and CUDA): the regions every answering worker reports the same
   way; a region some worker lacks or describes differently is left out (it cannot
   be used through the gateway, since any worker may serve the next request).
 """
@@ -18,7 +18,7 @@ this one place (and documented in docs/api.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 
@@ -98,14 +98,15 @@ def merge_indexes(answers: Sequence[pb.RepositoryIndexResponse]) -> pb.Repositor
     return pb.RepositoryIndexResponse(models=[rows[key] for key in sorted(rows)])
 
 
-def merge_shm_status(
-    answers: Sequence[pb.SystemSharedMemoryStatusResponse],
-) -> pb.SystemSharedMemoryStatusResponse:
-    """The regions every answer reports identically."""
-    if not answers:
-        return pb.SystemSharedMemoryStatusResponse()
+ShmStatus = TypeVar(
+    "ShmStatus", pb.SystemSharedMemoryStatusResponse, pb.CudaSharedMemoryStatusResponse
+)
+
+
+def merge_shm_status(answers: Sequence[ShmStatus]) -> ShmStatus:
+    """The regions every answer (system or CUDA) reports identically; `answers` is not empty."""
     first, *others = answers
-    merged = pb.SystemSharedMemoryStatusResponse()
+    merged = type(first)()
     for name, region in first.regions.items():
         if all(name in other.regions and other.regions[name] == region for other in others):
             merged.regions[name].CopyFrom(region)

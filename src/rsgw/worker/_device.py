@@ -34,6 +34,7 @@ caller gives up still runs: it is already in the device's stream.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -43,12 +44,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError, RsgwError
+from rsgw._errors import GrpcError, NotFound, RsgwError
 from rsgw._status import StatusCode
 from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
 from rsgw.worker._counters import ModelCounters as ModelCounters
-from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH, DeviceMemory, not_resident
+from rsgw.worker._memory import (
+    DEFAULT_LOAD_BANDWIDTH,
+    DeviceMemory,
+    not_resident,
+    unloaded_model,
+)
 from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
@@ -141,6 +147,20 @@ class Device:
         self.busy_seconds = 0.0
 
     # -- what the service and the metrics read ---------------------------------------
+
+    def model(self, name: str, version: str = "") -> ModelSpec:
+        """The routable model a client named, loaded; NOT_FOUND otherwise, in Triton's words.
+
+        Internal sub-models are NOT_FOUND as if they did not exist.
+        """
+        spec = self.catalogue.route(name)
+        if spec is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if name in self.memory.unloaded:
+            raise unloaded_model(name)
+        if version and version != spec.version:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return spec
 
     def queue_depth(self, model: str) -> int:
         """Requests of `model` waiting; for a meta, its requests in progress."""
@@ -242,6 +262,14 @@ class Device:
         await self._control(partial(self.memory.set_residency, model, target))
         return self.memory.residence(model).residency
 
+    async def unload(self, model: str) -> None:
+        """RepositoryModelUnload of a routable model; its queued requests then fail."""
+        await self._control(partial(self.memory.unload, model))
+
+    async def load(self, model: str) -> None:
+        """RepositoryModelLoad of a routable model (see `DeviceMemory.load`)."""
+        await self._control(partial(self.memory.load, model))
+
     async def compact(self, reload: Iterable[str]) -> tuple[int, int]:
         """CompactMemory (see `DeviceMemory.compact`): (models reloaded, resident bytes)."""
         requested = list(dict.fromkeys(reload))
@@ -301,6 +329,8 @@ class Device:
     async def _run(self, batch: Batch[_Job]) -> None:
         spec = self.catalogue.get(batch.model)
         assert spec is not None
+        if self.memory.unloaded and not (batch := self._without_unloaded(batch)).requests:
+            return
         started = trio.current_time()
         if not await self.memory.make_resident(spec):
             # Unpinned while these waited: they never run (and never count).
@@ -335,6 +365,18 @@ class Device:
             if not job.internal:
                 self._compute(spec, job, pending.rows)
             job.done.set()
+
+    def _without_unloaded(self, batch: Batch[_Job]) -> Batch[_Job]:
+        """`batch` less the requests of models unloaded while they waited (those fail)."""
+        unloaded = self.memory.unloaded
+        kept = []
+        for pending in batch.requests:
+            assert pending.payload is not None
+            if pending.payload.route in unloaded:
+                self._fail(pending, unloaded_model(pending.payload.route))
+            else:
+                kept.append(pending)
+        return dataclasses.replace(batch, requests=tuple(kept))
 
     @staticmethod
     def _compute(spec: ModelSpec, job: _Job, rows: int) -> None:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import ConfigError, FailedPrecondition
+from rsgw._errors import ConfigError, FailedPrecondition, GrpcError
+from rsgw._status import StatusCode
 from rsgw.worker._weights import Load, Residency, ResidencyMode, WeightCache
 
 if TYPE_CHECKING:
@@ -55,6 +56,17 @@ class Residence:
     host_resident: bool
     pinned: bool
     weight_nbytes: int
+
+
+def unloaded_model(model: str) -> GrpcError:
+    """The error of any call naming a model RepositoryModelUnload unloaded (Triton's words).
+
+    UNAVAILABLE, not NOT_FOUND: the model exists and a RepositoryModelLoad brings it
+    back; through the gateway, another replica may still hold it.
+    """
+    return GrpcError(
+        StatusCode.UNAVAILABLE, f"Request for unknown model: '{model}' has no available versions"
+    )
 
 
 def not_resident(model: str) -> FailedPrecondition:
@@ -95,11 +107,15 @@ class DeviceMemory:
         self.load_bandwidth = load_bandwidth
         self.time_scale = time_scale
         self.counters = WeightCounters()
+        #: Each model's floor at start, which RepositoryModelLoad restores.
+        self._start_floors = self._initial_floors(pinned, cache_enabled=weight_cache_bytes > 0)
         self.cache = WeightCache(
             {m.name: m.weight_bytes for m in catalogue.models if not m.is_meta},
             weight_cache_bytes,
-            self._initial_floors(pinned, cache_enabled=weight_cache_bytes > 0),
+            self._start_floors,
         )
+        #: Routable models RepositoryModelUnload took away (until a RepositoryModelLoad).
+        self.unloaded: set[str] = set()
         self._over_budget_warned: set[str] = set()
 
     def _initial_floors(
@@ -147,6 +163,8 @@ class DeviceMemory:
 
     def is_servable(self, model: str) -> bool:
         """Whether a request for `model` may be queued now (READY in RepositoryIndex)."""
+        if model in self.unloaded:
+            return False
         if self.mode is ResidencyMode.SELF_MANAGED:
             return True
         return self.residence(model).device_resident
@@ -189,6 +207,50 @@ class DeviceMemory:
                 "model residency changed",
                 extra={"model": model, "residency": target.name.lower()},
             )
+
+    async def unload(self, model: str) -> None:
+        """RepositoryModelUnload: `model` is gone until loaded again; its weights are freed.
+
+        A sub-model another loaded meta still uses keeps its weights.
+        """
+        spec = self.catalogue.get(model)
+        assert spec is not None
+        self.unloaded.add(model)
+        for sub in self._exclusive_submodels(spec):
+            self.cache.unpin(sub, Residency.UNPINNED)
+        logger.info("model unloaded", extra={"model": model})
+
+    async def load(self, model: str) -> None:
+        """RepositoryModelLoad: `model` is back as the worker started with it.
+
+        A model the worker started pinned on the device is loaded again (paying the
+        load); the others come back at their start floor and load on demand (or, when
+        externally managed, when the control plane pins them).
+        """
+        spec = self.catalogue.get(model)
+        assert spec is not None
+        if model not in self.unloaded:
+            return
+        self.unloaded.discard(model)
+        for sub in self.catalogue.submodels(spec):
+            floor = self._start_floors[sub.name]
+            if floor is Residency.PINNED_DEVICE:
+                load = self.cache.pin(sub.name)
+                if load is not None:
+                    await self._pay(sub, load)
+            elif not self.cache.is_pinned(sub.name):
+                self.cache.unpin(sub.name, floor)
+        logger.info("model loaded", extra={"model": model})
+
+    def _exclusive_submodels(self, spec: ModelSpec) -> list[str]:
+        """`spec`'s sub-models that no other loaded routable model uses."""
+        shared = {
+            sub.name
+            for other in self.catalogue.routable
+            if other.name != spec.name and other.name not in self.unloaded
+            for sub in self.catalogue.submodels(other)
+        }
+        return [sub.name for sub in self.catalogue.submodels(spec) if sub.name not in shared]
 
     async def compact(self, requested: Sequence[str]) -> tuple[int, int]:
         """CompactMemory: free every unpinned weight, then reload `requested` (self-managed).

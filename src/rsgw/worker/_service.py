@@ -23,17 +23,16 @@ import trio
 from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw._version import __version__
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._wire import stream_error, stream_reply
+from rsgw.worker._control import ModelControl
 from rsgw.worker._memory import not_resident
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
 from rsgw.worker._triton import model_config, model_statistics
-from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Mapping
@@ -82,6 +81,7 @@ class WorkerService:
         self.max_concurrent_requests = max_concurrent_requests
         self.inflight = 0
         self.shed_total = 0
+        self.control = ModelControl(identity.name, device)
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the worker serves."""
@@ -105,14 +105,16 @@ class WorkerService:
             Method.IPC_NAMESPACE: typed_unary(
                 pb.IsSameIPCNamespaceRequest, self.is_same_ipc_namespace
             ),
-            Method.MODEL_CONTROL_STATUS: typed_unary(
-                cpb.ModelControlStatusRequest, self.model_control_status
+            Method.CUDA_SHM_REGISTER: typed_unary(
+                pb.CudaSharedMemoryRegisterRequest, self.cuda_shm_register
             ),
-            Method.SET_MODEL_RESIDENCY: typed_unary(
-                cpb.SetModelResidencyRequest, self.set_model_residency
+            Method.CUDA_SHM_UNREGISTER: typed_unary(
+                pb.CudaSharedMemoryUnregisterRequest, self.cuda_shm_unregister
             ),
-            Method.SET_MODEL_POLICY: typed_unary(cpb.SetModelPolicyRequest, self.set_model_policy),
-            Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
+            Method.CUDA_SHM_STATUS: typed_unary(
+                pb.CudaSharedMemoryStatusRequest, self.cuda_shm_status
+            ),
+            **self.control.handlers(),
         }
         return {method.path: handler for method, handler in table.items()}
 
@@ -155,7 +157,7 @@ class WorkerService:
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, _: ServerCall
     ) -> pb.ModelMetadataResponse:
-        spec = self._model(request.name)
+        spec = self.device.model(request.name)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=spec.name,
@@ -168,7 +170,7 @@ class WorkerService:
     async def model_config(
         self, request: pb.ModelConfigRequest, _: ServerCall
     ) -> pb.ModelConfigResponse:
-        spec = self._model(request.name, request.version)
+        spec = self.device.model(request.name, request.version)
         return pb.ModelConfigResponse(config=model_config(spec, self.identity.gpu))
 
     async def model_statistics(
@@ -176,9 +178,10 @@ class WorkerService:
     ) -> pb.ModelStatisticsResponse:
         """One model's statistics, or every routable model's when no name is given."""
         if request.name:
-            specs: tuple[ModelSpec, ...] = (self._model(request.name, request.version),)
+            specs: tuple[ModelSpec, ...] = (self.device.model(request.name, request.version),)
         else:
-            specs = self.catalogue.routable
+            unloaded = self.device.memory.unloaded
+            specs = tuple(s for s in self.catalogue.routable if s.name not in unloaded)
         counters = self.device.counters
         return pb.ModelStatisticsResponse(
             model_stats=[model_statistics(spec, counters[spec.name]) for spec in specs]
@@ -188,24 +191,20 @@ class WorkerService:
         self, request: pb.RepositoryIndexRequest, _: ServerCall
     ) -> pb.RepositoryIndexResponse:
         # Every model is compiled at start. A self-managed worker loads on demand,
-        # so all are READY; an externally managed one serves only what is pinned.
+        # so all are READY; an externally managed one serves only what is pinned;
+        # an unloaded model is UNAVAILABLE until loaded again.
         index = pb.RepositoryIndexResponse.ModelIndex
         response = pb.RepositoryIndexResponse()
+        memory = self.device.memory
         for spec in self.catalogue.routable:
-            ready = self.device.memory.is_servable(spec.name)
+            ready = memory.is_servable(spec.name)
             if ready or not request.ready:
+                reason = "unloaded" if spec.name in memory.unloaded else ""
+                state = "READY" if ready else "UNAVAILABLE"
                 response.models.append(
-                    index(name=spec.name, version="", state="READY" if ready else "UNAVAILABLE")
+                    index(name=spec.name, version=spec.version, state=state, reason=reason)
                 )
         return response
-
-    def _model(self, name: str, version: str = "") -> ModelSpec:
-        spec = self.catalogue.route(name)
-        if spec is None:
-            raise NotFound(f"unknown model: {name}")
-        if version and version != spec.version:
-            raise NotFound(f"unknown model: {name} version {version}")
-        return spec
 
     # -- inference ----------------------------------------------------------------------
 
@@ -225,7 +224,7 @@ class WorkerService:
                 request = _parse_infer_request(body)
                 if not request.model_name:
                     raise InvalidRequest("ModelInferRequest.model_name is empty")
-                spec = self._model(request.model_name)
+                spec = self.device.model(request.model_name)
                 meter.label = spec.name
                 if not self.device.memory.is_servable(spec.name):
                     raise not_resident(spec.name)
@@ -397,86 +396,32 @@ class WorkerService:
             entry.byte_size = region.byte_size
         return response
 
+    async def cuda_shm_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest, _: ServerCall
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise FailedPrecondition(
+            f"failed to register CUDA shared memory region '{request.name}': "
+            f"worker {self.identity.name} is a simulated GPU and has no CUDA; "
+            "use system shared memory"
+        )
+
+    async def cuda_shm_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, _: ServerCall
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        # No region can exist: unregistering one (or all) succeeds, as on Triton.
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def cuda_shm_status(
+        self, request: pb.CudaSharedMemoryStatusRequest, _: ServerCall
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:
+            raise NotFound(f"unregistered CUDA shared memory region: {request.name}")
+        return pb.CudaSharedMemoryStatusResponse()
+
     async def is_same_ipc_namespace(
         self, request: pb.IsSameIPCNamespaceRequest, _: ServerCall
     ) -> pb.IsSameIPCNamespaceResponse:
         return pb.IsSameIPCNamespaceResponse(same=same_ipc_namespace(request.name))
-
-    # -- control ------------------------------------------------------------------------
-
-    async def model_control_status(
-        self, _: cpb.ModelControlStatusRequest, __: ServerCall
-    ) -> cpb.ModelControlStatusResponse:
-        device = self.device
-        response = cpb.ModelControlStatusResponse(
-            residency_mode=device.residency_mode.value,
-            discipline=device.discipline.value,
-            weight_cache_max_bytes=device.memory.cache.max_bytes,
-        )
-        for spec in self.catalogue.routable:
-            counters = device.counters[spec.name]
-            residence = device.memory.residence(spec.name)
-            # A meta is one unit with no batch axis of its own (docs/original.md §8.2).
-            batched = not spec.is_meta
-            response.models.add(
-                name=spec.name,
-                residency=residence.residency.name,
-                device_resident=residence.device_resident,
-                host_resident=residence.host_resident,
-                weight_nbytes=residence.weight_nbytes,
-                weight=device.weight(spec.name),
-                queue_depth=device.queue_depth(spec.name),
-                total_compute_seconds=counters.total_compute_seconds,
-                requests_served=counters.requests_served,
-                dispatch_count=counters.dispatch_count,
-                max_batch_size=spec.max_batch_size if batched else 0,
-                batch_input_name=spec.batch_input if batched else "",
-                batch_axis=spec.batch_axis if batched else 0,
-                rows_served=counters.rows_served,
-            )
-        return response
-
-    async def set_model_residency(
-        self, request: cpb.SetModelResidencyRequest, _: ServerCall
-    ) -> cpb.SetModelResidencyResponse:
-        if self.device.residency_mode is not ResidencyMode.EXTERNALLY_MANAGED:
-            raise FailedPrecondition(
-                f"worker {self.identity.name} manages its own weights "
-                "(--residency-mode self_managed); SetModelResidency needs externally_managed"
-            )
-        spec = self._model(request.name)
-        if request.target not in _RESIDENCIES:
-            raise InvalidRequest(
-                f"SetModelResidency target must be UNPINNED, PINNED_SYSTEM or PINNED_DEVICE, "
-                f"got {_residency_name(request.target)}"
-            )
-        residency = await self.device.set_residency(spec.name, Residency(request.target))
-        return cpb.SetModelResidencyResponse(residency=residency.name)
-
-    async def set_model_policy(
-        self, request: cpb.SetModelPolicyRequest, _: ServerCall
-    ) -> cpb.SetModelPolicyResponse:
-        spec = self._model(request.name)
-        if request.has_weight:
-            self.device.set_weight(spec.name, request.weight)
-        return cpb.SetModelPolicyResponse()
-
-    async def compact_memory(
-        self, request: cpb.CompactMemoryRequest, _: ServerCall
-    ) -> cpb.CompactMemoryResponse:
-        reloaded, resident = await self.device.compact(request.reload_models)
-        return cpb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=resident)
-
-
-#: The targets SetModelResidency accepts (RESIDENCY_UNSPECIFIED is not one).
-_RESIDENCIES = frozenset(int(r) for r in Residency)
-
-
-def _residency_name(value: int) -> str:
-    try:
-        return str(cpb.Residency.Name(value))
-    except ValueError:  # an enum value this proto does not know
-        return str(value)
 
 
 def _parse_infer_request(body: bytes) -> pb.ModelInferRequest:

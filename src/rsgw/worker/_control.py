@@ -1,0 +1,155 @@
+"""The worker's model control: rsgw's ControlService and Triton's explicit model control.
+
+ControlService is how the gateway's lpt_packing steers a worker (where weights
+live, fair weights, compaction); RepositoryModelLoad / Unload are Triton's, for
+operators and clients that manage models themselves. Every handler validates
+here and hands the device a command it runs between batches (`_device.py`), so no
+batch loses its weights mid-run.
+
+Unload takes a model away until it is loaded again: RepositoryIndex lists it
+UNAVAILABLE ("unloaded"), ModelReady is false, every other call naming it is
+UNAVAILABLE in Triton's words, and requests already queued for it fail. Load
+brings it back as the worker started with it. Both are idempotent, as Triton's
+are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.grpc._typed import typed_unary
+from rsgw.worker._weights import Residency, ResidencyMode
+
+if TYPE_CHECKING:
+    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw.worker._catalogue import ModelSpec
+    from rsgw.worker._device import Device
+
+#: The targets SetModelResidency accepts (RESIDENCY_UNSPECIFIED is not one).
+_RESIDENCIES = frozenset(int(r) for r in Residency)
+
+
+class ModelControl:
+    """The control handlers of one worker named `name`, over its device."""
+
+    def __init__(self, name: str, device: Device) -> None:
+        self.name = name
+        self.device = device
+        self.catalogue = device.catalogue
+
+    def handlers(self) -> dict[Method, UnaryHandler]:
+        return {
+            Method.MODEL_CONTROL_STATUS: typed_unary(cpb.ModelControlStatusRequest, self.status),
+            Method.SET_MODEL_RESIDENCY: typed_unary(
+                cpb.SetModelResidencyRequest, self.set_residency
+            ),
+            Method.SET_MODEL_POLICY: typed_unary(cpb.SetModelPolicyRequest, self.set_policy),
+            Method.COMPACT_MEMORY: typed_unary(cpb.CompactMemoryRequest, self.compact_memory),
+            Method.REPOSITORY_MODEL_LOAD: typed_unary(pb.RepositoryModelLoadRequest, self.load),
+            Method.REPOSITORY_MODEL_UNLOAD: typed_unary(
+                pb.RepositoryModelUnloadRequest, self.unload
+            ),
+        }
+
+    async def status(
+        self, _: cpb.ModelControlStatusRequest, __: ServerCall
+    ) -> cpb.ModelControlStatusResponse:
+        device = self.device
+        response = cpb.ModelControlStatusResponse(
+            residency_mode=device.residency_mode.value,
+            discipline=device.discipline.value,
+            weight_cache_max_bytes=device.memory.cache.max_bytes,
+        )
+        for spec in self.catalogue.routable:
+            if spec.name in device.memory.unloaded:
+                continue
+            counters = device.counters[spec.name]
+            residence = device.memory.residence(spec.name)
+            # A meta is one unit with no batch axis of its own (docs/original.md §8.2).
+            batched = not spec.is_meta
+            response.models.add(
+                name=spec.name,
+                residency=residence.residency.name,
+                device_resident=residence.device_resident,
+                host_resident=residence.host_resident,
+                weight_nbytes=residence.weight_nbytes,
+                weight=device.weight(spec.name),
+                queue_depth=device.queue_depth(spec.name),
+                total_compute_seconds=counters.total_compute_seconds,
+                requests_served=counters.requests_served,
+                dispatch_count=counters.dispatch_count,
+                max_batch_size=spec.max_batch_size if batched else 0,
+                batch_input_name=spec.batch_input if batched else "",
+                batch_axis=spec.batch_axis if batched else 0,
+                rows_served=counters.rows_served,
+            )
+        return response
+
+    async def set_residency(
+        self, request: cpb.SetModelResidencyRequest, _: ServerCall
+    ) -> cpb.SetModelResidencyResponse:
+        if self.device.residency_mode is not ResidencyMode.EXTERNALLY_MANAGED:
+            raise FailedPrecondition(
+                f"worker {self.name} manages its own weights "
+                "(--residency-mode self_managed); SetModelResidency needs externally_managed"
+            )
+        spec = self.device.model(request.name)
+        if request.target not in _RESIDENCIES:
+            raise InvalidRequest(
+                f"SetModelResidency target must be UNPINNED, PINNED_SYSTEM or PINNED_DEVICE, "
+                f"got {_residency_name(request.target)}"
+            )
+        residency = await self.device.set_residency(spec.name, Residency(request.target))
+        return cpb.SetModelResidencyResponse(residency=residency.name)
+
+    async def set_policy(
+        self, request: cpb.SetModelPolicyRequest, _: ServerCall
+    ) -> cpb.SetModelPolicyResponse:
+        spec = self.device.model(request.name)
+        if request.has_weight:
+            self.device.set_weight(spec.name, request.weight)
+        return cpb.SetModelPolicyResponse()
+
+    async def compact_memory(
+        self, request: cpb.CompactMemoryRequest, _: ServerCall
+    ) -> cpb.CompactMemoryResponse:
+        reloaded, resident = await self.device.compact(request.reload_models)
+        return cpb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=resident)
+
+    async def load(
+        self, request: pb.RepositoryModelLoadRequest, _: ServerCall
+    ) -> pb.RepositoryModelLoadResponse:
+        spec = self._known(request.model_name, "load")
+        if request.parameters:
+            # Triton loads a config or files sent here; a simulated worker has only
+            # its catalogue, and saying so beats ignoring what the client sent.
+            raise InvalidRequest(
+                f"failed to load '{spec.name}': this worker loads models from its "
+                f"catalogue only; parameters {sorted(request.parameters)} are not supported"
+            )
+        await self.device.load(spec.name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def unload(
+        self, request: pb.RepositoryModelUnloadRequest, _: ServerCall
+    ) -> pb.RepositoryModelUnloadResponse:
+        spec = self._known(request.model_name, "unload")
+        await self.device.unload(spec.name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _known(self, name: str, action: str) -> ModelSpec:
+        spec = self.catalogue.route(name)
+        if spec is None:
+            raise NotFound(f"failed to {action} '{name}', no such model in the repository")
+        return spec
+
+
+def _residency_name(value: int) -> str:
+    try:
+        return str(cpb.Residency.Name(value))
+    except ValueError:  # an enum value this proto does not know
+        return str(value)

@@ -1,0 +1,189 @@
+"""Triton's explicit model control and CUDA shared memory on the simulated worker.
+
+RepositoryModelUnload takes a model away until RepositoryModelLoad brings it
+back: listed UNAVAILABLE ("unloaded"), not ready, UNAVAILABLE to every call
+naming it (in Triton's words), its queued requests failed, its weights freed. The
+worker has no CUDA: registering a CUDA region is refused with a reason, status
+and unregister answer as for a server with none registered.
+
+Memory streams and the autojump clock (`tests.worker.client`).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import trio
+from trio.testing import MockClock
+
+from rsgw._errors import GrpcError
+from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._status import StatusCode
+from rsgw.worker._worker import WorkerConfig
+from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
+from tests.worker.client import WorkerClient, grpc_error, open_memory_worker
+from tests.worker.test_residency_e2e import SLOW
+
+GONE = "Request for unknown model: 'simple' has no available versions"
+
+
+async def _load(client: WorkerClient, model: str, **parameters: str) -> None:
+    request = pb.RepositoryModelLoadRequest(model_name=model)
+    for key, value in parameters.items():
+        request.parameters[key].string_param = value
+    await client.call(Method.REPOSITORY_MODEL_LOAD, request, pb.RepositoryModelLoadResponse)
+
+
+async def _unload(client: WorkerClient, model: str) -> None:
+    request = pb.RepositoryModelUnloadRequest(model_name=model)
+    await client.call(Method.REPOSITORY_MODEL_UNLOAD, request, pb.RepositoryModelUnloadResponse)
+
+
+async def _index_row(client: WorkerClient, model: str) -> pb.RepositoryIndexResponse.ModelIndex:
+    response = await client.call(
+        Method.REPOSITORY_INDEX, pb.RepositoryIndexRequest(), pb.RepositoryIndexResponse
+    )
+    return next(row for row in response.models if row.name == model)
+
+
+def _config(**overrides: object) -> WorkerConfig:
+    return WorkerConfig(port=0, metrics_port=-1, **overrides)  # type: ignore[arg-type]
+
+
+async def test_unload_then_load(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
+        await client.check_simple()
+        await _unload(client, "simple")
+        await _unload(client, "simple")  # idempotent, as Triton's is
+
+        row = await _index_row(client, "simple")
+        assert (row.state, row.reason, row.version) == ("UNAVAILABLE", "unloaded", "1")
+        assert "simple" not in await client.ready_names()
+        assert not await client.model_ready("simple")
+        assert await grpc_error(client.check_simple()) == (StatusCode.UNAVAILABLE, GONE)
+        assert await grpc_error(client.model_metadata("simple")) == (StatusCode.UNAVAILABLE, GONE)
+        config = client.call(
+            Method.MODEL_CONFIG, pb.ModelConfigRequest(name="simple"), pb.ModelConfigResponse
+        )
+        assert await grpc_error(config) == (StatusCode.UNAVAILABLE, GONE)
+        stats = await client.call(
+            Method.MODEL_STATISTICS, pb.ModelStatisticsRequest(), pb.ModelStatisticsResponse
+        )
+        assert "simple" not in {s.name for s in stats.model_stats}
+        assert "simple" not in await client.statuses()
+        assert "simple" not in client.device.memory.cache.resident_models()
+
+        await _load(client, "simple")
+        await _load(client, "simple")
+        row = await _index_row(client, "simple")
+        assert (row.state, row.reason) == ("READY", "")
+        await client.check_simple()
+
+
+async def test_unload_fails_the_queued_requests(autojump_clock: MockClock) -> None:
+    """Queued behind a running batch, they fail UNAVAILABLE; the running batch completes."""
+    async with open_memory_worker(_config(catalogue=SLOW)) as client:
+        device = client.device
+        outcomes: list[StatusCode] = []
+
+        async def run_slow() -> None:
+            try:
+                await client.infer(infer_request("slow", {"x": np.zeros((1, 2), np.int32)}))
+                outcomes.append(StatusCode.OK)
+            except GrpcError as exc:
+                outcomes.append(exc.code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_slow)
+            await wait_until_async(
+                lambda: client.worker.service.inflight == 1 and device.queue_depth("slow") == 0,
+                what="the first batch to start",
+            )
+            nursery.start_soon(run_slow)
+            await wait_until_async(lambda: device.queue_depth("slow") == 1, what="queued")
+            await _unload(client, "slow")
+        assert sorted(outcomes) == [StatusCode.OK, StatusCode.UNAVAILABLE]
+        assert device.counters["slow"].requests_served == 1
+
+
+async def test_load_and_unload_errors(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
+        assert await grpc_error(_load(client, "nope")) == (
+            StatusCode.NOT_FOUND,
+            "failed to load 'nope', no such model in the repository",
+        )
+        assert await grpc_error(_unload(client, "nope")) == (
+            StatusCode.NOT_FOUND,
+            "failed to unload 'nope', no such model in the repository",
+        )
+        code, message = await grpc_error(_load(client, "simple", config="{}"))
+        assert code == StatusCode.INVALID_ARGUMENT
+        assert "catalogue only; parameters ['config'] are not supported" in message
+        # An internal sub-model of a meta is not a model a client can name.
+        assert (await grpc_error(_unload(client, "search_embedder")))[0] == StatusCode.NOT_FOUND
+
+
+TWO_METAS = catalogue_from_yaml(
+    textwrap.dedent(
+        """\
+        models:
+          - {name: first, kind: meta, submodels: [shared, own],
+             inputs: [{name: x, datatype: INT32, shape: [-1, 2]}],
+             outputs: [{name: y, datatype: INT32, shape: [-1, 2]}]}
+          - {name: second, kind: meta, submodels: [shared],
+             inputs: [{name: x, datatype: INT32, shape: [-1, 2]}],
+             outputs: [{name: y, datatype: INT32, shape: [-1, 2]}]}
+          - {name: shared, weight_bytes: 1000,
+             inputs: [{name: x, datatype: INT32, shape: [-1, 2]}],
+             outputs: [{name: y, datatype: INT32, shape: [-1, 2]}]}
+          - {name: own, weight_bytes: 1000,
+             inputs: [{name: x, datatype: INT32, shape: [-1, 2]}],
+             outputs: [{name: y, datatype: INT32, shape: [-1, 2]}]}
+        """
+    ),
+    with_builtin=False,
+)
+
+
+async def test_a_meta_unload_frees_only_what_no_loaded_model_uses(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_memory_worker(_config(catalogue=TWO_METAS)) as client:
+        cache = client.device.memory.cache
+        assert set(cache.resident_models()) == {"shared", "own"}
+        await _unload(client, "first")
+        assert set(cache.resident_models()) == {"shared"}  # `second` still uses it
+        await _unload(client, "second")
+        assert set(cache.resident_models()) == set()
+        await _load(client, "first")
+        assert set(cache.resident_models()) == {"shared", "own"}
+        assert await client.ready_names() == ["first"]
+
+
+async def test_cuda_shared_memory_on_a_worker_without_cuda(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
+        register = pb.CudaSharedMemoryRegisterRequest(name="r", raw_handle=b"x", byte_size=8)
+        code, message = await grpc_error(
+            client.call(Method.CUDA_SHM_REGISTER, register, pb.CudaSharedMemoryRegisterResponse)
+        )
+        assert code == StatusCode.FAILED_PRECONDITION
+        assert "has no CUDA; use system shared memory" in message
+        status = await client.call(
+            Method.CUDA_SHM_STATUS,
+            pb.CudaSharedMemoryStatusRequest(),
+            pb.CudaSharedMemoryStatusResponse,
+        )
+        assert not status.regions
+        named = client.call(
+            Method.CUDA_SHM_STATUS,
+            pb.CudaSharedMemoryStatusRequest(name="r"),
+            pb.CudaSharedMemoryStatusResponse,
+        )
+        assert (await grpc_error(named))[0] == StatusCode.NOT_FOUND
+        await client.call(
+            Method.CUDA_SHM_UNREGISTER,
+            pb.CudaSharedMemoryUnregisterRequest(),
+            pb.CudaSharedMemoryUnregisterResponse,
+        )
