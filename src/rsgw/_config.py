@@ -49,6 +49,7 @@ from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
 from rsgw._schema import LoggingConfig as LoggingConfig
+from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
 from rsgw._schema import TlsConfig as TlsConfig
 from rsgw._schema import WorkerClientConfig as WorkerClientConfig
 from rsgw._values import must_be, read_yaml, show
@@ -94,6 +95,8 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "tls.cert_file": "str",
         "tls.key_file": "str",
         "tls.client_ca_file": "str",
+        "server_metadata.name": "str",
+        "server_metadata.version": "str",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -205,6 +208,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "grpc": GrpcLimits,
         "logging": LoggingConfig,
         "tls": TlsConfig,
+        "server_metadata": ServerMetadataConfig,
         "scheduling": SchedulingConfig,
     }
 )

@@ -113,6 +113,7 @@ _GRPC_CHECKS: Mapping[str, Check] = {
     ),
 }
 _LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
+_SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
 _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
@@ -183,6 +184,17 @@ class TlsConfig:
         check_fields(self, "tls.", _TLS_CHECKS)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerMetadataConfig:
+    """What ServerMetadata answers: empty fields say what the ready workers report."""
+
+    name: str = ""
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "server_metadata.", _SERVER_METADATA_CHECKS)
+
+
 def _check_startup_wait(value: object, key: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
         return math.inf
@@ -207,6 +219,7 @@ class GatewayConfig:
     grpc: GrpcLimits = field(default_factory=GrpcLimits)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    server_metadata: ServerMetadataConfig = field(default_factory=ServerMetadataConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -285,7 +298,15 @@ class GatewayConfig:
         """
         blocks = {
             name: {k: _plain(v) for k, v in _frozen_fields(getattr(self, name)).items()}
-            for name in ("listen", "worker_client", "grpc", "logging", "tls", "scheduling")
+            for name in (
+                "listen",
+                "worker_client",
+                "grpc",
+                "logging",
+                "tls",
+                "server_metadata",
+                "scheduling",
+            )
         }
         blocks["scheduling"]["models"] = {
             name: {

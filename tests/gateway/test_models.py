@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 from tritonclient.utils import InferenceServerException
 
+from rsgw._config import ServerMetadataConfig
 from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -63,7 +64,7 @@ async def test_server_live_ready_and_metadata(autojump_clock: MockClock) -> None
         metadata = pb.ServerMetadataResponse.FromString(
             await call(fleet, Method.SERVER_METADATA, pb.ServerMetadataRequest())
         )
-        assert metadata.name == "rsgw-worker"
+        assert metadata.name == "triton"
         assert "model_repository" in metadata.extensions
         for worker in fleet.workers:
             await worker.aclose()
@@ -174,13 +175,23 @@ def test_merges_are_what_the_docs_say() -> None:
     assert merge_indexes([ready]).models[0].reason == "unloaded"
 
 
+async def test_server_metadata_override(autojump_clock: MockClock) -> None:
+    identity = ServerMetadataConfig(name="node-7", version="2026.12")
+    async with open_fleet(2, memory=True, server_metadata=identity) as fleet:
+        metadata = pb.ServerMetadataResponse.FromString(
+            await call(fleet, Method.SERVER_METADATA, pb.ServerMetadataRequest())
+        )
+        assert (metadata.name, metadata.version) == ("node-7", "2026.12")
+        assert "model_repository" in metadata.extensions  # still the workers' extensions
+
+
 async def test_tritonclient_sees_a_triton_server() -> None:
     async with open_fleet(2) as fleet:
         client = grpcclient.InferenceServerClient(fleet.target)
         try:
             assert await in_thread(client.is_server_live)
             assert await in_thread(client.is_server_ready)
-            assert (await in_thread(client.get_server_metadata)).name == "rsgw-worker"
+            assert (await in_thread(client.get_server_metadata)).name == "triton"
             assert await in_thread(lambda: client.is_model_ready("simple"))
             metadata = await in_thread(lambda: client.get_model_metadata("simple"))
             assert metadata.name == "simple"

@@ -226,7 +226,7 @@ def test_health_and_metadata(client: Client) -> None:
     assert client.is_model_ready("no_such_model") is False
 
     server = client.get_server_metadata()
-    assert server.name == "rsgw-worker"
+    assert server.name == "triton"
     assert "system_shared_memory" in server.extensions
 
     meta = client.get_model_metadata("simple")

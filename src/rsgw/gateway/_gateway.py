@@ -181,6 +181,7 @@ async def serve_gateway(
             max_requests_per_worker=config.grpc.max_concurrent_requests_per_worker,
             scheduler=scheduler,
             holders=None if packing is None else packing.holders,
+            identity=config.server_metadata,
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)

@@ -3,7 +3,8 @@
 Three kinds, by who can answer:
 - **The gateway itself**: ServerLive (true while it serves), ServerReady (the rule of
   `/readyz`: some worker is ready), ServerMetadata (the fleet's identity as its ready
-  workers report it, with the extensions every one of them has).
+  workers report it, with the extensions every one of them has; `server_metadata:` in
+  gateway.yml overrides the name and the version).
 - **One replica of the model**, routed by the request's model name (field 1, read from
   the raw bytes as ModelInfer's is) with ModelInfer's failover rule: ModelReady,
   ModelMetadata, ModelConfig, ModelStatistics of one model. A model no worker serves
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from rsgw._config import ServerMetadataConfig
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -72,8 +74,10 @@ class ModelCalls:
         metrics: GatewayMetrics,
         *,
         request_timeout: float = DEFAULT_DEADLINE,
+        identity: ServerMetadataConfig | None = None,
     ) -> None:
         self.pool = pool
+        self.identity = identity or ServerMetadataConfig()
         self.prober = prober
         self.metrics = metrics
         self.request_timeout = request_timeout
@@ -116,14 +120,17 @@ class ModelCalls:
                 for url in ready
                 if isinstance(reply := results.get(url), bytes)
             ]
-            if not answers:
-                return pb.ServerMetadataResponse(name=FALLBACK_NAME, version=__version__)
-            common = set(answers[0].extensions).intersection(*(a.extensions for a in answers))
-            first = answers[0]
+            if answers:
+                first = answers[0]
+                common = set(first.extensions).intersection(*(a.extensions for a in answers))
+                name, version = first.name, first.version
+                extensions = [e for e in first.extensions if e in common]
+            else:
+                name, version, extensions = FALLBACK_NAME, __version__, []
             return pb.ServerMetadataResponse(
-                name=first.name,
-                version=first.version,
-                extensions=[e for e in first.extensions if e in common],
+                name=self.identity.name or name,
+                version=self.identity.version or version,
+                extensions=extensions,
             )
 
     # -- routed to one replica ----------------------------------------------------------

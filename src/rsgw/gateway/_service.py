@@ -49,6 +49,7 @@ from rsgw.scheduling._wire import SequenceFlags, peek_routing
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from rsgw._config import ServerMetadataConfig
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
     from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
@@ -71,6 +72,7 @@ class GatewayService:
         max_requests_per_worker: int = 0,
         scheduler: Scheduler | None = None,
         holders: Callable[[str], tuple[str, ...]] | None = None,
+        identity: ServerMetadataConfig | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -89,7 +91,9 @@ class GatewayService:
             holders or (lambda model: pool.urls),
             request_timeout=request_timeout,
         )
-        self.models = ModelCalls(pool, prober, metrics, request_timeout=request_timeout)
+        self.models = ModelCalls(
+            pool, prober, metrics, request_timeout=request_timeout, identity=identity
+        )
         #: Which worker holds each live sequence of a stateful model.
         self.sequences = SequenceTable()
         self.streams = StreamProxy(pool, prober, self.scheduler, metrics, self.sequences)

@@ -49,6 +49,15 @@ _SHM_OFFSET = "shared_memory_offset"
 _SHM_SIZE = "shared_memory_byte_size"
 #: The model label of requests that name no model this worker serves.
 UNKNOWN_MODEL = "_unknown_"
+#: The KServe V2 / Triton extensions this worker implements, as ServerMetadata lists them.
+EXTENSIONS = (
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_configuration",
+    "model_repository",
+    "system_shared_memory",
+)
 #: Relative deadline a ReactantServer client may send as a request parameter.
 _TIMEOUT_NS = "reactant_timeout_ns"
 
@@ -148,10 +157,10 @@ class WorkerService:
     async def server_metadata(
         self, _: pb.ServerMetadataRequest, __: ServerCall
     ) -> pb.ServerMetadataResponse:
+        # "triton": a stand-in for a Triton server, named as one (clients check it);
+        # the version is rsgw's own.
         return pb.ServerMetadataResponse(
-            name="rsgw-worker",
-            version=__version__,
-            extensions=["system_shared_memory", "binary_tensor_data", "model_repository"],
+            name="triton", version=__version__, extensions=list(EXTENSIONS)
         )
 
     async def model_metadata(
