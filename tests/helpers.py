@@ -264,10 +264,19 @@ class RawReply:
     status: int
     message: str
     messages: tuple[bytes, ...]
+    #: Every response header and trailer, by name.
+    fields: dict[str, str]
+    #: Each response message's compressed flag.
+    flags: tuple[int, ...]
 
 
 async def raw_h2_unary(
-    port: int, path: str, body: bytes, *, headers: Sequence[tuple[str, str]] = ()
+    port: int,
+    path: str,
+    body: bytes,
+    *,
+    headers: Sequence[tuple[str, str]] = (),
+    flag: int = 0,
 ) -> RawReply:
     """One gRPC call over a fresh h2 connection, with no client-side timer at all.
 
@@ -276,6 +285,8 @@ async def raw_h2_unary(
     enforced its `grpc-timeout` or the client gave up first. This client sends
     whatever `headers` say (a `grpc-timeout`, say) and then only listens, so the
     status it returns is the server's own verdict. Wrap it in `trio.fail_after`.
+    `flag` is the request message's compressed flag (1: `body` is compressed in
+    the encoding `headers` name), and no `grpc-accept-encoding` is sent.
     """
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
@@ -294,7 +305,8 @@ async def raw_h2_unary(
             *headers,
         ]
         conn.send_headers(stream_id, request_headers)
-        conn.send_data(stream_id, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        prefix = flag.to_bytes(1, "big") + len(body).to_bytes(4, "big")
+        conn.send_data(stream_id, prefix + body, end_stream=True)
         await stream.send_all(conn.data_to_send())
         fields: dict[str, str] = {}
         data = bytearray()
@@ -316,13 +328,16 @@ async def raw_h2_unary(
                     ended = True
             await stream.send_all(conn.data_to_send())
     messages: list[bytes] = []
+    flags: list[int] = []
     while data:
         size = int.from_bytes(data[1:5], "big")
+        flags.append(data[0])
         messages.append(bytes(data[5 : 5 + size]))
         del data[: 5 + size]
     status = fields.get("grpc-status")
     assert status is not None, f"{path} ended without grpc-status: {fields}"
-    return RawReply(int(status), unquote(fields.get("grpc-message", "")), tuple(messages))
+    message = unquote(fields.get("grpc-message", ""))
+    return RawReply(int(status), message, tuple(messages), fields, tuple(flags))
 
 
 # ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ wall time. The failures a real network has are scripted here:
 - a peer that hangs (a SIGSTOPped worker): `freeze(target)` stops every byte to
   and from it until `thaw(target)`; `stall_clients(target)` stops its clients
   reading what it sends (a consumer that stops reading).
+It also counts the bytes clients send to each target (`sent_to`), so a test can
+see what went over the wire (a request forwarded compressed, say).
 """
 
 from __future__ import annotations
@@ -62,15 +64,20 @@ class _Gated(trio.abc.Stream):
         network: MemoryNetwork,
         receive_key: str,
         send_key: str | None,
+        counted_as: str | None = None,
     ) -> None:
         self._stream = stream
         self._network = network
         self._receive_key = receive_key
         self._send_key = send_key
+        self._counted_as = counted_as
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._send_key is not None:
             await self._network.wait_thawed(self._send_key)
+        if self._counted_as is not None:
+            sent = self._network.sent_to
+            sent[self._counted_as] = sent.get(self._counted_as, 0) + len(data)
         await self._stream.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -97,6 +104,8 @@ class MemoryNetwork:
         self._frozen: dict[str, trio.Event] = {}
         #: Connections made so far, by target.
         self.connects: dict[str, int] = {}
+        #: Bytes clients sent to each target so far.
+        self.sent_to: dict[str, int] = {}
 
     def listen(self, host: str, port: int) -> tuple[trio.abc.Listener[trio.abc.Stream], int]:
         if port == 0:
@@ -115,7 +124,7 @@ class MemoryNetwork:
         self.connects[target] = self.connects.get(target, 0) + 1
         client, server = trio.testing.memory_stream_pair()
         listener.offer(_Gated(server, self, target, target))
-        return _Gated(client, self, _CLIENTS + target, None)
+        return _Gated(client, self, _CLIENTS + target, None, counted_as=target)
 
     def forget(self, listener: MemoryListener) -> None:
         if self._listeners.get(listener.address) is listener:

@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="which queued model the device runs next (default fifo)",
     )
     worker.add_argument(
+        "--response-compression",
+        choices=["none", "gzip", "deflate"],
+        default="none",
+        help="compress replies in this encoding for clients that accept it (default none)",
+    )
+    worker.add_argument(
         "--weight-cache-bytes",
         type=_byte_size,
         default=0,
@@ -242,6 +248,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         residency_mode=ResidencyMode(args.residency_mode),
         load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
         pinned=frozenset(args.pin),
+        response_compression=args.response_compression,
     )
 
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode, status_from_wire
+from rsgw.grpc._compression import Compressed, Deflated, Gzipped
 from rsgw.grpc._metadata import (
     OK_TRAILERS,
     decode_message,
@@ -81,7 +82,7 @@ def test_request_without_timeout() -> None:
     [
         ((b":method", b"GET"), StatusCode.INTERNAL),
         ((b"content-type", b"text/plain"), StatusCode.INTERNAL),
-        ((b"grpc-encoding", b"gzip"), StatusCode.UNIMPLEMENTED),
+        ((b"grpc-encoding", b"snappy"), StatusCode.UNIMPLEMENTED),
     ],
 )
 def test_request_headers_rejected(replace: tuple[bytes, bytes], code: StatusCode) -> None:
@@ -89,6 +90,24 @@ def test_request_headers_rejected(replace: tuple[bytes, bytes], code: StatusCode
     with pytest.raises(GrpcError) as caught:
         parse_request_headers(headers)
     assert caught.value.code is code
+
+
+def test_unsupported_encoding_names_the_ones_read() -> None:
+    with pytest.raises(GrpcError) as caught:
+        parse_request_headers([*GOOD, (b"grpc-encoding", b"br")])
+    assert caught.value.message == "message encoding 'br' not supported"
+    assert caught.value.trailers == ((b"grpc-accept-encoding", b"identity,deflate,gzip"),)
+
+
+@pytest.mark.parametrize(("name", "codec"), [(b"gzip", Gzipped), (b"deflate", Deflated)])
+def test_request_encodings(name: bytes, codec: type[Compressed]) -> None:
+    head = parse_request_headers(
+        [*GOOD, (b"grpc-encoding", name), (b"grpc-accept-encoding", b"identity, GZIP,deflate")]
+    )
+    assert head.encoding is codec
+    assert head.accept == {b"identity", b"gzip", b"deflate"}
+    assert head.metadata == ()
+    assert parse_request_headers([*GOOD, (b"grpc-encoding", b"identity")]).encoding is None
 
 
 def test_trailers() -> None:

@@ -182,6 +182,7 @@ async def serve_gateway(
             scheduler=scheduler,
             holders=None if packing is None else packing.holders,
             identity=config.server_metadata,
+            max_message_bytes=limits.max_recv_msg_bytes,
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)
@@ -197,6 +198,7 @@ async def serve_gateway(
             handlers | standard,
             stream_handlers=service.stream_handlers() | streams,
             on_refused=metrics.refused,
+            raw_paths=service.raw_paths,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
         )

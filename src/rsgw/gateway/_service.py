@@ -8,6 +8,11 @@ orders, `rsgw.scheduling._plan.RouteWalk` walks the failover); this module does
 the I/O those decisions ask for. The fan-outs to every worker (shared memory,
 IPC namespace, compaction) are in `rsgw.gateway._fanout`.
 
+A compressed request (gzip, deflate) stays compressed: routing inflates only its
+head (every field before the tensor bytes, `rsgw.scheduling._wire.head_length`),
+the worker gets the compressed bytes, and its answer comes back as it was sent
+(the server shell decompresses it only for a client that does not accept it).
+
 One deadline per call: the client's `grpc-timeout` or `request_timeout_seconds`,
 whichever is sooner, covers everything after admission, the wait at a worker's
 register gate included. No per-request log lines, no per-request tasks:
@@ -30,6 +35,8 @@ from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._streaming import StreamProxy
+from rsgw.grpc._compression import inflate_prefix
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._metering import Meter, metered
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._plan import (
@@ -44,7 +51,7 @@ from rsgw.scheduling._plan import (
 )
 from rsgw.scheduling._schedulers import AnyReservation, RoundRobinScheduler, Scheduler
 from rsgw.scheduling._sequences import SequenceTable, holder_lost
-from rsgw.scheduling._wire import SequenceFlags, peek_routing
+from rsgw.scheduling._wire import SequenceFlags, head_length, peek_routing
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -61,6 +68,9 @@ logger = logging.getLogger(__name__)
 class GatewayService:
     """The handlers of one gateway, bound to its pool, prober, scheduler and metrics."""
 
+    #: The pass-through methods: their requests reach them still compressed.
+    raw_paths = (Method.MODEL_INFER.path,)
+
     def __init__(
         self,
         pool: WorkerPool,
@@ -73,11 +83,14 @@ class GatewayService:
         scheduler: Scheduler | None = None,
         holders: Callable[[str], tuple[str, ...]] | None = None,
         identity: ServerMetadataConfig | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.pool = pool
         self.prober = prober
         self.metrics = metrics
         self.request_timeout = request_timeout
+        #: The receive limit, which a compressed request's inflated head is held to.
+        self.max_message_bytes = max_message_bytes
         self.scheduler: Scheduler = scheduler or RoundRobinScheduler()
         #: Admitted calls, the calls each worker holds, and the scheduler's charges.
         self.ledger: Ledger[AnyReservation] = Ledger(
@@ -154,8 +167,11 @@ class GatewayService:
         self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter
     ) -> bytes:
         meter.timed = False  # refused before routing: counted, but no latency observed
+        head = body  # what routing reads: the body itself, or a compressed body's head
         try:
-            model, sequence = peek_routing(body)
+            if type(body) is not bytes:
+                head = inflate_prefix(body, head_length, self.max_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+            model, sequence = peek_routing(head)
         except DecodeError as exc:
             raise _malformed(exc) from exc
         if not model:
@@ -183,7 +199,7 @@ class GatewayService:
         ledger = self.ledger
         free = ledger.with_room(replicas)
         try:
-            order, reservation = self.scheduler.select(model, free, body) if free else ((), None)
+            order, reservation = self.scheduler.select(model, free, head) if free else ((), None)
         except DecodeError as exc:  # the batch-extent walk met bad bytes
             raise _malformed(exc) from exc
         ledger.reserve(ticket, reservation)
@@ -240,7 +256,11 @@ class GatewayService:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
                 response = await pool.channels[url].unary(
-                    Method.MODEL_INFER.wire, body, deadline=deadline, enforce_deadline=False
+                    Method.MODEL_INFER.wire,
+                    body,
+                    deadline=deadline,
+                    enforce_deadline=False,
+                    raw=True,
                 )
                 walk.answered = url
                 return response

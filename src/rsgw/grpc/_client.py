@@ -45,6 +45,7 @@ from rsgw.grpc._calls import (
     OutboxDrained,
 )
 from rsgw.grpc._client_connection import ClientConnection
+from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
@@ -130,6 +131,7 @@ class Channel:
         self._request_suffix: HeaderBlock = (
             (b"content-type", CONTENT_TYPE),
             (b"te", b"trailers"),
+            (b"grpc-accept-encoding", ACCEPT_ENCODING),
         )
         #: Connections made so far (a reset or a dead peer makes the next call reconnect).
         self.connects = 0
@@ -157,8 +159,13 @@ class Channel:
         metadata: HeaderBlock = (),
         uncapped: bool = False,
         enforce_deadline: bool = True,
+        raw: bool = False,
     ) -> bytes:
         """Call `path` with `request`; return the response message.
+
+        A `Compressed` request goes out compressed (decompressed first if the peer
+        said it does not read that encoding). The reply comes back decompressed,
+        or, with `raw`, as it came (a pass-through relays it compressed).
 
         Args:
             deadline: absolute, on the Trio clock; forwarded as `grpc-timeout`.
@@ -180,7 +187,13 @@ class Channel:
         with trio.CancelScope(deadline=deadline) if enforce_deadline else _UNSCOPED as scope:
             async with contextlib.nullcontext() if uncapped else self._slots:
                 connection = await self._connect()
-                return await connection.call(self._headers(path, deadline, metadata), request)
+                headers = self._headers(path, deadline, metadata)
+                if type(request) is not bytes:
+                    request = self._encoded(request, headers, connection.connection.peer_accepts)
+                reply = await connection.call(headers, request)
+                if raw or type(reply) is bytes:
+                    return reply
+                return decompress(reply, self.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
         assert scope is not None and scope.cancelled_caught
         raise GrpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded calling {self.target}")
 
@@ -206,6 +219,17 @@ class Channel:
             finally:
                 if not stream.ended:
                     connection.abandon(stream_id)
+
+    def _encoded(
+        self, request: bytes, headers: list[Header], accepts: frozenset[bytes] | None
+    ) -> bytes:
+        """A compressed request as the peer can read it, its encoding named in `headers`."""
+        if not isinstance(request, Compressed):
+            return request
+        if accepts is not None and request.encoding not in accepts:
+            return decompress(request, self.max_send_message_bytes)
+        headers.append((b"grpc-encoding", request.encoding))
+        return request
 
     def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
         headers = [*self._request_prefix, (b":path", path), *self._request_suffix]
@@ -299,7 +323,11 @@ class _ClientConnection:
     def open_stream(self, headers: list[Header]) -> tuple[int, ClientStream]:
         """A streaming call: opened now, fed by `_dispatch`; see `Channel.stream`."""
         stream_id = self.connection.open_call(headers)
-        stream = ClientStream(partial(self._send, stream_id), partial(self._end, stream_id))
+        stream = ClientStream(
+            partial(self._send, stream_id),
+            partial(self._end, stream_id),
+            self._channel.max_receive_message_bytes,
+        )
         self._waiters[stream_id] = stream
         self._transport.flush()
         return stream_id, stream

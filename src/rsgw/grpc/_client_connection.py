@@ -28,6 +28,7 @@ from rsgw.grpc._calls import (
     Step,
     http_status_error,
 )
+from rsgw.grpc._compression import CODECS, parse_accept
 from rsgw.grpc._connection import ConnectionState, GrpcConnection
 from rsgw.grpc._flow import SEND_FAILURES
 from rsgw.grpc._framing import MessageDecoder, too_large
@@ -47,6 +48,8 @@ class ClientConnection(GrpcConnection):
         super().__init__(**options)
         self._handlers[h2.events.ResponseReceived] = self._on_response_headers
         self._handlers[h2.events.TrailersReceived] = self._on_trailers
+        #: The encodings the peer's responses say it reads (None until one says).
+        self.peer_accepts: frozenset[bytes] | None = None
 
     # -- calling --------------------------------------------------------------------------
 
@@ -119,7 +122,19 @@ class ClientConnection(GrpcConnection):
             self._record_status(call, headers)
             return  # the half goes IDLE -> CLOSED when the stream ends
         call.advance_inbound(Step.HEADERS)
-        http_status = next((value for name, value in headers if name == b":status"), b"")
+        http_status = b""
+        for name, value in headers:
+            if name == b":status":
+                http_status = value
+            elif name == b"grpc-encoding" and value != b"identity":
+                call.decoder.compressed = CODECS.get(value.strip().lower())
+                if call.decoder.compressed is None:
+                    call.status = GrpcError(
+                        StatusCode.INTERNAL,
+                        f"{self.peer} answered in an unsupported encoding {value!r}",
+                    )
+            elif name == b"grpc-accept-encoding" and self.peer_accepts is None:
+                self.peer_accepts = parse_accept(value)
         if http_status != b"200":
             call.status = http_status_error(http_status, self.peer)
         events.append(ResponseStarted(stream_id))

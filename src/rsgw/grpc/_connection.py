@@ -48,7 +48,7 @@ from rsgw.grpc._calls import (
 from rsgw.grpc._flow import SEND_FAILURES, Outbound
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES, new_h2_connection
-from rsgw.grpc._metadata import RESPONSE_HEADERS
+from rsgw.grpc._metadata import response_headers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -207,7 +207,7 @@ class GrpcConnection:
             return True
         try:
             if call.outbound is HalfState.IDLE:  # a server's first message
-                self._h2.send_headers(stream_id, RESPONSE_HEADERS)
+                self._h2.send_headers(stream_id, response_headers(message))
                 call.advance_outbound(Step.HEADERS)
             self._outbound.queue(call, message, end=False)
         except SEND_FAILURES:

@@ -18,6 +18,7 @@ import h2.connection
 import h2.exceptions
 
 from rsgw.grpc._calls import Call, Step
+from rsgw.grpc._compression import Compressed
 from rsgw.grpc._framing import message_prefix
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Outbound:
         """Queue one length-prefixed message, then the end of the half if `end`."""
         call.advance_outbound(Step.MESSAGE)
         total = len(message)
+        prefix = message_prefix(total, isinstance(message, Compressed))
         h2conn = self._h2
         stream_id = call.stream_id
         room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
@@ -63,7 +65,7 @@ class Outbound:
             # The common case, a message that fits: one copy, one frame, no outbox.
             try:
                 last = end and not call.trailers
-                h2conn.send_data(stream_id, message_prefix(total) + message, end_stream=last)
+                h2conn.send_data(stream_id, prefix + message, end_stream=last)
                 if last:
                     self._end(call)
                 elif end:
@@ -72,7 +74,7 @@ class Outbound:
             except SEND_FAILURES:
                 self._broken(call)
             return
-        call.outbox += (message_prefix(total), memoryview(message))
+        call.outbox += (prefix, memoryview(message))
         self._send(call)
 
     def finish(self, call: Call, trailers: HeaderBlock) -> None:

@@ -8,12 +8,17 @@ hold several messages.
 The size limit is checked on the length prefix, before a single payload byte is
 buffered: an oversized message costs us five bytes of memory and fails only its
 own call (purerpc's oversized message killed every call on the connection).
+
+A compressed message (flag 1) is accepted only on a call whose headers named an
+encoding, and comes out wrapped in that encoding's `Compressed` class, still
+compressed; the flag of a message sent follows its class the same way.
 """
 
 from __future__ import annotations
 
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
+from rsgw.grpc._compression import Compressed
 
 PREFIX_BYTES = 5
 
@@ -21,14 +26,14 @@ PREFIX_BYTES = 5
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
-def message_prefix(length: int) -> bytes:
-    """The 5-byte prefix of an uncompressed message of `length` bytes."""
-    return b"\x00" + length.to_bytes(4, "big")
+def message_prefix(length: int, compressed: bool = False) -> bytes:
+    """The 5-byte prefix of a message of `length` bytes."""
+    return (b"\x01" if compressed else b"\x00") + length.to_bytes(4, "big")
 
 
 def frame_message(payload: bytes) -> bytes:
-    """Prefix and payload in one buffer (a copy; fine for small messages)."""
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
+    """Prefix and payload in one buffer (flagged if `payload` is `Compressed`; a copy)."""
+    return message_prefix(len(payload), isinstance(payload, Compressed)) + payload
 
 
 def too_large(length: int, limit: int, what: str = "received") -> GrpcError:
@@ -48,14 +53,24 @@ class MessageDecoder:
     once when its last byte arrives.
 
     Raises `GrpcError` (RESOURCE_EXHAUSTED for a declared length over the limit,
-    INTERNAL for a compressed message, which we never negotiate). After an error
+    INTERNAL for a compressed message where no encoding was named). After an error
     the decoder is unusable; the caller fails the call.
+
+    Args:
+        compressed: the call's encoding, which compressed messages come wrapped in;
+            None while the call named none.
     """
 
-    __slots__ = ("_chunks", "_have", "_head", "_need", "max_message_bytes")
+    __slots__ = ("_chunks", "_have", "_head", "_need", "_wrap", "compressed", "max_message_bytes")
 
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        compressed: type[Compressed] | None = None,
+    ) -> None:
         self.max_message_bytes = max_message_bytes
+        self.compressed = compressed
+        self._wrap: type[Compressed] | None = None  # the current message's, if compressed
         self._head = b""  # a partial prefix (fewer than 5 bytes)
         self._need = -1  # payload bytes of the current message, -1 while reading a prefix
         self._chunks: list[bytes] = []
@@ -84,26 +99,37 @@ class MessageDecoder:
                 else:
                     head = data[pos : pos + PREFIX_BYTES]
                     pos += PREFIX_BYTES
+                wrap = None
                 if head[0] != 0:
-                    raise GrpcError(
-                        StatusCode.INTERNAL,
-                        "compressed message received, but no compression was negotiated",
-                    )
+                    wrap = self._compressed_flag(head[0])
                 length = int.from_bytes(head[1:5], "big")
                 if length > self.max_message_bytes:
                     raise too_large(length, self.max_message_bytes)
                 if length <= end - pos:  # fast path: the whole payload is here
-                    out.append(data[pos : pos + length])
+                    payload = data[pos : pos + length]
+                    out.append(payload if wrap is None else wrap(payload))
                     pos += length
                     continue
+                self._wrap = wrap
                 self._need = length
             take = min(self._need - self._have, end - pos)
             self._chunks.append(data[pos : pos + take])
             self._have += take
             pos += take
             if self._have == self._need:
-                out.append(self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks))
+                payload = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+                out.append(payload if self._wrap is None else self._wrap(payload))
                 self._chunks = []
                 self._have = 0
                 self._need = -1
         return out
+
+    def _compressed_flag(self, flag: int) -> type[Compressed]:
+        if flag != 1:
+            raise GrpcError(StatusCode.INTERNAL, f"invalid message flag {flag}")
+        if self.compressed is None:
+            raise GrpcError(
+                StatusCode.INTERNAL,
+                "compressed message received, but the call named no grpc-encoding",
+            )
+        return self.compressed

@@ -11,15 +11,23 @@ handler does (the client reset it, the connection died) has its scope cancelled.
 Handlers are `async def handler(request: bytes, call: ServerCall) -> bytes`,
 registered by full method path. They raise any `RsgwError` to fail a call with
 its status (`GrpcError` to choose one); any other exception becomes INTERNAL.
-Streaming calls will get their own handler kind beside `UnaryHandler`, fed by the
-same `MessageReceived` / `HalfClosed` events.
+Streaming handlers take a `ServerStream`, fed by the same `MessageReceived` /
+`HalfClosed` events.
+
+Compression (gzip, deflate): a handler sees its request decompressed, unless its
+path is one of `raw_paths` (a pass-through), which gets a compressed request as it
+came (`rsgw.grpc._compression.Compressed`) and may answer with a compressed
+reply. A reply goes out compressed only in an encoding the client accepts: a
+compressed reply it does not accept is decompressed, and with `response_encoding`
+set, a plain reply is compressed when the client accepts that encoding. Streamed
+messages are decompressed as the handler reads them and sent as they are given.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -38,10 +46,11 @@ from rsgw.grpc._calls import (
     MessageReceived,
     OutboxDrained,
 )
+from rsgw.grpc._compression import Compressed, compress, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
-from rsgw.grpc._metadata import HeaderBlock
+from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream
 from rsgw.grpc._transport import Transport, peer_address
@@ -67,6 +76,8 @@ class ServerCall:
     peer: str
     #: Extra trailing metadata to send with the status (e.g. relayed from a worker).
     trailers: HeaderBlock = ()
+    #: The encodings the client accepts for the response.
+    accept: frozenset[bytes] = IDENTITY_ONLY
 
     def status_for(self, exc: BaseException) -> StatusCode:
         """The status this call ends with when its handler raises `exc` (for metrics)."""
@@ -93,6 +104,8 @@ class _Pending:
 
     handler: UnaryHandler | None
     call: ServerCall
+    #: The handler takes compressed requests as they came (a pass-through).
+    raw: bool = False
     messages: list[bytes] = field(default_factory=list)
     stream: ServerStream | None = None
     scope: trio.CancelScope | None = None
@@ -110,6 +123,10 @@ class GrpcServer:
         max_receive_message_bytes: larger request messages fail their own call
             with RESOURCE_EXHAUSTED; other calls on the connection go on.
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
+        raw_paths: unary methods whose handlers take compressed requests as they
+            came and may answer compressed (see the module docstring).
+        response_encoding: compress unary replies in this encoding where the client
+            accepts it (None: never compress a reply ourselves).
 
     Serve with `await nursery.start(server.serve, host, port)`, which returns the
     bound port once the socket listens, or `serve_listener` on any Trio listener.
@@ -128,8 +145,12 @@ class GrpcServer:
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        raw_paths: Collection[str] = (),
+        response_encoding: type[Compressed] | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
+        self._raw_paths = frozenset(path.encode() for path in raw_paths)
+        self.response_encoding = response_encoding
         self._stream_handlers = {
             path.encode(): handler for path, handler in (stream_handlers or {}).items()
         }
@@ -300,11 +321,16 @@ class _ServerConnection:
             self._refused(head.path, error.code)
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
-        call = ServerCall(head.path.decode(), deadline, head.metadata, self._peer)
+        call = ServerCall(
+            head.path.decode(), deadline, head.metadata, self._peer, accept=head.accept
+        )
         if stream_handler is None:
-            self._calls[event.stream_id] = _Pending(handler, call)
+            raw = head.path in self._server._raw_paths
+            self._calls[event.stream_id] = _Pending(handler, call, raw)
             return
-        stream = ServerStream(call, partial(self._send, event.stream_id))
+        stream = ServerStream(
+            call, partial(self._send, event.stream_id), self._server.max_receive_message_bytes
+        )
         pending = self._calls[event.stream_id] = _Pending(None, call, stream=stream)
         assert self._nursery is not None
         self._nursery.start_soon(self._run_stream, event.stream_id, pending, stream_handler)
@@ -337,7 +363,12 @@ class _ServerConnection:
         with trio.CancelScope(deadline=call.deadline) as scope:
             pending.scope = scope
             try:
-                response = await pending.handler(pending.messages.pop(), call)
+                request = pending.messages.pop()
+                if type(request) is not bytes and not pending.raw:
+                    request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+                response = await pending.handler(request, call)
+                if type(response) is not bytes or self._server.response_encoding is not None:
+                    response = self._recode(response, call)
             except RsgwError as exc:
                 code, message = exc.code, exc.message
                 if exc.trailers:
@@ -378,6 +409,17 @@ class _ServerConnection:
             code, message = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
+
+    def _recode(self, response: bytes, call: ServerCall) -> bytes:
+        """A reply the client can read: compressed only in an encoding it accepts."""
+        if isinstance(response, Compressed):
+            if response.encoding in call.accept:
+                return response
+            return decompress(response, self._server.max_send_message_bytes)
+        encoding = self._server.response_encoding
+        if encoding is not None and encoding.encoding in call.accept:
+            return compress(response, encoding)
+        return response
 
     def _refused(self, path: bytes, code: StatusCode) -> None:
         if self._server.on_refused is not None:

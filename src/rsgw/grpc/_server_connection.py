@@ -23,9 +23,9 @@ from rsgw.grpc._connection import ConnectionState, GrpcConnection
 from rsgw.grpc._flow import SEND_FAILURES
 from rsgw.grpc._framing import MessageDecoder, too_large
 from rsgw.grpc._metadata import (
-    RESPONSE_HEADERS,
     HeaderBlock,
     parse_request_headers,
+    response_headers,
     status_trailers,
     trailers_only,
 )
@@ -76,7 +76,7 @@ class ServerConnection(GrpcConnection):
                 call.advance_outbound(Step.END)
                 self._after_outbound_end(call)
                 return
-            self._h2.send_headers(stream_id, RESPONSE_HEADERS)
+            self._h2.send_headers(stream_id, response_headers(message))
             call.advance_outbound(Step.HEADERS)
             call.trailers = status_trailers(code, text, trailers)
             self._outbound.queue(call, message, end=True)
@@ -119,7 +119,7 @@ class ServerConnection(GrpcConnection):
         except RsgwError as exc:  # not a gRPC call we can serve: answer and forget it
             self._answer_unregistered(stream_id, exc)
             return
-        call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
+        call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes, head.encoding))
         call.advance_inbound(Step.HEADERS)
         self._calls[stream_id] = call
         events.append(CallStarted(stream_id, head))
@@ -150,7 +150,7 @@ class ServerConnection(GrpcConnection):
         """Answer a request we will not serve (bad headers) without ever tracking it."""
         with contextlib.suppress(*SEND_FAILURES):
             self._h2.send_headers(
-                stream_id, trailers_only(error.code, error.message), end_stream=True
+                stream_id, trailers_only(error.code, error.message, error.trailers), end_stream=True
             )
             stream = self._h2.streams.get(stream_id)
             if stream is not None and stream.open:

@@ -21,17 +21,25 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from rsgw.grpc._compression import Compressed, decompress
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+
 if TYPE_CHECKING:
     from rsgw._errors import RsgwError
     from rsgw.grpc._server import ServerCall
 
 
 class _Inbox:
-    """Messages received and not yet read, and how the peer's half ended."""
+    """Messages received and not yet read, and how the peer's half ended.
 
-    __slots__ = ("_arrived", "closed", "error", "messages")
+    A compressed message is decompressed as it is read (bounded by `limit`), in
+    the reader's task: a bad one fails the reader, not the connection.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_arrived", "closed", "error", "limit", "messages")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.messages: deque[bytes] = deque()
         self.closed = False
         self.error: RsgwError | None = None
@@ -56,7 +64,10 @@ class _Inbox:
             await self._arrived.wait()
             self._arrived = trio.Event()
         await trio.lowlevel.checkpoint()
-        return self.messages.popleft()
+        message = self.messages.popleft()
+        if isinstance(message, Compressed):
+            return decompress(message, self.limit)
+        return message
 
 
 class _Outlet:
@@ -91,9 +102,14 @@ class ServerStream:
     that status (after the messages it sent), as for a unary handler.
     """
 
-    def __init__(self, call: ServerCall, send: Callable[[bytes], bool]) -> None:
+    def __init__(
+        self,
+        call: ServerCall,
+        send: Callable[[bytes], bool],
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.call = call
-        self._inbox = _Inbox()
+        self._inbox = _Inbox(max_message_bytes)
         self._outlet = _Outlet(send)
 
     async def receive(self) -> bytes | None:
@@ -134,8 +150,13 @@ class ClientStream:
     out if it has not ended.
     """
 
-    def __init__(self, send: Callable[[bytes], bool], end: Callable[[], None]) -> None:
-        self._inbox = _Inbox()
+    def __init__(
+        self,
+        send: Callable[[bytes], bool],
+        end: Callable[[], None],
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._inbox = _Inbox(max_message_bytes)
         self._outlet = _Outlet(send)
         self._end = end
         #: The call has ended (replies may still wait to be read).

@@ -148,6 +148,39 @@ def peek_header(body: bytes) -> tuple[str, str]:
     return _utf8(buf, *name_at), _utf8(buf, *id_at) if id_at[1] > id_at[0] else ""
 
 
+#: ModelInferRequest's `raw_input_contents`: the tensor bytes, after every field routing reads.
+RAW_INPUT_CONTENTS = 7
+
+
+def head_length(prefix: bytes, complete: bool, stop_field: int = RAW_INPUT_CONTENTS) -> int | None:
+    """Where a request's head ends: the first top-level field numbered `stop_field` or more.
+
+    For a compressed request, routing inflates only its head, which is a valid
+    request in its own right (it ends on a field boundary) holding everything the
+    walks above read: the name, id, parameters and input shapes, in the field
+    order protobuf serializes. `prefix` is the start of the payload (`complete`:
+    all of it). Returns None when `prefix` ends inside the head (inflate more).
+
+    Raises:
+        DecodeError: `complete`, and the payload is not a valid encoding.
+    """
+    end = len(prefix)
+    pos = 0
+    try:
+        while pos < end:
+            field, wire_type, after = _tag(prefix, pos, end)
+            if field >= stop_field:
+                return pos
+            if wire_type == _END_GROUP:
+                raise DecodeError("unexpected end of group")
+            pos = _skip(prefix, after, end, field, wire_type)
+    except DecodeError:
+        if complete:
+            raise
+        return None
+    return pos if complete else None
+
+
 @dataclass(frozen=True, slots=True)
 class SequenceFlags:
     """Triton's sequence parameters of a request: its correlation id and control flags."""

@@ -20,6 +20,7 @@ from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
 from rsgw._net import TCP, Network
+from rsgw.grpc._compression import codec
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.worker._batching import Discipline
@@ -69,12 +70,19 @@ class WorkerConfig:
     load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
     #: Models pinned on the device from the start (a node file's `models:` map).
     pinned: frozenset[str] = frozenset()
+    #: Compress ModelInfer and other unary replies in this encoding (gzip, deflate)
+    #: where the client accepts it; "none", as Triton's default, never does.
+    response_compression: str = "none"
 
     def __post_init__(self) -> None:
         if self.weight_cache_bytes < 0:
             raise ConfigError(f"weight_cache_bytes must be >= 0, got {self.weight_cache_bytes}")
         if not self.load_bandwidth > 0:
             raise ConfigError(f"load_bandwidth must be > 0, got {self.load_bandwidth}")
+        try:
+            codec(self.response_compression)
+        except ValueError as exc:
+            raise ConfigError(f"response_compression: {exc}") from None
         if not self.time_scale > 0:
             raise ConfigError(f"time_scale must be > 0, got {self.time_scale}")
         if self.max_concurrent_requests < 0:
@@ -138,6 +146,7 @@ async def serve_worker(
         stream_handlers=service.stream_handlers() | streams,
         max_receive_message_bytes=config.max_message_bytes,
         max_send_message_bytes=config.max_message_bytes,
+        response_encoding=codec(config.response_compression),
     )
     try:
         async with trio.open_nursery() as nursery:
