@@ -30,6 +30,7 @@ from rsgw.gateway._packing import Packing
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
 from rsgw.gateway._service import GatewayService
+from rsgw.gateway._settings import ServerSettings
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
 from rsgw.grpc._standard import standard_services
@@ -192,7 +193,14 @@ async def serve_gateway(
             await nursery.start(packing.serve)
         await nursery.start(prober.serve)
         control = GatewayControl(mode, packing, prober, metrics)
-        handlers = service.handlers() | control.handlers()
+        settings = ServerSettings(
+            metrics, config.logging.format, lambda model: model in prober.known
+        )
+        handlers = (
+            service.handlers()
+            | control.handlers()
+            | {method.path: handler for method, handler in settings.handlers().items()}
+        )
         standard, streams = standard_services(handlers, lambda: prober.ready_any)
         server = GrpcServer(
             handlers | standard,

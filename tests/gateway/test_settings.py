@@ -1,0 +1,86 @@
+"""LogSettings and TraceSetting through the gateway, with tritonclient."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import trio
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from rsgw._errors import GrpcError
+from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._status import StatusCode
+from tests.gateway.fleet import open_fleet
+
+
+@pytest.fixture(autouse=True)
+def restore_rsgw_level() -> Iterator[None]:
+    target = logging.getLogger("rsgw")
+    level = target.level
+    yield
+    target.setLevel(level)
+
+
+async def test_log_settings_read_and_set_the_gateway_level() -> None:
+    logging.getLogger("rsgw").setLevel(logging.INFO)
+    async with open_fleet(1) as fleet:
+        client = grpcclient.InferenceServerClient(fleet.target)
+
+        def scenario() -> None:
+            settings = client.get_log_settings(as_json=True)["settings"]
+            assert settings["log_info"] == {"bool_param": True}
+            assert settings["log_verbose_level"] == {"uint32_param": 0}
+            assert settings["log_format"] == {"string_param": "json"}
+            client.update_log_settings({"log_verbose_level": 1})
+            assert logging.getLogger("rsgw").getEffectiveLevel() == logging.DEBUG
+            updated = client.update_log_settings(
+                {"log_verbose_level": 0, "log_info": False, "log_warning": False}, as_json=True
+            )["settings"]
+            assert logging.getLogger("rsgw").getEffectiveLevel() == logging.ERROR
+            assert updated["log_error"] == {"bool_param": True}
+            assert updated["log_warning"] == {"bool_param": False}
+            for bad, why in [
+                ({"log_file": "/tmp/x.log"}, "log_file cannot be changed"),
+                ({"log_colour": True}, "unknown log setting 'log_colour'"),
+            ]:
+                with pytest.raises(InferenceServerException) as caught:
+                    client.update_log_settings(bad)
+                assert "INVALID_ARGUMENT" in str(caught.value.status())
+                assert why in caught.value.message()
+            assert logging.getLogger("rsgw").getEffectiveLevel() == logging.ERROR  # unchanged
+
+        await trio.to_thread.run_sync(scenario)
+        client.close()
+        wrong = pb.LogSettingsRequest()
+        wrong.settings["log_info"].string_param = "yes"
+        with pytest.raises(GrpcError) as error:
+            await fleet.channel().unary(Method.LOG_SETTINGS.wire, wrong.SerializeToString())
+        assert (error.value.code, error.value.message) == (
+            StatusCode.INVALID_ARGUMENT,
+            "log setting 'log_info' takes a bool_param, got string_param",
+        )
+
+
+async def test_trace_setting_reports_tracing_off() -> None:
+    async with open_fleet(1) as fleet:
+        client = grpcclient.InferenceServerClient(fleet.target)
+
+        def scenario() -> None:
+            settings = client.get_trace_settings(as_json=True)["settings"]
+            assert settings["trace_level"] == {"value": ["OFF"]}
+            assert client.get_trace_settings(model_name="simple", as_json=True) is not None
+            client.update_trace_settings(settings={"trace_level": ["OFF"]})
+            with pytest.raises(InferenceServerException) as caught:
+                client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+            assert "FAILED_PRECONDITION" in str(caught.value.status())
+            assert "rsgw does not trace requests" in caught.value.message()
+            with pytest.raises(InferenceServerException) as caught:
+                client.get_trace_settings(model_name="nope")
+            assert "NOT_FOUND" in str(caught.value.status())
+
+        await trio.to_thread.run_sync(scenario)
+        client.close()
