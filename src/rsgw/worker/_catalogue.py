@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from rsgw._errors import ConfigError
 from rsgw._values import parse_yaml, show
-from rsgw.worker._specs import DEFAULT_PLATFORM
+from rsgw.worker._specs import (
+    DEFAULT_PLATFORM,
+    DEFAULT_SEQUENCE_IDLE_SECONDS,
+    SEQUENCE_CONTROLS,
+    SequenceSpec,
+)
 from rsgw.worker._specs import Catalogue as Catalogue
 from rsgw.worker._specs import ModelKind as ModelKind
 from rsgw.worker._specs import ModelSpec as ModelSpec
@@ -51,7 +56,16 @@ DEFAULT_ITEM_MS = 0.1
 DEFAULT_COMPUTE = "synthetic"
 
 # How each model computes its outputs (implemented in _compute.py).
-COMPUTE_KINDS: tuple[str, ...] = ("add_sub", "add_sub_string", "identity", "synthetic")
+COMPUTE_KINDS: tuple[str, ...] = (
+    "add_sub",
+    "add_sub_string",
+    "identity",
+    "synthetic",
+    "sequence_sum",
+    "sequence_accumulate",
+)
+#: The computes of stateful models: they need a `sequence:` block.
+SEQUENCE_COMPUTES = frozenset({"sequence_sum", "sequence_accumulate"})
 
 # add_sub works on every integer type (with wrap-around) and on FP32/FP64. FP16 is
 # left out because the standard library has no FP16 array arithmetic, and BOOL
@@ -75,7 +89,9 @@ _MODEL_KEYS = (
     "weight_bytes",
     "load_ms",
     "compute",
+    "sequence",
 )
+_SEQUENCE_KEYS = ("controls", "corrid_datatype", "idle_ms")
 # A meta has no cost or weights of its own (its sub-models carry them) and no
 # max batch: it runs one request at a time through its sub-models.
 _META_KEYS = (
@@ -263,6 +279,8 @@ def _check_compute(spec: ModelSpec, where: str) -> None:
         _check_pair(spec, where, ADD_SUB_DATATYPES)
     elif spec.compute == "add_sub_string":
         _check_pair(spec, where, frozenset({"BYTES"}))
+    elif spec.compute in SEQUENCE_COMPUTES:
+        _check_sequence_compute(spec, where)
     elif spec.compute == "identity":
         if len(spec.outputs) != len(spec.inputs):
             raise ConfigError(
@@ -276,6 +294,47 @@ def _check_compute(spec: ModelSpec, where: str) -> None:
                     f"(as inputs[{i}]) for compute 'identity', "
                     f"got {out.datatype} {format_shape(out.shape)}"
                 )
+
+
+def _check_sequence_compute(spec: ModelSpec, where: str) -> None:
+    """sequence_sum and sequence_accumulate: one INT32 input, one INT32 output alike."""
+    if spec.sequence is None:
+        raise ConfigError(f"{where}.sequence is required for compute {spec.compute!r}")
+    if len(spec.inputs) != 1 or len(spec.outputs) != 1:
+        raise ConfigError(
+            f"{where}: compute {spec.compute!r} needs one input and one output, got "
+            f"{len(spec.inputs)} and {len(spec.outputs)}"
+        )
+    (inp,), (out,) = spec.inputs, spec.outputs
+    if inp.datatype != "INT32" or (out.datatype, out.shape) != (inp.datatype, inp.shape):
+        raise ConfigError(
+            f"{where}: compute {spec.compute!r} needs an INT32 input and an INT32 output of "
+            f"its shape, got {inp.datatype} {format_shape(inp.shape)} and "
+            f"{out.datatype} {format_shape(out.shape)}"
+        )
+
+
+def _parse_sequence(m: Mapping[Hashable, Any], where: str) -> SequenceSpec | None:
+    """The `sequence:` block of a stateful model (Triton's sequence_batching)."""
+    if "sequence" not in m:
+        return None
+    path = f"{where}.sequence"
+    block = _mapping(m["sequence"], path, _SEQUENCE_KEYS)
+    controls: list[str] = []
+    for i, item in enumerate(_list(block.get("controls", ["START", "READY"]), f"{path}.controls")):
+        if item not in SEQUENCE_CONTROLS or item in controls:
+            raise ConfigError(
+                f"{path}.controls[{i}] must be one of {', '.join(SEQUENCE_CONTROLS)} "
+                f"(each once), got {show(item)}"
+            )
+        controls.append(item)
+    corrid = block.get("corrid_datatype", "UINT64")
+    if corrid not in ("UINT64", "BYTES"):
+        raise ConfigError(f"{path}.corrid_datatype must be UINT64 or BYTES, got {show(corrid)}")
+    idle_seconds = _ms(block, "idle_ms", path, DEFAULT_SEQUENCE_IDLE_SECONDS * 1000)
+    if idle_seconds <= 0:
+        raise ConfigError(f"{path}.idle_ms must be > 0, got {show(block['idle_ms'])}")
+    return SequenceSpec(tuple(controls), str(corrid), idle_seconds)
 
 
 def _parse_compute(m: Mapping[Hashable, Any], where: str) -> str:
@@ -362,6 +421,7 @@ def _parse_model(value: object, where: str) -> ModelSpec:
         compute=compute,
         platform=platform,
         load_seconds=_ms(m, "load_ms", where, 0.0) if "load_ms" in m else None,
+        sequence=_parse_sequence(m, where),
     )
     _check_compute(spec, where)
     return spec

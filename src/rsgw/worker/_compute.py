@@ -17,6 +17,7 @@ from array import array
 from typing import TYPE_CHECKING
 
 from rsgw._errors import InvalidRequest
+from rsgw.worker._specs import SEQUENCE_STATE
 from rsgw.worker._tensors import (
     DATATYPE_SIZES,
     FLOAT_TYPECODES,
@@ -168,11 +169,71 @@ def _synthetic(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tupl
     return tuple(outputs)
 
 
+def _control(inputs: Mapping[str, Tensor], name: str) -> int:
+    """A control input's value: START, END, READY as 0/1, CORRID as an integer.
+
+    A string correlation id counts as the integer it spells, 0 if it spells none
+    (Triton's dyna_sequence backend reads it the same way).
+    """
+    tensor = inputs.get(name)
+    if tensor is None:
+        return 0
+    if tensor.datatype == "BYTES":
+        (text,) = decode_bytes_elements(tensor.data, 1)
+        return int(text) if _DECIMAL.fullmatch(text) else 0
+    return int(ints_from_le(tensor.datatype, tensor.data)[0])
+
+
+def _sequence_sum(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """Triton's simple_sequence models: OUTPUT = INPUT + START, plus CORRID at END.
+
+    Each element of INPUT (INT32) gets 1 added on the first request of a sequence,
+    and the correlation id added on the last (models that receive END and CORRID).
+    """
+    (value,) = _inputs_in_order(spec, inputs)
+    extra = _control(inputs, "START")
+    if _control(inputs, "END"):
+        extra += _control(inputs, "CORRID")
+    out = array("i", [_wrap32(x + extra) for x in ints_from_le("INT32", value.data)])
+    return (Tensor(spec.outputs[0].name, "INT32", value.shape, array_to_le(out)),)
+
+
+def _sequence_accumulate(
+    spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int
+) -> tuple[Tensor, ...]:
+    """Triton's dyna_sequence backend: an INT32 accumulator per sequence.
+
+    START sets it to the sum of INPUT, every later request adds that sum, END adds
+    the correlation id; OUTPUT is the accumulator in every element. The state goes
+    out (and comes back in with the next request) as `SEQUENCE_STATE`.
+    """
+    (value,) = _inputs_in_order(spec, inputs)
+    total = sum(ints_from_le("INT32", value.data))
+    if not _control(inputs, "START"):
+        total += _control(inputs, SEQUENCE_STATE)
+    if _control(inputs, "END"):
+        total += _control(inputs, "CORRID")
+    total = _wrap32(total)
+    out = array("i", [total]) * element_count(value.shape)
+    state = array("i", [total])
+    return (
+        Tensor(spec.outputs[0].name, "INT32", value.shape, array_to_le(out)),
+        Tensor(SEQUENCE_STATE, "INT32", (1,), array_to_le(state)),
+    )
+
+
+def _wrap32(value: int) -> int:
+    """`value` as INT32 arithmetic leaves it (two's complement wrap-around)."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
 _COMPUTE: dict[str, Callable[[ModelSpec, Mapping[str, Tensor], int], tuple[Tensor, ...]]] = {
     "add_sub": _add_sub,
     "add_sub_string": _add_sub_string,
     "identity": _identity,
     "synthetic": _synthetic,
+    "sequence_sum": _sequence_sum,
+    "sequence_accumulate": _sequence_accumulate,
 }
 
 

@@ -25,6 +25,8 @@ from rsgw.grpc._typed import typed_unary
 from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rsgw.grpc._server import ServerCall, UnaryHandler
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
@@ -34,12 +36,18 @@ _RESIDENCIES = frozenset(int(r) for r in Residency)
 
 
 class ModelControl:
-    """The control handlers of one worker named `name`, over its device."""
+    """The control handlers of one worker named `name`, over its device.
 
-    def __init__(self, name: str, device: Device) -> None:
+    `on_unloaded` is told of each model unloaded (its live sequences go with it).
+    """
+
+    def __init__(
+        self, name: str, device: Device, on_unloaded: Callable[[str], None] | None = None
+    ) -> None:
         self.name = name
         self.device = device
         self.catalogue = device.catalogue
+        self._on_unloaded = on_unloaded
 
     def handlers(self) -> dict[Method, UnaryHandler]:
         return {
@@ -139,6 +147,8 @@ class ModelControl:
     ) -> pb.RepositoryModelUnloadResponse:
         spec = self._known(request.model_name, "unload")
         await self.device.unload(spec.name)
+        if self._on_unloaded is not None:
+            self._on_unloaded(spec.name)
         return pb.RepositoryModelUnloadResponse()
 
     def _known(self, name: str, action: str) -> ModelSpec:

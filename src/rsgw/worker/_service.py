@@ -13,30 +13,37 @@ to every RPC, as if they did not exist.
 
 from __future__ import annotations
 
-import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, RsgwError
+from rsgw._errors import (
+    DecodeError,
+    FailedPrecondition,
+    GrpcError,
+    InvalidRequest,
+    NotFound,
+    RsgwError,
+)
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw._version import __version__
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
-from rsgw.scheduling._wire import stream_error, stream_reply
+from rsgw.scheduling._wire import peek_routing, stream_error, stream_reply
 from rsgw.worker._control import ModelControl
 from rsgw.worker._memory import not_resident
+from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_request
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
-from rsgw.worker._tensors import Tensor, check_input, rows, tensor_from_contents, tensor_from_raw
+from rsgw.worker._stateful import StatefulModels
+from rsgw.worker._tensors import rows
 from rsgw.worker._triton import model_config, model_statistics
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Mapping
-
     from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
     from rsgw.grpc._streams import ServerStream
     from rsgw.worker._catalogue import ModelSpec
@@ -44,9 +51,6 @@ if TYPE_CHECKING:
     from rsgw.worker._metrics import WorkerMetrics
 
 
-_SHM_REGION = "shared_memory_region"
-_SHM_OFFSET = "shared_memory_offset"
-_SHM_SIZE = "shared_memory_byte_size"
 #: The model label of requests that name no model this worker serves.
 UNKNOWN_MODEL = "_unknown_"
 #: The KServe V2 / Triton extensions this worker implements, as ServerMetadata lists them.
@@ -58,8 +62,6 @@ EXTENSIONS = (
     "model_repository",
     "system_shared_memory",
 )
-#: Relative deadline a ReactantServer client may send as a request parameter.
-_TIMEOUT_NS = "reactant_timeout_ns"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,9 @@ class WorkerService:
         self.max_concurrent_requests = max_concurrent_requests
         self.inflight = 0
         self.shed_total = 0
-        self.control = ModelControl(identity.name, device)
+        self.codec = RequestCodec(shm)
+        self.stateful = StatefulModels(device)
+        self.control = ModelControl(identity.name, device, on_unloaded=self.stateful.forget_model)
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the worker serves."""
@@ -230,23 +234,33 @@ class WorkerService:
         self.inflight += 1
         try:
             with metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
-                request = _parse_infer_request(body)
+                request = parse_infer_request(body)
                 if not request.model_name:
                     raise InvalidRequest("ModelInferRequest.model_name is empty")
-                spec = self.device.model(request.model_name)
+                spec = self.device.model(request.model_name, request.model_version)
                 meter.label = spec.name
                 if not self.device.memory.is_servable(spec.name):
                     raise not_resident(spec.name)
-                inputs, variant = self._decode_inputs(spec, request)
-                self._check_requested_outputs(spec, request)
+                inputs, variant = self.codec.decode_inputs(spec, request)
+                self.codec.check_requested_outputs(spec, request)
                 batch_rows = 1
                 if spec.batch_axis > 0 and spec.batch_input in inputs:
                     batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
-                deadline = min(call.deadline, _parameter_deadline(request))
-                outputs = await self.device.execute(
-                    spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
-                )
-                return self._encode_response(spec, request, outputs)
+                deadline = min(call.deadline, parameter_deadline(request))
+                if spec.sequence is None:
+                    outputs = await self.device.execute(
+                        spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
+                    )
+                else:
+                    outputs = await self.stateful.execute(
+                        spec,
+                        request.parameters,
+                        inputs,
+                        rows=batch_rows,
+                        variant=variant,
+                        deadline=deadline,
+                    )
+                return self.codec.encode_response(spec, request, outputs)
         finally:
             self.inflight -= 1
 
@@ -255,10 +269,32 @@ class WorkerService:
 
         Requests run concurrently (so they batch as unary calls do); a request that
         fails answers with its error message and the stream goes on, as Triton's does.
+        The requests of one sequence run one after another in the order they came
+        (their answers come back in that order too): each sequence gets its own queue.
         """
+        queues: dict[tuple[str, int | str], deque[bytes]] = {}
         async with trio.open_nursery() as nursery:
             async for body in stream:
-                nursery.start_soon(self._stream_one, stream, body)
+                key = _sequence_key(body)
+                if key is None:
+                    nursery.start_soon(self._stream_one, stream, body)
+                elif key in queues:
+                    queues[key].append(body)
+                else:
+                    queues[key] = deque([body])
+                    nursery.start_soon(self._stream_sequence, stream, key, queues)
+
+    async def _stream_sequence(
+        self,
+        stream: ServerStream,
+        key: tuple[str, int | str],
+        queues: dict[tuple[str, int | str], deque[bytes]],
+    ) -> None:
+        queue = queues[key]
+        while queue:
+            await self._stream_one(stream, queue[0])
+            queue.popleft()
+        del queues[key]
 
     async def _stream_one(self, stream: ServerStream, body: bytes) -> None:
         try:
@@ -278,106 +314,6 @@ class WorkerService:
                 count, total = counters.fail
                 counters.fail = (count + 1, total + (seconds or 0.0))
             counters.last_inference_ms = int(time.time() * 1000)
-
-    def _decode_inputs(
-        self, spec: ModelSpec, request: pb.ModelInferRequest
-    ) -> tuple[dict[str, Tensor], Hashable]:
-        # As in Triton, raw_input_contents holds one entry per input that is not read
-        # from shared memory, in input order.
-        raw = request.raw_input_contents
-        inline = sum(1 for t in request.inputs if _SHM_REGION not in t.parameters)
-        if raw and len(raw) != inline:
-            raise InvalidRequest(
-                f"model '{spec.name}': {inline} inputs without shared memory but "
-                f"{len(raw)} raw_input_contents"
-            )
-        next_raw = iter(raw)
-        tensors: dict[str, Tensor] = {}
-        variant: list[tuple[str, tuple[int, ...]]] = []
-        for tensor in request.inputs:
-            declared = spec.input(tensor.name)
-            if declared is None:
-                raise InvalidRequest(
-                    f"unexpected input '{tensor.name}' for model '{spec.name}'; it takes "
-                    + ", ".join(repr(t.name) for t in spec.inputs)
-                )
-            if tensor.name in tensors:
-                raise InvalidRequest(f"input '{tensor.name}' given twice")
-            shape = tuple(tensor.shape)
-            check_input(declared, tensor.datatype, shape, model=spec.name)
-            params = tensor.parameters
-            if _SHM_REGION in params:
-                region = params[_SHM_REGION].string_param
-                offset = params[_SHM_OFFSET].int64_param if _SHM_OFFSET in params else 0
-                if _SHM_SIZE not in params:
-                    raise InvalidRequest(
-                        f"input '{tensor.name}': {_SHM_SIZE} is required with {_SHM_REGION}"
-                    )
-                data = self.shm.read(region, offset, params[_SHM_SIZE].int64_param)
-                value = tensor_from_raw(tensor.name, tensor.datatype, shape, data)
-            elif raw:
-                value = tensor_from_raw(tensor.name, tensor.datatype, shape, next(next_raw))
-            else:
-                value = tensor_from_contents(tensor.name, tensor.datatype, shape, tensor.contents)
-            tensors[tensor.name] = value
-            if tensor.name == spec.batch_input and 0 < spec.batch_axis <= len(shape):
-                shape = shape[: spec.batch_axis - 1] + shape[spec.batch_axis :]
-            variant.append((tensor.name, shape))
-        missing = [t.name for t in spec.inputs if t.name not in tensors]
-        if missing:
-            raise InvalidRequest(
-                f"missing input '{missing[0]}' for model '{spec.name}'"
-                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            )
-        variant.sort()
-        return tensors, tuple(variant)
-
-    def _check_requested_outputs(self, spec: ModelSpec, request: pb.ModelInferRequest) -> None:
-        """Reject bad requested outputs before the request costs any device time."""
-        for requested in request.outputs:
-            if spec.output(requested.name) is None:
-                raise InvalidRequest(
-                    f"unexpected requested output '{requested.name}' for model "
-                    f"'{spec.name}'; it produces " + ", ".join(repr(t.name) for t in spec.outputs)
-                )
-            if _SHM_REGION in requested.parameters:
-                self.shm.require(requested.parameters[_SHM_REGION].string_param)
-
-    def _encode_response(
-        self,
-        spec: ModelSpec,
-        request: pb.ModelInferRequest,
-        outputs: tuple[Tensor, ...],
-    ) -> bytes:
-        by_name = {t.name: t for t in outputs}
-        response = pb.ModelInferResponse(
-            model_name=spec.name, model_version=spec.version, id=request.id
-        )
-        selection: list[tuple[Tensor, Mapping[str, pb.InferParameter] | None]]
-        if request.outputs:  # names were checked before execution
-            selection = [(by_name[r.name], r.parameters) for r in request.outputs]
-        else:
-            selection = [(t, None) for t in outputs]
-        raw: list[bytes] = []
-        for tensor, params in selection:
-            out = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
-            out.shape.extend(tensor.shape)
-            if params is not None and _SHM_REGION in params:
-                region = params[_SHM_REGION].string_param
-                offset = params[_SHM_OFFSET].int64_param if _SHM_OFFSET in params else 0
-                slot = params[_SHM_SIZE].int64_param if _SHM_SIZE in params else None
-                self.shm.write(region, offset, tensor.data, byte_size=slot)
-                out.parameters[_SHM_REGION].string_param = region
-                out.parameters[_SHM_OFFSET].int64_param = offset
-                out.parameters[_SHM_SIZE].int64_param = len(tensor.data)
-                raw.append(b"")
-            else:
-                raw.append(tensor.data)
-        # tritonclient indexes raw_output_contents by output position, so a region-backed
-        # output keeps an empty placeholder unless every output went to shared memory.
-        if any(raw):
-            response.raw_output_contents.extend(raw)
-        return response.SerializeToString()
 
     # -- shared memory ------------------------------------------------------------------
 
@@ -433,17 +369,10 @@ class WorkerService:
         return pb.IsSameIPCNamespaceResponse(same=same_ipc_namespace(request.name))
 
 
-def _parse_infer_request(body: bytes) -> pb.ModelInferRequest:
+def _sequence_key(body: bytes) -> tuple[str, int | str] | None:
+    """(model, correlation id) of a request that belongs to a sequence, else None."""
     try:
-        return pb.ModelInferRequest.FromString(body)
-    except Exception as exc:  # protobuf's DecodeError, or a RuntimeError from upb
-        raise InvalidRequest(f"malformed ModelInferRequest: {exc}") from exc
-
-
-def _parameter_deadline(request: pb.ModelInferRequest) -> float:
-    """The absolute deadline a `reactant_timeout_ns` parameter asks for, or inf."""
-    if _TIMEOUT_NS in request.parameters:
-        budget_ns = request.parameters[_TIMEOUT_NS].int64_param
-        if budget_ns > 0:
-            return trio.current_time() + budget_ns / 1e9
-    return math.inf
+        model, flags = peek_routing(body)
+    except DecodeError:
+        return None  # the request fails on its own, in model_infer
+    return None if flags is None else (model, flags.id)

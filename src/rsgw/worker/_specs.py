@@ -19,6 +19,13 @@ if TYPE_CHECKING:
 
 # What ModelMetadata reports as the platform of a simulated model.
 DEFAULT_PLATFORM = "rsgw_sim"
+#: Triton's control inputs of a stateful model, which the server, not the client, sets.
+SEQUENCE_CONTROLS = ("START", "END", "READY", "CORRID")
+#: Triton's default `max_sequence_idle_microseconds`: one second.
+DEFAULT_SEQUENCE_IDLE_SECONDS = 1.0
+#: The implicit state tensor of a stateful model: its value after the previous request
+#: goes in under this name, and a compute that keeps state returns it under it.
+SEQUENCE_STATE = "__sequence_state__"
 
 
 class ModelKind(enum.Enum):
@@ -37,6 +44,21 @@ class TensorSpec:
     datatype: str
     # The WIRE (row-major) shape; -1 accepts any size.
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSpec:
+    """A stateful model's sequence batching (Triton's `sequence_batching`).
+
+    `controls` are the control inputs the model receives, as Triton names them:
+    START, END and READY as INT32 0/1, CORRID as `corrid_datatype` (UINT64, or
+    BYTES for string correlation ids). A sequence idle for `idle_seconds` is
+    released.
+    """
+
+    controls: tuple[str, ...]
+    corrid_datatype: str = "UINT64"
+    idle_seconds: float = DEFAULT_SEQUENCE_IDLE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +94,8 @@ class ModelSpec:
     # Seconds (before --time-scale) to load the weights onto the device; None =
     # weight_bytes over the worker's --load-bandwidth.
     load_seconds: float | None = None
+    # A stateful model: its requests belong to sequences (Triton's sequence batcher).
+    sequence: SequenceSpec | None = None
 
     @property
     def is_meta(self) -> bool:

@@ -10,7 +10,8 @@ How the catalogue maps onto Triton's model configuration:
   after it; any other model (no batch axis, or the axis elsewhere, as our image
   model's last axis) reports `max_batch_size: 0` and its full shapes, which is
   the truthful Triton description of it.
-- Batching models get `dynamic_batching` (the device coalesces requests); every
+- Batching models get `dynamic_batching` (the device coalesces requests), stateful
+  ones `sequence_batching` with their control inputs and idle time instead; every
   model runs as one instance of kind KIND_GPU on the worker's GPU.
 - BYTES tensors are Triton's TYPE_STRING.
 """
@@ -23,7 +24,7 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 
 if TYPE_CHECKING:
     from rsgw.worker._counters import ModelCounters
-    from rsgw.worker._specs import ModelSpec, TensorSpec
+    from rsgw.worker._specs import ModelSpec, SequenceSpec, TensorSpec
 
 _NS = 1_000_000_000
 
@@ -58,7 +59,9 @@ def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
             for t in spec.outputs
         ],
     )
-    if batched:
+    if spec.sequence is not None:
+        _sequence_batching(config.sequence_batching, spec.sequence)
+    elif batched:
         config.dynamic_batching.SetInParent()
     group = config.instance_group.add(
         name=f"{spec.name}_0", kind=pb.ModelInstanceGroup.KIND_GPU, count=1
@@ -67,6 +70,24 @@ def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
         group.gpus.append(int(gpu))
     config.version_policy.latest.num_versions = 1
     return config
+
+
+_CONTROL_KINDS = {
+    "START": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
+    "END": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END,
+    "READY": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY,
+    "CORRID": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID,
+}
+
+
+def _sequence_batching(batching: pb.ModelSequenceBatching, sequence: SequenceSpec) -> None:
+    batching.max_sequence_idle_microseconds = round(sequence.idle_seconds * 1_000_000)
+    for name in sequence.controls:
+        control = batching.control_input.add(name=name).control.add(kind=_CONTROL_KINDS[name])
+        if name == "CORRID":
+            control.data_type = pb.DataType.Value(data_type(sequence.corrid_datatype))  # type: ignore[assignment]  # the stubs type the field by its enum class
+        else:
+            control.int32_false_true.extend([0, 1])
 
 
 def _duration(count: int, seconds: float) -> pb.StatisticDuration:
