@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from rsgw._errors import ConfigError
 from rsgw._values import parse_yaml, show
+from rsgw.worker._compute_kinds import COMPUTE_KINDS, check_compute
 from rsgw.worker._specs import (
     DEFAULT_PLATFORM,
     DEFAULT_SEQUENCE_IDLE_SECONDS,
@@ -43,7 +44,7 @@ from rsgw.worker._specs import Catalogue as Catalogue
 from rsgw.worker._specs import ModelKind as ModelKind
 from rsgw.worker._specs import ModelSpec as ModelSpec
 from rsgw.worker._specs import TensorSpec as TensorSpec
-from rsgw.worker._tensors import DATATYPES, INTEGER_DATATYPES, format_shape
+from rsgw.worker._tensors import DATATYPES, format_shape
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -54,23 +55,6 @@ if TYPE_CHECKING:
 DEFAULT_LAUNCH_MS = 1.0
 DEFAULT_ITEM_MS = 0.1
 DEFAULT_COMPUTE = "synthetic"
-
-# How each model computes its outputs (implemented in _compute.py).
-COMPUTE_KINDS: tuple[str, ...] = (
-    "add_sub",
-    "add_sub_string",
-    "identity",
-    "synthetic",
-    "sequence_sum",
-    "sequence_accumulate",
-)
-#: The computes of stateful models: they need a `sequence:` block.
-SEQUENCE_COMPUTES = frozenset({"sequence_sum", "sequence_accumulate"})
-
-# add_sub works on every integer type (with wrap-around) and on FP32/FP64. FP16 is
-# left out because the standard library has no FP16 array arithmetic, and BOOL
-# because a sum of booleans is not a boolean.
-ADD_SUB_DATATYPES: frozenset[str] = INTEGER_DATATYPES | {"FP32", "FP64"}
 
 BUILTIN_CATALOGUE_FILE = "builtin_models.yaml"
 
@@ -90,6 +74,7 @@ _MODEL_KEYS = (
     "load_ms",
     "compute",
     "sequence",
+    "decoupled",
 )
 _SEQUENCE_KEYS = ("controls", "corrid_datatype", "idle_ms")
 # A meta has no cost or weights of its own (its sub-models carry them) and no
@@ -141,6 +126,13 @@ def _int(m: Mapping[Hashable, Any], key: str, where: str, default: int) -> int:
     # bool is an int subclass; `max_batch_size: yes` is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{where}.{key} must be an integer >= 0, got {show(value)}")
+    return value
+
+
+def _bool(m: Mapping[Hashable, Any], key: str, where: str) -> bool:
+    value = m.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key} must be true or false, got {show(value)}")
     return value
 
 
@@ -245,75 +237,6 @@ def _parse_batch(
     return name, axis
 
 
-def _check_pair(spec: ModelSpec, where: str, datatypes: frozenset[str]) -> None:
-    """add_sub and add_sub_string: two like inputs and two outputs just like them."""
-    for key, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
-        if len(tensors) != 2:
-            raise ConfigError(
-                f"{where}.{key}: compute {spec.compute!r} needs exactly 2 {key}, got {len(tensors)}"
-            )
-    first = spec.inputs[0]
-    if first.datatype not in datatypes:
-        allowed = ", ".join(d for d in DATATYPES if d in datatypes)
-        raise ConfigError(
-            f"{where}.inputs[0].datatype must be one of {allowed} for compute "
-            f"{spec.compute!r}, got {first.datatype!r}"
-        )
-    for key, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
-        for i, t in enumerate(tensors):
-            if t.datatype != first.datatype:
-                raise ConfigError(
-                    f"{where}.{key}[{i}].datatype must be {first.datatype} (as inputs[0]) "
-                    f"for compute {spec.compute!r}, got {t.datatype!r}"
-                )
-            if t.shape != first.shape:
-                raise ConfigError(
-                    f"{where}.{key}[{i}].shape must be {format_shape(first.shape)} (as inputs[0]) "
-                    f"for compute {spec.compute!r}, got {format_shape(t.shape)}"
-                )
-
-
-def _check_compute(spec: ModelSpec, where: str) -> None:
-    """Check that `spec.compute` can produce the declared outputs from the declared inputs."""
-    if spec.compute == "add_sub":
-        _check_pair(spec, where, ADD_SUB_DATATYPES)
-    elif spec.compute == "add_sub_string":
-        _check_pair(spec, where, frozenset({"BYTES"}))
-    elif spec.compute in SEQUENCE_COMPUTES:
-        _check_sequence_compute(spec, where)
-    elif spec.compute == "identity":
-        if len(spec.outputs) != len(spec.inputs):
-            raise ConfigError(
-                f"{where}.outputs: compute 'identity' needs one output per input "
-                f"({len(spec.inputs)}), got {len(spec.outputs)}"
-            )
-        for i, (inp, out) in enumerate(zip(spec.inputs, spec.outputs, strict=True)):
-            if (out.datatype, out.shape) != (inp.datatype, inp.shape):
-                raise ConfigError(
-                    f"{where}.outputs[{i}] must be {inp.datatype} {format_shape(inp.shape)} "
-                    f"(as inputs[{i}]) for compute 'identity', "
-                    f"got {out.datatype} {format_shape(out.shape)}"
-                )
-
-
-def _check_sequence_compute(spec: ModelSpec, where: str) -> None:
-    """sequence_sum and sequence_accumulate: one INT32 input, one INT32 output alike."""
-    if spec.sequence is None:
-        raise ConfigError(f"{where}.sequence is required for compute {spec.compute!r}")
-    if len(spec.inputs) != 1 or len(spec.outputs) != 1:
-        raise ConfigError(
-            f"{where}: compute {spec.compute!r} needs one input and one output, got "
-            f"{len(spec.inputs)} and {len(spec.outputs)}"
-        )
-    (inp,), (out,) = spec.inputs, spec.outputs
-    if inp.datatype != "INT32" or (out.datatype, out.shape) != (inp.datatype, inp.shape):
-        raise ConfigError(
-            f"{where}: compute {spec.compute!r} needs an INT32 input and an INT32 output of "
-            f"its shape, got {inp.datatype} {format_shape(inp.shape)} and "
-            f"{out.datatype} {format_shape(out.shape)}"
-        )
-
-
 def _parse_sequence(m: Mapping[Hashable, Any], where: str) -> SequenceSpec | None:
     """The `sequence:` block of a stateful model (Triton's sequence_batching)."""
     if "sequence" not in m:
@@ -387,7 +310,7 @@ def _parse_meta(m: Mapping[Hashable, Any], where: str, name: str) -> ModelSpec:
         kind=ModelKind.META,
         submodels=_parse_submodels(m, where),
     )
-    _check_compute(spec, where)
+    check_compute(spec, where)
     return spec
 
 
@@ -422,8 +345,9 @@ def _parse_model(value: object, where: str) -> ModelSpec:
         platform=platform,
         load_seconds=_ms(m, "load_ms", where, 0.0) if "load_ms" in m else None,
         sequence=_parse_sequence(m, where),
+        decoupled=_bool(m, "decoupled", where),
     )
-    _check_compute(spec, where)
+    check_compute(spec, where)
     return spec
 
 

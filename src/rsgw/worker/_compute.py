@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rsgw._errors import InvalidRequest
@@ -29,6 +30,7 @@ from rsgw.worker._tensors import (
     encode_bytes_elements,
     floats_from_le,
     format_shape,
+    int_tensor,
     ints_from_le,
 )
 
@@ -194,7 +196,9 @@ def _sequence_sum(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> t
     extra = _control(inputs, "START")
     if _control(inputs, "END"):
         extra += _control(inputs, "CORRID")
-    out = array("i", [_wrap32(x + extra) for x in ints_from_le("INT32", value.data)])
+    out = array(
+        INT_TYPECODES["INT32"], [_wrap32(x + extra) for x in ints_from_le("INT32", value.data)]
+    )
     return (Tensor(spec.outputs[0].name, "INT32", value.shape, array_to_le(out)),)
 
 
@@ -214,12 +218,58 @@ def _sequence_accumulate(
     if _control(inputs, "END"):
         total += _control(inputs, "CORRID")
     total = _wrap32(total)
-    out = array("i", [total]) * element_count(value.shape)
-    state = array("i", [total])
     return (
-        Tensor(spec.outputs[0].name, "INT32", value.shape, array_to_le(out)),
-        Tensor(SEQUENCE_STATE, "INT32", (1,), array_to_le(state)),
+        int_tensor(
+            spec.outputs[0].name, "INT32", value.shape, [total] * element_count(value.shape)
+        ),
+        int_tensor(SEQUENCE_STATE, "INT32", (1,), [total]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Repeats:
+    """What a decoupled `repeat` request answers: responses after delays, then a wait.
+
+    `responses` are (seconds to wait before it, its output tensors), in order;
+    `final_wait` is the time after the last before the request is complete.
+    """
+
+    responses: tuple[tuple[float, tuple[Tensor, ...]], ...]
+    final_wait: float
+
+
+def repeat_responses(spec: ModelSpec, inputs: Mapping[str, Tensor]) -> Repeats:
+    """Triton's repeat backend: one response per element of IN, each after its DELAY.
+
+    Response i carries OUT = [IN[i]] and IDX = [i] (INT32, UINT32), sent DELAY[i]
+    milliseconds after the one before; WAIT milliseconds after the last, the
+    request completes. An empty IN answers nothing but the completion.
+    """
+    values = ints_from_le("INT32", inputs["IN"].data)
+    delays = ints_from_le("UINT32", inputs["DELAY"].data)
+    if len(delays) != len(values):
+        raise InvalidRequest(
+            f"model '{spec.name}': DELAY must have one element per element of IN "
+            f"({len(values)}), got {len(delays)}"
+        )
+    (wait,) = ints_from_le("UINT32", inputs["WAIT"].data) or (0,)
+    out, idx = spec.outputs
+    responses = tuple(
+        (
+            delay / 1000.0,
+            (
+                int_tensor(out.name, "INT32", (1,), [value]),
+                int_tensor(idx.name, "UINT32", (1,), [i]),
+            ),
+        )
+        for i, (value, delay) in enumerate(zip(values, delays, strict=True))
+    )
+    return Repeats(responses, wait / 1000.0)
+
+
+def _nothing(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """A decoupled model's device work: its responses come from `repeat_responses`."""
+    return ()
 
 
 def _wrap32(value: int) -> int:
@@ -234,6 +284,7 @@ _COMPUTE: dict[str, Callable[[ModelSpec, Mapping[str, Tensor], int], tuple[Tenso
     "synthetic": _synthetic,
     "sequence_sum": _sequence_sum,
     "sequence_accumulate": _sequence_accumulate,
+    "repeat": _nothing,
 }
 
 

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 _SHM_REGION = "shared_memory_region"
 _SHM_OFFSET = "shared_memory_offset"
 _SHM_SIZE = "shared_memory_byte_size"
+#: Triton's parameter on every streamed response: true on the one completing its request.
+_FINAL = "triton_final_response"
 #: Relative deadline a ReactantServer client may send as a request parameter.
 _TIMEOUT_NS = "reactant_timeout_ns"
 
@@ -105,11 +107,16 @@ class RequestCodec:
         spec: ModelSpec,
         request: pb.ModelInferRequest,
         outputs: tuple[Tensor, ...],
+        *,
+        final: bool | None = None,
     ) -> bytes:
+        """The response to `request`; a streamed one says whether it is the `final` one."""
         by_name = {t.name: t for t in outputs}
         response = pb.ModelInferResponse(
             model_name=spec.name, model_version=spec.version, id=request.id
         )
+        if final is not None:
+            response.parameters[_FINAL].bool_param = final
         selection: list[tuple[Tensor, Mapping[str, pb.InferParameter] | None]]
         if request.outputs:  # names were checked before execution
             selection = [(by_name[r.name], r.parameters) for r in request.outputs]
@@ -134,6 +141,14 @@ class RequestCodec:
         # output keeps an empty placeholder unless every output went to shared memory.
         if any(raw):
             response.raw_output_contents.extend(raw)
+        return response.SerializeToString()
+
+    def final_response(self, spec: ModelSpec, request: pb.ModelInferRequest) -> bytes:
+        """The empty response that completes a decoupled request (no outputs)."""
+        response = pb.ModelInferResponse(
+            model_name=spec.name, model_version=spec.version, id=request.id
+        )
+        response.parameters[_FINAL].bool_param = True
         return response.SerializeToString()
 
 

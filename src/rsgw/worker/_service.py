@@ -13,6 +13,7 @@ to every RPC, as if they did not exist.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,15 +36,19 @@ from rsgw._version import __version__
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._wire import peek_routing, stream_error, stream_reply
+from rsgw.worker._compute import repeat_responses
 from rsgw.worker._control import ModelControl
 from rsgw.worker._memory import not_resident
 from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_request
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._stateful import StatefulModels
-from rsgw.worker._tensors import rows
+from rsgw.worker._tensors import Tensor, rows
 from rsgw.worker._triton import model_config, model_statistics
 
 if TYPE_CHECKING:
+    from collections.abc import Hashable, Iterator
+
+    from rsgw.grpc._metering import Meter
     from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
     from rsgw.grpc._streams import ServerStream
     from rsgw.worker._catalogue import ModelSpec
@@ -62,6 +67,22 @@ EXTENSIONS = (
     "model_repository",
     "system_shared_memory",
 )
+
+
+#: The request parameter asking a decoupled model for an empty final response.
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One ModelInfer request, checked and decoded, ready for the device."""
+
+    spec: ModelSpec
+    request: pb.ModelInferRequest
+    inputs: dict[str, Tensor]
+    variant: Hashable
+    rows: int
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +244,19 @@ class WorkerService:
 
     async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
         """Validate, queue on the device, answer; counts every outcome in metrics."""
+        with self._admitted(), metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
+            job = self._prepare(body, call, meter)
+            if job.spec.decoupled:
+                raise GrpcError(
+                    StatusCode.UNIMPLEMENTED,
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy",
+                )
+            outputs = await self._execute(job)
+            return self.codec.encode_response(job.spec, job.request, outputs)
+
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """Hold a place under `max_concurrent_requests`, or RESOURCE_EXHAUSTED (counted)."""
         if self.max_concurrent_requests and self.inflight >= self.max_concurrent_requests:
             self.shed_total += 1
             self.metrics.count_request(UNKNOWN_MODEL, StatusCode.RESOURCE_EXHAUSTED, 0.0)
@@ -233,36 +267,40 @@ class WorkerService:
             )
         self.inflight += 1
         try:
-            with metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
-                request = parse_infer_request(body)
-                if not request.model_name:
-                    raise InvalidRequest("ModelInferRequest.model_name is empty")
-                spec = self.device.model(request.model_name, request.model_version)
-                meter.label = spec.name
-                if not self.device.memory.is_servable(spec.name):
-                    raise not_resident(spec.name)
-                inputs, variant = self.codec.decode_inputs(spec, request)
-                self.codec.check_requested_outputs(spec, request)
-                batch_rows = 1
-                if spec.batch_axis > 0 and spec.batch_input in inputs:
-                    batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
-                deadline = min(call.deadline, parameter_deadline(request))
-                if spec.sequence is None:
-                    outputs = await self.device.execute(
-                        spec, inputs, rows=batch_rows, variant=variant, deadline=deadline
-                    )
-                else:
-                    outputs = await self.stateful.execute(
-                        spec,
-                        request.parameters,
-                        inputs,
-                        rows=batch_rows,
-                        variant=variant,
-                        deadline=deadline,
-                    )
-                return self.codec.encode_response(spec, request, outputs)
+            yield
         finally:
             self.inflight -= 1
+
+    def _prepare(self, body: bytes, call: ServerCall, meter: Meter) -> _Job:
+        """Everything checked before the request may cost device time."""
+        request = parse_infer_request(body)
+        if not request.model_name:
+            raise InvalidRequest("ModelInferRequest.model_name is empty")
+        spec = self.device.model(request.model_name, request.model_version)
+        meter.label = spec.name
+        if not self.device.memory.is_servable(spec.name):
+            raise not_resident(spec.name)
+        inputs, variant = self.codec.decode_inputs(spec, request)
+        self.codec.check_requested_outputs(spec, request)
+        batch_rows = 1
+        if spec.batch_axis > 0 and spec.batch_input in inputs:
+            batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
+        deadline = min(call.deadline, parameter_deadline(request))
+        return _Job(spec, request, inputs, variant, batch_rows, deadline)
+
+    async def _execute(self, job: _Job) -> tuple[Tensor, ...]:
+        if job.spec.sequence is None:
+            return await self.device.execute(
+                job.spec, job.inputs, rows=job.rows, variant=job.variant, deadline=job.deadline
+            )
+        return await self.stateful.execute(
+            job.spec,
+            job.request.parameters,
+            job.inputs,
+            rows=job.rows,
+            variant=job.variant,
+            deadline=job.deadline,
+        )
 
     async def model_stream_infer(self, stream: ServerStream) -> None:
         """Triton's ModelStreamInfer: each request answered on the stream as it completes.
@@ -297,11 +335,44 @@ class WorkerService:
         del queues[key]
 
     async def _stream_one(self, stream: ServerStream, body: bytes) -> None:
+        """One streamed request: its answer (or answers, for a decoupled model), or its error.
+
+        Every answer carries Triton's `triton_final_response` parameter, true on the
+        one that completes the request.
+        """
         try:
-            reply = stream_reply(await self.model_infer(body, stream.call))
+            with (
+                self._admitted(),
+                metered(stream.call, self._observe_infer, UNKNOWN_MODEL) as meter,
+            ):
+                job = self._prepare(body, stream.call, meter)
+                if job.spec.decoupled:
+                    await self._stream_decoupled(stream, job)
+                    return
+                outputs = await self._execute(job)
+                reply = stream_reply(
+                    self.codec.encode_response(job.spec, job.request, outputs, final=True)
+                )
         except RsgwError as exc:
             reply = stream_error(exc.message)
         await stream.send(reply)
+
+    async def _stream_decoupled(self, stream: ServerStream, job: _Job) -> None:
+        """A decoupled request: one dispatch on the device, then its responses as timed.
+
+        The completion itself is sent as an empty response only to a client that asked
+        for it (`triton_enable_empty_final_response`), as Triton does.
+        """
+        await self._execute(job)
+        repeats = repeat_responses(job.spec, job.inputs)
+        for delay, outputs in repeats.responses:
+            await trio.sleep(delay)
+            encoded = self.codec.encode_response(job.spec, job.request, outputs, final=False)
+            await stream.send(stream_reply(encoded))
+        await trio.sleep(repeats.final_wait)
+        parameters = job.request.parameters
+        if _EMPTY_FINAL in parameters and parameters[_EMPTY_FINAL].bool_param:
+            await stream.send(stream_reply(self.codec.final_response(job.spec, job.request)))
 
     def _observe_infer(self, code: StatusCode, model: str, seconds: float | None) -> None:
         self.metrics.count_request(model, code, seconds or 0.0)

@@ -96,6 +96,9 @@ class ModelSpec:
     load_seconds: float | None = None
     # A stateful model: its requests belong to sequences (Triton's sequence batcher).
     sequence: SequenceSpec | None = None
+    # Decoupled (Triton's model_transaction_policy): zero or many responses per
+    # request, so only ModelStreamInfer can call it.
+    decoupled: bool = False
 
     @property
     def is_meta(self) -> bool:

@@ -12,7 +12,6 @@ value as `SEQUENCE_STATE` and returns the next one under that name.
 
 from __future__ import annotations
 
-from array import array
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ import trio
 from rsgw._errors import InvalidRequest
 from rsgw.worker._sequences import CorrelationId, SequenceBook, SequenceStep
 from rsgw.worker._specs import SEQUENCE_STATE
-from rsgw.worker._tensors import Tensor, array_to_le, encode_bytes_elements, ints_from_le
+from rsgw.worker._tensors import Tensor, encode_bytes_elements, int_tensor, ints_from_le
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Hashable, Mapping
@@ -127,10 +126,8 @@ def control_inputs(spec: ModelSpec, step: SequenceStep) -> dict[str, Tensor]:
         if name == "CORRID":
             tensors[name] = _correlation_tensor(spec, step.correlation_id, shape)
         else:
-            data = array_to_le(array("i", [int(flags[name])]))
-            tensors[name] = Tensor(name, "INT32", shape, data)
-    state = array_to_le(array("i", [step.accumulator]))
-    tensors[SEQUENCE_STATE] = Tensor(SEQUENCE_STATE, "INT32", (1,), state)
+            tensors[name] = int_tensor(name, "INT32", shape, [int(flags[name])])
+    tensors[SEQUENCE_STATE] = int_tensor(SEQUENCE_STATE, "INT32", (1,), [step.accumulator])
     return tensors
 
 
@@ -143,4 +140,4 @@ def _correlation_tensor(spec: ModelSpec, value: CorrelationId, shape: tuple[int,
             f"model '{spec.name}' takes unsigned integer correlation ids; got the string "
             f"'{value[:64]}'"
         )
-    return Tensor("CORRID", "UINT64", shape, array_to_le(array("Q", [value % 2**64])))
+    return int_tensor("CORRID", "UINT64", shape, [value % 2**64])

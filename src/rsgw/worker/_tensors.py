@@ -201,6 +201,11 @@ def array_to_le(values: array[int] | array[float]) -> bytes:
     return values.tobytes()
 
 
+def int_tensor(name: str, datatype: str, shape: tuple[int, ...], values: Sequence[int]) -> Tensor:
+    """A tensor of an integer `datatype` holding `values` (which must fit it)."""
+    return Tensor(name, datatype, shape, array_to_le(array(INT_TYPECODES[datatype], values)))
+
+
 def encode_bytes_elements(items: Sequence[bytes]) -> bytes:
     """BYTES elements in wire form: each a 4-byte little-endian length, then the bytes."""
     parts: list[bytes] = []

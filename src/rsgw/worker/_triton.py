@@ -68,6 +68,8 @@ def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
     )
     if gpu.isdigit():
         group.gpus.append(int(gpu))
+    if spec.decoupled:
+        config.model_transaction_policy.decoupled = True
     config.version_policy.latest.num_versions = 1
     return config
 
