@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as triton_shm
 
-from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
 from rsgw._status import StatusCode
 from rsgw.worker._shm import SHM_ROOT, RegionStatus, ShmRegistry, same_ipc_namespace
 
@@ -227,32 +227,23 @@ def test_unregister_all(registry: ShmRegistry, make_object: MakeObject) -> None:
             registry.read(name, 0, 1)
 
 
-def test_reregister_replaces_and_detaches(registry: ShmRegistry, make_object: MakeObject) -> None:
-    key1 = make_object(8, b"11111111")
-    key2 = make_object(8, b"22222222")
-    registry.register("r", key1, 0, 8)
-    old = registry._regions["r"]
-
-    registry.register("r", key2, 2, 4)
-
-    assert registry.status() == [RegionStatus("r", key2, 2, 4)]
-    assert registry.read("r", 0, 4) == b"2222"
-    assert old.mm.closed
-    with pytest.raises(InvalidRequest, match=r"offset 0 \+ byte_size 8 = 8 exceeds .* 4"):
-        registry.read("r", 0, 8)
-
-
-def test_failed_reregister_keeps_the_old_region(
+def test_registering_a_name_twice_is_already_exists(
     registry: ShmRegistry, make_object: MakeObject
 ) -> None:
     key = make_object(8, b"abcdefgh")
     registry.register("r", key, 0, 8)
-    with pytest.raises(InvalidRequest):
-        registry.register("r", _unique_key(), 0, 8)
-    with pytest.raises(InvalidRequest):
-        registry.register("r", key, 4, 8)
-    assert registry.status() == [RegionStatus("r", key, 0, 8)]
+    for other in (make_object(8, b"22222222"), key):  # another object, or the same again
+        with pytest.raises(GrpcError) as caught:
+            registry.register("r", other, 0, 4)
+        assert (caught.value.code, caught.value.message) == (
+            StatusCode.ALREADY_EXISTS,
+            "shared memory region 'r' already in manager",
+        )
+    assert registry.status() == [RegionStatus("r", key, 0, 8)]  # untouched
     assert registry.read("r", 0, 8) == b"abcdefgh"
+    registry.unregister("r")
+    registry.register("r", key, 2, 4)  # free again once unregistered
+    assert registry.read("r", 0, 4) == b"cdef"
 
 
 def test_registry_is_usable_after_close(registry: ShmRegistry, make_object: MakeObject) -> None:
@@ -489,7 +480,7 @@ def test_copy_from_a_mapping_closed_under_it_fails_precondition(
         registry.write("r", 0, b"abc")
 
 
-def test_reads_racing_reregister_and_unregister(
+def test_reads_racing_unregister_and_register(
     registry: ShmRegistry, make_object: MakeObject
 ) -> None:
     size = 4 * PAGE
@@ -518,8 +509,7 @@ def test_reads_racing_reregister_and_unregister(
     thread.start()
     try:
         for i in range(300):
-            if i % 3 == 2:
-                registry.unregister("r")
+            registry.unregister("r")
             registry.register("r", key1 if i % 2 else key2, 0, size)
     finally:
         stop.set()

@@ -44,6 +44,19 @@ class RequestCodec:
         # As in Triton, raw_input_contents holds one entry per input that is not read
         # from shared memory, in input order.
         raw = request.raw_input_contents
+        for tensor in request.inputs:  # Triton's checks and words, before any other
+            if not tensor.HasField("contents"):
+                continue
+            if _SHM_REGION in tensor.parameters:
+                raise InvalidRequest(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{tensor.name}' for model '{request.model_name}'"
+                )
+            if raw:
+                raise InvalidRequest(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{request.model_name}'"
+                )
         inline = sum(1 for t in request.inputs if _SHM_REGION not in t.parameters)
         if raw and len(raw) != inline:
             raise InvalidRequest(

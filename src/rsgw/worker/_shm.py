@@ -41,7 +41,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw._status import StatusCode
 
 #: Where Linux (glibc's `shm_open`) keeps POSIX shared-memory objects.
 SHM_ROOT = "/dev/shm/"
@@ -121,6 +122,10 @@ def same_ipc_namespace(key: str) -> bool:
         return stat.S_ISREG(os.fstat(fd).st_mode)
     finally:
         os.close(fd)
+
+
+def already_registered(name: str) -> GrpcError:
+    return GrpcError(StatusCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
 
 
 def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
@@ -211,11 +216,10 @@ class ShmRegistry:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Attach `[offset, offset + byte_size)` of POSIX object `key` as region `name`.
 
-        Registering a name that is already registered replaces it and detaches the
-        old mapping, as docs/original.md §8.1 asks (Triton itself answers
-        ALREADY_EXISTS; the gateway relies on re-registering after a worker
-        restart being harmless). A failed registration leaves any existing region
-        of that name untouched.
+        A name that is already registered is ALREADY_EXISTS, in Triton's words,
+        and the region stays as it was (the original replaced it; Triton's clients
+        expect the refusal, docs/product.md). A restarted worker has no regions,
+        so registering again after a restart succeeds.
 
         Args:
             name: the region name clients will put in `shared_memory_region`.
@@ -228,6 +232,7 @@ class ShmRegistry:
             InvalidRequest: empty name or key, a negative offset, a byte_size
                 that is not positive, a window past the object's end, or an
                 object that cannot be opened and mapped read-write.
+            GrpcError: ALREADY_EXISTS, the name is registered.
         """
         if not name:
             raise InvalidRequest("shared memory region name must not be empty")
@@ -242,12 +247,14 @@ class ShmRegistry:
                 f"shared memory region '{name}' (key '{key}'): byte_size must be > 0, "
                 f"got {byte_size}"
             )
+        if name in self._regions:
+            raise already_registered(name)
         mapping = _map_object(name, key, offset, byte_size)
         with self._lock:
-            old = self._regions.get(name)
+            if name in self._regions:  # registered meanwhile (the registry is thread-safe)
+                mapping.mm.close()
+                raise already_registered(name)
             self._regions[name] = mapping
-            if old is not None:
-                old.mm.close()
 
     def unregister(self, name: str) -> None:
         """Detach region `name`, or every region if `name` is "".
