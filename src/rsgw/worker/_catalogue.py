@@ -28,7 +28,7 @@ import functools
 import importlib.resources
 import math
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from rsgw._errors import ConfigError
@@ -90,7 +90,10 @@ _META_KEYS = (
     "batch_axis",
     "compute",
 )
-_TENSOR_KEYS = ("name", "datatype", "shape")
+_ENSEMBLE_KEYS = (*_META_KEYS, "max_batch_size")
+_TENSOR_KEYS = ("name", "datatype", "shape", "format", "labels")
+#: Image layouts Triton's ModelConfig knows.
+_FORMATS = ("NCHW", "NHWC")
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +169,13 @@ def _parse_tensor(value: object, where: str) -> TensorSpec:
     for i, d in enumerate(dims):
         if not isinstance(d, int) or isinstance(d, bool) or (d != -1 and d < 1):
             raise ConfigError(f"{where}.shape[{i}] must be -1 or an integer >= 1, got {show(d)}")
-    return TensorSpec(name, datatype, tuple(dims))
+    layout = m.get("format", "")
+    if layout not in ("", *_FORMATS):
+        raise ConfigError(f"{where}.format must be NCHW or NHWC, got {show(layout)}")
+    labels = m.get("labels", "")
+    if not isinstance(labels, str):
+        raise ConfigError(f"{where}.labels must be a label file name, got {show(labels)}")
+    return TensorSpec(name, datatype, tuple(dims), str(layout), labels)
 
 
 def _parse_tensors(m: Mapping[Hashable, Any], key: str, where: str) -> tuple[TensorSpec, ...]:
@@ -272,7 +281,7 @@ def _parse_compute(m: Mapping[Hashable, Any], where: str) -> str:
 def _parse_submodels(m: Mapping[Hashable, Any], where: str) -> tuple[str, ...]:
     path = f"{where}.submodels"
     if "submodels" not in m:
-        raise ConfigError(f"{path} is required for kind: meta")
+        raise ConfigError(f"{path} is required for kind: meta and kind: ensemble")
     items = _list(m["submodels"], path)
     if not items:
         raise ConfigError(f"{path} must list at least one sub-model, got []")
@@ -285,21 +294,23 @@ def _parse_submodels(m: Mapping[Hashable, Any], where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_meta(m: Mapping[Hashable, Any], where: str, name: str) -> ModelSpec:
-    """A meta: its own client tensors, and sub-models that do the device work.
+def _parse_meta(m: Mapping[Hashable, Any], where: str, name: str, kind: ModelKind) -> ModelSpec:
+    """A meta or an ensemble: its own client tensors, and sub-models that do the work.
 
     Its batch input and axis (defaulting as a batched model's do) only say how
     many rows a request carries, which sizes the sub-calls and the synthetic
-    outputs. ModelControlStatus still reports no batch axis for a meta.
+    outputs. ModelControlStatus still reports no batch axis for a meta. An
+    ensemble may state the `max_batch_size` its ModelConfig reports (Triton's
+    clients size their batches by it); it runs its requests one by one as a
+    meta does.
     """
-    _mapping(m, where, _META_KEYS)
     inputs = _parse_tensors(m, "inputs", where)
     batch_input, batch_axis = _parse_batch(m, where, inputs, 1)
     spec = ModelSpec(
         name=name,
         inputs=inputs,
         outputs=_parse_tensors(m, "outputs", where),
-        max_batch_size=0,
+        max_batch_size=_int(m, "max_batch_size", where, 0),
         batch_input=batch_input,
         batch_axis=batch_axis,
         launch_seconds=0.0,
@@ -307,7 +318,7 @@ def _parse_meta(m: Mapping[Hashable, Any], where: str, name: str) -> ModelSpec:
         weight_bytes=0,
         compute=_parse_compute(m, where),
         platform=_name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform"),
-        kind=ModelKind.META,
+        kind=kind,
         submodels=_parse_submodels(m, where),
     )
     check_compute(spec, where)
@@ -319,12 +330,13 @@ def _parse_model(value: object, where: str) -> ModelSpec:
     kind = value.get("kind", "model") if isinstance(value, dict) else "model"
     if kind not in kinds:
         raise ConfigError(f"{where}.kind must be one of {', '.join(kinds)}, got {show(kind)}")
-    m = _mapping(value, where, _META_KEYS if kind == "meta" else _MODEL_KEYS)
+    keys = {"meta": _META_KEYS, "ensemble": _ENSEMBLE_KEYS}.get(kind, _MODEL_KEYS)
+    m = _mapping(value, where, keys)
     if "name" not in m:
         raise ConfigError(f"{where}.name is required")
     name = _name(m["name"], f"{where}.name")
-    if kind == "meta":
-        return _parse_meta(m, where, name)
+    if kind != "model":
+        return _parse_meta(m, where, name, ModelKind(kind))
     platform = _name(m.get("platform", DEFAULT_PLATFORM), f"{where}.platform")
     inputs = _parse_tensors(m, "inputs", where)
     outputs = _parse_tensors(m, "outputs", where)
@@ -361,14 +373,16 @@ def _check_metas(models: list[ModelSpec]) -> None:
                 raise ConfigError(
                     f"models[{i}].submodels[{j}] must name a model of the catalogue, got {sub!r}"
                 )
-            if kind is ModelKind.META:
+            if kind is not ModelKind.MODEL:
                 raise ConfigError(
                     f"models[{i}].submodels[{j}] must name a kind: model entry, "
-                    f"got meta {sub!r} (metas do not nest)"
+                    f"got {kind.value} {sub!r} (metas do not nest)"
                 )
 
 
-def parse_catalogue(data: object, *, source: str) -> Catalogue:
+def parse_catalogue(
+    data: object, *, source: str, read_labels: Callable[[str], str] | None = None
+) -> Catalogue:
     """Build a `Catalogue` from parsed YAML (or any equivalent plain data).
 
     Args:
@@ -391,9 +405,30 @@ def parse_catalogue(data: object, *, source: str) -> Catalogue:
                 raise ConfigError(f"models[{i}].name duplicates an earlier model: {spec.name!r}")
             models.append(spec)
         _check_metas(models)
-        return Catalogue(tuple(models))
+        return Catalogue(tuple(models), _labels(models, read_labels))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+def _labels(
+    models: list[ModelSpec], read: Callable[[str], str] | None
+) -> dict[str, tuple[str, ...]]:
+    """Every label file an output names, read (one class name per line)."""
+    labels: dict[str, tuple[str, ...]] = {}
+    for i, spec in enumerate(models):
+        for j, tensor in enumerate(spec.outputs):
+            name = tensor.labels
+            if not name or name in labels:
+                continue
+            where = f"models[{i}].outputs[{j}].labels"
+            if read is None:
+                raise ConfigError(f"{where}: {name!r} cannot be read here (no label files)")
+            try:
+                text = read(name)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{where}: cannot read label file {name!r}: {exc}") from None
+            labels[name] = tuple(text.splitlines())
+    return labels
 
 
 def load_catalogue(path: str | os.PathLike[str]) -> Catalogue:
@@ -411,7 +446,13 @@ def load_catalogue(path: str | os.PathLike[str]) -> Catalogue:
         raise ConfigError(f"cannot read model catalogue {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text ({exc.reason})") from None
-    return parse_catalogue(parse_yaml(text, source), source=source)
+    folder = os.path.dirname(os.path.abspath(source))
+
+    def read_labels(name: str) -> str:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            return f.read()
+
+    return parse_catalogue(parse_yaml(text, source), source=source, read_labels=read_labels)
 
 
 @functools.cache
@@ -420,6 +461,14 @@ def builtin_catalogue() -> Catalogue:
 
     Cached: it is immutable and every worker of a node asks for it.
     """
-    resource = importlib.resources.files("rsgw.worker").joinpath(BUILTIN_CATALOGUE_FILE)
-    text = resource.read_text(encoding="utf-8")
-    return parse_catalogue(parse_yaml(text, BUILTIN_CATALOGUE_FILE), source=BUILTIN_CATALOGUE_FILE)
+    package = importlib.resources.files("rsgw.worker")
+    text = package.joinpath(BUILTIN_CATALOGUE_FILE).read_text(encoding="utf-8")
+
+    def read_labels(name: str) -> str:
+        return package.joinpath("labels", name).read_text(encoding="utf-8")
+
+    return parse_catalogue(
+        parse_yaml(text, BUILTIN_CATALOGUE_FILE),
+        source=BUILTIN_CATALOGUE_FILE,
+        read_labels=read_labels,
+    )

@@ -12,6 +12,8 @@ couple of microseconds, and the worker keeps no numpy dependency.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from array import array
 from dataclasses import dataclass
@@ -267,6 +269,33 @@ def repeat_responses(spec: ModelSpec, inputs: Mapping[str, Tensor]) -> Repeats:
     return Repeats(responses, wait / 1000.0)
 
 
+def _classifier(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
+    """A deterministic stand-in for an image classifier: a softmax that depends on the input.
+
+    Each batch row of the first input (FP32 pixels, or BYTES holding an encoded
+    image) is hashed; the hash sets a phase, and the class scores are a softmax
+    over cosines of it, so a given image always gets the same classes and
+    different images get different ones. No real vision happens: the cost model
+    carries the GPU time, and the numbers only have to be honest probabilities.
+    """
+    (out,) = spec.outputs
+    first = inputs[spec.inputs[0].name]
+    width = next(d for d in out.shape if d != -1)
+    per_row = len(first.data) // rows if rows else 0
+    scores: list[float] = []
+    for row in range(max(rows, 1)):
+        digest = hashlib.blake2b(first.data[row * per_row : (row + 1) * per_row], digest_size=8)
+        phase = int.from_bytes(digest.digest(), "little") / 2**64 * math.tau
+        logits = [4.0 * math.cos(phase * (i + 1) + i) for i in range(width)]
+        top = max(logits)
+        weights = [math.exp(v - top) for v in logits]
+        total = sum(weights)
+        scores.extend(w / total for w in weights)
+    shape = tuple(rows if d == -1 else d for d in out.shape)
+    data = array_to_le(array(FLOAT_TYPECODES["FP32"], scores))
+    return (Tensor(out.name, "FP32", shape, data),)
+
+
 def _nothing(spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int) -> tuple[Tensor, ...]:
     """A decoupled model's device work: its responses come from `repeat_responses`."""
     return ()
@@ -285,6 +314,7 @@ _COMPUTE: dict[str, Callable[[ModelSpec, Mapping[str, Tensor], int], tuple[Tenso
     "sequence_sum": _sequence_sum,
     "sequence_accumulate": _sequence_accumulate,
     "repeat": _nothing,
+    "classifier": _classifier,
 }
 
 

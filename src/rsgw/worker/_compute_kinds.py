@@ -24,6 +24,7 @@ COMPUTE_KINDS: tuple[str, ...] = (
     "sequence_sum",
     "sequence_accumulate",
     "repeat",
+    "classifier",
 )
 #: The computes of stateful models: they need a `sequence:` block.
 SEQUENCE_COMPUTES = frozenset({"sequence_sum", "sequence_accumulate"})
@@ -62,6 +63,18 @@ def _check_pair(spec: ModelSpec, where: str, datatypes: frozenset[str]) -> None:
                 )
 
 
+def _check_classifier(spec: ModelSpec, where: str) -> None:
+    """classifier: one FP32 output with one fixed (class) dim beside an optional -1."""
+    if len(spec.outputs) != 1 or spec.outputs[0].datatype != "FP32":
+        raise ConfigError(f"{where}.outputs: compute 'classifier' needs one FP32 output")
+    fixed = [d for d in spec.outputs[0].shape if d != -1]
+    if len(fixed) != 1 or len(spec.outputs[0].shape) - len(fixed) > 1:
+        raise ConfigError(
+            f"{where}.outputs[0].shape must be [classes] or [-1, classes] for compute "
+            f"'classifier', got {format_shape(spec.outputs[0].shape)}"
+        )
+
+
 def check_compute(spec: ModelSpec, where: str) -> None:
     """Check that `spec.compute` can produce the declared outputs from the declared inputs."""
     if spec.decoupled and spec.compute != "repeat":
@@ -72,6 +85,8 @@ def check_compute(spec: ModelSpec, where: str) -> None:
         _check_pair(spec, where, ADD_SUB_DATATYPES)
     elif spec.compute == "add_sub_string":
         _check_pair(spec, where, frozenset({"BYTES"}))
+    elif spec.compute == "classifier":
+        _check_classifier(spec, where)
     elif spec.compute == "repeat":
         _check_repeat(spec, where)
     elif spec.compute in SEQUENCE_COMPUTES:

@@ -15,10 +15,12 @@ import trio
 
 from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.worker._classification import classify, requested_classes
 from rsgw.worker._tensors import Tensor, check_input, tensor_from_contents, tensor_from_raw
+from rsgw.worker._triton import batches_first
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Mapping
+    from collections.abc import Hashable, Mapping, Sequence
 
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._shm import ShmRegistry
@@ -35,8 +37,10 @@ _TIMEOUT_NS = "reactant_timeout_ns"
 class RequestCodec:
     """Reads requests and writes responses for one worker, through its SHM registry."""
 
-    def __init__(self, shm: ShmRegistry) -> None:
+    def __init__(self, shm: ShmRegistry, labels: Mapping[str, Sequence[str]]) -> None:
         self.shm = shm
+        #: The catalogue's label files, for classification results.
+        self.labels = labels
 
     def decode_inputs(
         self, spec: ModelSpec, request: pb.ModelInferRequest
@@ -114,6 +118,7 @@ class RequestCodec:
                 )
             if _SHM_REGION in requested.parameters:
                 self.shm.require(requested.parameters[_SHM_REGION].string_param)
+            requested_classes(requested.name, requested.parameters)
 
     def encode_response(
         self,
@@ -137,6 +142,11 @@ class RequestCodec:
             selection = [(t, None) for t in outputs]
         raw: list[bytes] = []
         for tensor, params in selection:
+            classes = 0 if params is None else requested_classes(tensor.name, params)
+            if classes:
+                declared = spec.output(tensor.name)
+                labels = self.labels.get(declared.labels, ()) if declared is not None else ()
+                tensor = classify(tensor, classes, labels, batched=batches_first(spec))
             out = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
             out.shape.extend(tensor.shape)
             if params is not None and _SHM_REGION in params:

@@ -113,7 +113,7 @@ class WorkerService:
         self.max_concurrent_requests = max_concurrent_requests
         self.inflight = 0
         self.shed_total = 0
-        self.codec = RequestCodec(shm)
+        self.codec = RequestCodec(shm, device.catalogue.labels)
         self.stateful = StatefulModels(device)
         self.control = ModelControl(identity.name, device, on_unloaded=self.stateful.forget_model)
 

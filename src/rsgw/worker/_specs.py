@@ -33,6 +33,8 @@ class ModelKind(enum.Enum):
 
     MODEL = "model"  # runs on the device: batches, costs time, holds weights
     META = "meta"  # a pipeline: one request through each sub-model in turn
+    # A meta whose steps stay models clients may call too (Triton's ensemble).
+    ENSEMBLE = "ensemble"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,11 @@ class TensorSpec:
     datatype: str
     # The WIRE (row-major) shape; -1 accepts any size.
     shape: tuple[int, ...]
+    # An image input's layout as Triton's ModelConfig states it: "NCHW", "NHWC" or "".
+    format: str = ""
+    # An output's label file (Triton's label_filename): class names, one per line,
+    # which classification results carry; "" for none.
+    labels: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +109,8 @@ class ModelSpec:
 
     @property
     def is_meta(self) -> bool:
-        return self.kind is ModelKind.META
+        """A pipeline over sub-models (a meta or an ensemble)."""
+        return self.kind is not ModelKind.MODEL
 
     def input(self, name: str) -> TensorSpec | None:
         """The declared input called `name`, or None."""
@@ -129,7 +137,7 @@ class Catalogue:
 
     `models` holds every entry, metas and their internal sub-models included;
     `routable` only what clients may name (RepositoryIndex, ModelMetadata,
-    ModelInfer, ModelControlStatus).
+    ModelInfer, ModelControlStatus). An ensemble's steps stay routable.
 
     Raises:
         ConfigError: two entries share a name, or a meta lists something that
@@ -137,6 +145,8 @@ class Catalogue:
     """
 
     models: tuple[ModelSpec, ...]
+    #: The label files outputs name (`TensorSpec.labels`), read: file -> class names.
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     _by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
     _internal: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -163,7 +173,8 @@ class Catalogue:
                         f"meta model {meta.name!r} lists {what} sub-model {sub!r}; "
                         "submodels must be kind: model entries"
                     )
-                internal.add(sub)
+                if meta.kind is ModelKind.META:
+                    internal.add(sub)
         object.__setattr__(self, "models", models)
         object.__setattr__(self, "_by_name", by_name)
         object.__setattr__(self, "_internal", frozenset(internal))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.worker._specs import ModelKind
 
 if TYPE_CHECKING:
     from rsgw.worker._counters import ModelCounters
@@ -51,17 +52,33 @@ def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
         platform=spec.platform,
         max_batch_size=spec.max_batch_size if batched else 0,
         input=[
-            pb.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=_dims(t, batched))
+            pb.ModelInput(
+                name=t.name,
+                data_type=data_type(t.datatype),
+                dims=_dims(t, batched),
+                format=f"FORMAT_{t.format or 'NONE'}",
+            )
             for t in spec.inputs
         ],
         output=[
-            pb.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=_dims(t, batched))
+            pb.ModelOutput(
+                name=t.name,
+                data_type=data_type(t.datatype),
+                dims=_dims(t, batched),
+                label_filename=t.labels,
+            )
             for t in spec.outputs
         ],
     )
+    if spec.kind is ModelKind.ENSEMBLE:
+        config.platform = "ensemble"
+        for step in spec.submodels:
+            config.ensemble_scheduling.step.add(model_name=step, model_version=-1)
+    # One scheduler per model (a oneof in Triton's config): the ensemble's steps (set
+    # above), the sequence batcher, or the dynamic batcher.
     if spec.sequence is not None:
         _sequence_batching(config.sequence_batching, spec.sequence)
-    elif batched:
+    elif batched and spec.kind is not ModelKind.ENSEMBLE:
         config.dynamic_batching.SetInParent()
     group = config.instance_group.add(
         name=f"{spec.name}_0", kind=pb.ModelInstanceGroup.KIND_GPU, count=1
