@@ -36,7 +36,17 @@ SHELL_MODULES = {
         "_streams",
         "_standard",
     },
-    "worker": {"_control", "_device", "_memory", "_metrics", "_service", "_shm", "_worker"},
+    "worker": {
+        "_control",
+        "_device",
+        "_memory",
+        "_metrics",
+        "_requests",
+        "_service",
+        "_shm",
+        "_stateful",
+        "_worker",
+    },
     "node": {"_supervisor", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
 }

@@ -9,6 +9,7 @@ logged with its traceback before the same exit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -85,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=9100,
         help="admin HTTP port for /metrics, /healthz, /readyz; 0 picks one, -1 disables (9100)",
     )
-    worker.add_argument("--models", metavar="FILE", help="model catalogue YAML (default: built-in)")
+    worker.add_argument(
+        "--models",
+        metavar="FILE|NAME",
+        help="model catalogue YAML, or a built-in one: builtin (the default) or triton-docs",
+    )
     worker.add_argument(
         "--discipline",
         choices=["fifo", "edf", "fair"],
@@ -170,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--gpus", type=_non_negative_int, metavar="N", help="run N workers (overrides gpus:)"
     )
+    node.add_argument(
+        "--models",
+        metavar="FILE|NAME",
+        help="the workers' model catalogue: a YAML file, builtin or triton-docs "
+        "(overrides model_repo:)",
+    )
     _add_logging_flags(node)
 
     probe = commands.add_parser(
@@ -228,12 +239,12 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         ConfigError: a catalogue file that does not load, or a value out of range.
     """
     from rsgw.worker._batching import Discipline
-    from rsgw.worker._catalogue import builtin_catalogue, load_catalogue
+    from rsgw.worker._catalogue import builtin_catalogue, named_catalogue
     from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
     from rsgw.worker._weights import ResidencyMode
     from rsgw.worker._worker import WorkerConfig
 
-    catalogue = load_catalogue(args.models) if args.models else builtin_catalogue()
+    catalogue = named_catalogue(args.models) if args.models else builtin_catalogue()
     return WorkerConfig(
         name=args.name,
         gpu=args.gpu,
@@ -285,16 +296,18 @@ def _run_node(args: argparse.Namespace) -> None:
     from rsgw.node._gpus import visible_gpu_count
     from rsgw.node._node import BUILTIN_MODEL_REPO, default_node, load_node
     from rsgw.node._supervisor import serve_node
-    from rsgw.worker._catalogue import load_catalogue
+    from rsgw.worker._catalogue import named_catalogue
 
     visible = visible_gpu_count() if args.gpus is None else None
     if args.node_file is None:
         node = default_node(visible_gpus=visible, gpus=args.gpus)
     else:
         node = load_node(args.node_file, visible_gpus=visible, gpus=args.gpus)
+    if args.models is not None:
+        node = dataclasses.replace(node, model_repo=args.models)
     if node.model_repo != BUILTIN_MODEL_REPO:
         # A bad catalogue is one line now, not a restart loop of every worker.
-        load_catalogue(node.model_repo)
+        named_catalogue(node.model_repo)
     service = partial(serve_node, node, log_level=args.log_level, log_format=args.log_format)
     trio.run(_until_terminated, service)
 

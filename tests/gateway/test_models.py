@@ -115,8 +115,8 @@ async def test_statistics_are_summed_over_three_workers(autojump_clock: MockCloc
         one = pb.ModelStatisticsResponse.FromString(
             await call(fleet, Method.MODEL_STATISTICS, request)
         )
-        (routed,) = one.model_stats
-        assert routed.inference_count == 2  # one replica's own figures
+        (named,) = one.model_stats
+        assert named.inference_count == 6  # every replica's share, summed
         every = pb.ModelStatisticsResponse.FromString(
             await call(fleet, Method.MODEL_STATISTICS, pb.ModelStatisticsRequest())
         )

@@ -19,8 +19,10 @@ from rsgw.worker._catalogue import (
     TensorSpec,
     builtin_catalogue,
     load_catalogue,
+    named_catalogue,
     parse_catalogue,
 )
+from tests.worker.client import cli_worker_config
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
@@ -503,3 +505,29 @@ def test_load_catalogue_not_utf8(tmp_path: pathlib.Path) -> None:
     path.write_bytes(b"models: []\n# \xff\n")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_catalogue(path)
+
+
+# -- built-in catalogues by name ------------------------------------------------------------
+
+
+def test_triton_docs_is_tritons_example_repository() -> None:
+    catalogue = named_catalogue("triton-docs")
+    assert [m.name for m in catalogue.routable] == [
+        "densenet_onnx",
+        "inception_onnx",
+        "simple",
+        "simple_dyna_sequence",
+        "simple_identity",
+        "simple_int8",
+        "simple_sequence",
+        "simple_string",
+    ]
+    assert catalogue.labels["densenet_labels.txt"][0] == "TENCH"
+    assert named_catalogue("builtin") is builtin_catalogue()
+    with pytest.raises(ConfigError, match="cannot read model catalogue no-such-set"):
+        named_catalogue("no-such-set")
+
+
+def test_the_worker_cli_takes_a_catalogue_name() -> None:
+    config = cli_worker_config("--models", "triton-docs")
+    assert len(config.catalogue.routable) == 8

@@ -22,7 +22,7 @@ from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw.worker._worker import WorkerConfig
-from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
+from tests.helpers import catalogue_from_yaml, infer_request, output_array, wait_until_async
 from tests.worker.client import WorkerClient, grpc_error, open_memory_worker
 from tests.worker.test_residency_e2e import SLOW
 
@@ -118,11 +118,58 @@ async def test_load_and_unload_errors(autojump_clock: MockClock) -> None:
             StatusCode.NOT_FOUND,
             "failed to unload 'nope', no such model in the repository",
         )
-        code, message = await grpc_error(_load(client, "simple", config="{}"))
-        assert code == StatusCode.INVALID_ARGUMENT
-        assert "catalogue only; parameters ['config'] are not supported" in message
         # An internal sub-model of a meta is not a model a client can name.
         assert (await grpc_error(_unload(client, "search_embedder")))[0] == StatusCode.NOT_FOUND
+
+
+async def _max_batch_size(client: WorkerClient, model: str) -> int:
+    request = pb.ModelConfigRequest(name=model)
+    response = await client.call(Method.MODEL_CONFIG, request, pb.ModelConfigResponse)
+    return response.config.max_batch_size
+
+
+async def test_load_with_a_config_override(autojump_clock: MockClock) -> None:
+    async with open_memory_worker(_config()) as client:
+        await _load(client, "simple", config='{"max_batch_size":"16"}')
+        assert await _max_batch_size(client, "simple") == 16
+        rows = np.arange(12 * 16, dtype=np.int32).reshape(12, 16)
+        response = await client.infer(infer_request("simple", {"INPUT0": rows, "INPUT1": rows}))
+        assert output_array(response, "OUTPUT0").shape == (12, 16)  # over the old max of 8
+        await _load(client, "simple", config="{}")  # an empty override: as configured
+        assert await _max_batch_size(client, "simple") == 8
+        await _load(client, "simple", config='{"max_batch_size": 4, "name": "simple"}')
+        assert await _max_batch_size(client, "simple") == 4
+        await _load(client, "simple")  # no override: the catalogue's again
+        assert await _max_batch_size(client, "simple") == 8
+        for config, why in [
+            ('"parameters": {"config": {{"max_batch_size": "16"}}}', "not valid JSON"),
+            ("[1]", "must be a JSON object"),
+            ('{"instance_group": []}', "may override max_batch_size only"),
+            ('{"max_batch_size": -1}', "must be an integer >= 0"),
+        ]:
+            code, message = await grpc_error(_load(client, "simple", config=config))
+            assert code is StatusCode.INVALID_ARGUMENT
+            assert message.startswith("failed to load 'simple'") and why in message
+        assert await _max_batch_size(client, "simple") == 8  # a failed load changes nothing
+        code, message = await grpc_error(
+            _load(client, "densenet_onnx", config='{"max_batch_size": 2}')
+        )
+        assert "no leading batch dimension" in message
+
+
+async def test_model_files_are_refused_as_triton_refuses_an_unreadable_repository(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_memory_worker(_config()) as client:
+        request = pb.RepositoryModelLoadRequest(model_name="simple")
+        request.parameters["config"].string_param = "{}"
+        request.parameters["file:" + "A" * 256].bytes_param = b"a"
+        code, message = await grpc_error(
+            client.call(Method.REPOSITORY_MODEL_LOAD, request, pb.RepositoryModelLoadResponse)
+        )
+        assert code is StatusCode.INTERNAL
+        assert "failed to poll from model repository" in message
+        assert await client.model_ready("simple")  # still serving
 
 
 TWO_METAS = catalogue_from_yaml(

@@ -7,7 +7,9 @@ Three kinds, by who can answer:
   gateway.yml overrides the name and the version).
 - **One replica of the model**, routed by the request's model name (field 1, read from
   the raw bytes as ModelInfer's is) with ModelInfer's failover rule: ModelReady,
-  ModelMetadata, ModelConfig, ModelStatistics of one model. A model no worker serves
+  ModelMetadata, ModelConfig. ModelStatistics of one model asks every replica and
+  sums their answers: each replica holds a share of the model's work, and one
+  share is not the model's statistics. A model no worker serves
   is NOT_FOUND in Triton's words; one whose replicas are all down is UNAVAILABLE
   (ModelReady answers `ready: false` for both, as Triton does).
 - **Every worker, merged**: ModelStatistics with no name (per model and version, the
@@ -158,6 +160,8 @@ class ModelCalls:
                     meter.label = UNKNOWN_MODEL
                     raise unknown_model(model)
                 meter.label = model
+                if method is Method.MODEL_STATISTICS:
+                    return await self._model_statistics(model, replicas, body, call)
                 return await self._forward(method, model, replicas, body, call)
 
         return handler
@@ -188,6 +192,20 @@ class ModelCalls:
         raise walk.outcome()
 
     # -- merged over every worker -------------------------------------------------------
+
+    async def _model_statistics(
+        self, model: str, replicas: tuple[str, ...], body: bytes, call: ServerCall
+    ) -> bytes:
+        """One model's statistics summed over its replicas (each holds a share of its work)."""
+        results = await self._everyone(replicas, Method.MODEL_STATISTICS, body, call)
+        answers = [r for r in results.values() if isinstance(r, bytes)]
+        if not answers:
+            first = next(iter(results.values()))
+            if isinstance(first, GrpcError):
+                raise GrpcError(first.code, first.message)
+            raise no_ready_replica(model)
+        merged = merge_statistics([pb.ModelStatisticsResponse.FromString(r) for r in answers])
+        return merged.SerializeToString()
 
     async def _all_statistics(self, body: bytes, call: ServerCall) -> bytes:
         ready = [url for url in self.pool.urls if url in self.prober.ready]

@@ -35,6 +35,7 @@ from typing import Any, TypeGuard
 from rsgw._errors import ConfigError
 from rsgw._schema import MAX_MESSAGE_BYTES
 from rsgw._values import read_yaml, show
+from rsgw.worker._catalogue import BUILTIN_SETS
 
 # The default node (docs/original.md §8.5's template): what `rsgw node` runs without a file.
 DEFAULT_BASE_PORT = 8080
@@ -347,11 +348,13 @@ def parse_node(
         notes = [f"unknown node key {show(k)} ignored" for k in raw if k not in _NODE_KEYS]
         repo = raw.get("model_repo")
         if repo is None:
-            raise ConfigError("model_repo is required ('builtin' or a model catalogue YAML)")
+            raise ConfigError(
+                "model_repo is required ('builtin', 'triton-docs' or a model catalogue YAML)"
+            )
         if not isinstance(repo, str) or not repo.strip():
             raise ConfigError(f"model_repo must be a non-empty string, got {show(repo)}")
         repo = repo.strip()
-        if repo != BUILTIN_MODEL_REPO and base_dir is not None:
+        if repo not in BUILTIN_SETS and base_dir is not None:
             repo = os.path.join(base_dir, repo)
         base_port = _port(raw.get("base_port", DEFAULT_BASE_PORT), "base_port")
         metrics_base = raw.get("metrics_base_port")

@@ -57,6 +57,23 @@ DEFAULT_ITEM_MS = 0.1
 DEFAULT_COMPUTE = "synthetic"
 
 BUILTIN_CATALOGUE_FILE = "builtin_models.yaml"
+#: Catalogues `--models` (and a node file's `model_repo`) name instead of a file: the
+#: built-in catalogue whole, or a selection of it. `triton-docs` is the repository of
+#: Triton's docs/examples (eight models), which some of Triton's example clients
+#: count (simple_grpc_model_control.py expects exactly eight).
+BUILTIN_SETS: dict[str, tuple[str, ...] | None] = {
+    "builtin": None,
+    "triton-docs": (
+        "densenet_onnx",
+        "inception_onnx",
+        "simple",
+        "simple_dyna_sequence",
+        "simple_identity",
+        "simple_int8",
+        "simple_sequence",
+        "simple_string",
+    ),
+}
 
 _CATALOGUE_KEYS = ("models",)
 _MODEL_KEYS = (
@@ -472,3 +489,19 @@ def builtin_catalogue() -> Catalogue:
         source=BUILTIN_CATALOGUE_FILE,
         read_labels=read_labels,
     )
+
+
+def named_catalogue(name_or_path: str) -> Catalogue:
+    """A built-in catalogue by name (`BUILTIN_SETS`), or the catalogue file at a path.
+
+    Raises:
+        ConfigError: as `load_catalogue`, for a path.
+    """
+    if name_or_path not in BUILTIN_SETS:
+        return load_catalogue(name_or_path)
+    catalogue = builtin_catalogue()
+    selection = BUILTIN_SETS[name_or_path]
+    if selection is None:
+        return catalogue
+    models = tuple(m for m in catalogue.models if m.name in selection)
+    return Catalogue(models, catalogue.labels)

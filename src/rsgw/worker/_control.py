@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rsgw._errors import FailedPrecondition, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
 from rsgw.grpc._typed import typed_unary
+from rsgw.worker._triton import config_override
 from rsgw.worker._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
@@ -131,15 +133,29 @@ class ModelControl:
     async def load(
         self, request: pb.RepositoryModelLoadRequest, _: ServerCall
     ) -> pb.RepositoryModelLoadResponse:
+        """Load a catalogue model, as configured there or with a `config` override.
+
+        Triton also takes model files (`file:<path>` parameters); a simulated worker
+        has only its catalogue, so those fail the way Triton fails a repository it
+        cannot poll (INTERNAL), saying why.
+        """
         spec = self._known(request.model_name, "load")
-        if request.parameters:
-            # Triton loads a config or files sent here; a simulated worker has only
-            # its catalogue, and saying so beats ignoring what the client sent.
-            raise InvalidRequest(
-                f"failed to load '{spec.name}': this worker loads models from its "
-                f"catalogue only; parameters {sorted(request.parameters)} are not supported"
+        parameters = request.parameters
+        files = sorted(key for key in parameters if key.startswith("file:"))
+        if files:
+            raise GrpcError(
+                StatusCode.INTERNAL,
+                f"failed to load '{spec.name}', failed to poll from model repository: this "
+                f"worker serves models from its catalogue and takes no model files "
+                f"(got {files[0][:64]!r})",
             )
-        await self.device.load(spec.name)
+        unknown = sorted(key for key in parameters if key != "config")
+        if unknown:
+            raise InvalidRequest(f"failed to load '{spec.name}': unknown parameter {unknown[0]!r}")
+        override = None
+        if "config" in parameters:
+            override = config_override(spec, parameters["config"].string_param)
+        await self.device.load(spec.name, override)
         return pb.RepositoryModelLoadResponse()
 
     async def unload(

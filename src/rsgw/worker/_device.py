@@ -140,6 +140,8 @@ class Device:
             pinned=pinned,
         )
         self._max_batch = {m.name: m.max_batch_size for m in catalogue.models}
+        #: Models loaded with a configuration override (RepositoryModelLoad's `config`).
+        self._overridden: dict[str, ModelSpec] = {}
         self._queues: RequestQueues[_Job] = RequestQueues(discipline)
         self._meta_inflight = {m.name: 0 for m in catalogue.models if m.is_meta}
         self._commands: deque[_Command] = deque()
@@ -153,7 +155,7 @@ class Device:
 
         Internal sub-models are NOT_FOUND as if they did not exist.
         """
-        spec = self.catalogue.route(name)
+        spec = self._overridden.get(name) or self.catalogue.route(name)
         if spec is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if name in self.memory.unloaded:
@@ -266,9 +268,24 @@ class Device:
         """RepositoryModelUnload of a routable model; its queued requests then fail."""
         await self._control(partial(self.memory.unload, model))
 
-    async def load(self, model: str) -> None:
-        """RepositoryModelLoad of a routable model (see `DeviceMemory.load`)."""
-        await self._control(partial(self.memory.load, model))
+    async def load(self, model: str, override: ModelSpec | None = None) -> None:
+        """RepositoryModelLoad of a routable model (see `DeviceMemory.load`).
+
+        With `override` (the same model, configured otherwise), the model serves as
+        that from now on; without, as its catalogue entry says again.
+        """
+
+        async def action() -> None:
+            await self.memory.load(model)
+            if override is None:
+                self._overridden.pop(model, None)
+                spec = self.catalogue.get(model)
+                assert spec is not None
+            else:
+                self._overridden[model] = spec = override
+            self._max_batch[model] = spec.max_batch_size
+
+        await self._control(action)
 
     async def compact(self, reload: Iterable[str]) -> tuple[int, int]:
         """CompactMemory (see `DeviceMemory.compact`): (models reloaded, resident bytes)."""
@@ -327,7 +344,7 @@ class Device:
             command.done.set()
 
     async def _run(self, batch: Batch[_Job]) -> None:
-        spec = self.catalogue.get(batch.model)
+        spec = self._overridden.get(batch.model) or self.catalogue.get(batch.model)
         assert spec is not None
         if self.memory.unloaded and not (batch := self._without_unloaded(batch)).requests:
             return

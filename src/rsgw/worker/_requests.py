@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import trio
-
 from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.worker._classification import classify, requested_classes
@@ -182,10 +180,10 @@ def parse_infer_request(body: bytes) -> pb.ModelInferRequest:
         raise InvalidRequest(f"malformed ModelInferRequest: {exc}") from exc
 
 
-def parameter_deadline(request: pb.ModelInferRequest) -> float:
-    """The absolute deadline a `reactant_timeout_ns` parameter asks for, or inf."""
+def parameter_deadline(request: pb.ModelInferRequest, now: float) -> float:
+    """The absolute deadline a `reactant_timeout_ns` parameter asks for (from `now`), or inf."""
     if _TIMEOUT_NS in request.parameters:
         budget_ns = request.parameters[_TIMEOUT_NS].int64_param
         if budget_ns > 0:
-            return trio.current_time() + budget_ns / 1e9
+            return now + budget_ns / 1e9
     return math.inf

@@ -43,7 +43,7 @@ from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_
 from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
 from rsgw.worker._stateful import StatefulModels
 from rsgw.worker._tensors import Tensor, rows
-from rsgw.worker._triton import model_config, model_statistics
+from rsgw.worker._triton import batches_first, model_config, model_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterator
@@ -285,7 +285,12 @@ class WorkerService:
         batch_rows = 1
         if spec.batch_axis > 0 and spec.batch_input in inputs:
             batch_rows = rows(inputs[spec.batch_input].shape, spec.batch_axis)
-        deadline = min(call.deadline, parameter_deadline(request))
+            if batches_first(spec) and batch_rows > spec.max_batch_size:
+                raise InvalidRequest(
+                    f"inference request batch-size must be <= {spec.max_batch_size} "
+                    f"for '{spec.name}'"
+                )
+        deadline = min(call.deadline, parameter_deadline(request, trio.current_time()))
         return _Job(spec, request, inputs, variant, batch_rows, deadline)
 
     async def _execute(self, job: _Job) -> tuple[Tensor, ...]:

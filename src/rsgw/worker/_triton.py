@@ -18,8 +18,11 @@ How the catalogue maps onto Triton's model configuration:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import TYPE_CHECKING
 
+from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.worker._specs import ModelKind
 
@@ -107,6 +110,59 @@ def _sequence_batching(batching: pb.ModelSequenceBatching, sequence: SequenceSpe
             control.data_type = pb.DataType.Value(data_type(sequence.corrid_datatype))  # type: ignore[assignment]  # the stubs type the field by its enum class
         else:
             control.int32_false_true.extend([0, 1])
+
+
+#: What a RepositoryModelLoad `config` may change on a simulated model.
+OVERRIDABLE = ("max_batch_size",)
+
+
+def config_override(spec: ModelSpec, text: str) -> ModelSpec:
+    """`spec` as a RepositoryModelLoad `config` parameter (Triton's JSON) configures it.
+
+    A simulated model's tensors and computation are its catalogue's, so only what
+    the device can honour may change: `max_batch_size` (a number or a decimal
+    string, as protobuf's JSON has it). `name`, if given, must be the model's own.
+    An empty object changes nothing.
+
+    Raises:
+        InvalidRequest: not a JSON object, an unknown or unchangeable key, a bad
+            value; every message starts "failed to load '<model>'", as Triton's.
+    """
+    prefix = f"failed to load '{spec.name}'"
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"{prefix}: the config parameter is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise InvalidRequest(f"{prefix}: the config parameter must be a JSON object")
+    changes: dict[str, int] = {}
+    for key, value in config.items():
+        if key == "name" and value == spec.name:
+            continue
+        if key not in OVERRIDABLE:
+            raise InvalidRequest(
+                f"{prefix}: a simulated model's configuration may override "
+                f"{', '.join(OVERRIDABLE)} only, got {key!r}"
+            )
+        number = _whole_number(value)
+        if number is None or number < 0:
+            raise InvalidRequest(f"{prefix}: max_batch_size must be an integer >= 0, got {value!r}")
+        if number > 0 and not batches_first(dataclasses.replace(spec, max_batch_size=1)):
+            raise InvalidRequest(
+                f"{prefix}: the model has no leading batch dimension to batch along"
+            )
+        changes[key] = number
+    return dataclasses.replace(spec, **changes) if changes else spec  # type: ignore[arg-type]
+
+
+def _whole_number(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def _duration(count: int, seconds: float) -> pb.StatisticDuration:
