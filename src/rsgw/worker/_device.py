@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError, NotFound, RsgwError
+from rsgw._errors import GrpcError, InvalidRequest, NotFound, RsgwError
 from rsgw._status import StatusCode
 from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
@@ -161,6 +161,7 @@ class Device:
         if name in self.memory.unloaded:
             raise unloaded_model(name)
         if version and version != spec.version:
+            _check_version_string(version)
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return spec
 
@@ -411,6 +412,21 @@ class Device:
         assert job is not None
         job.error = error
         job.done.set()
+
+
+def _check_version_string(version: str) -> None:
+    """Triton's refusals of a version that is not a positive integer (INVALID_ARGUMENT)."""
+    try:
+        number = int(version)
+    except ValueError:
+        raise InvalidRequest(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: not an integer), version should be an integral value > 0"
+        ) from None
+    if number < 0:
+        raise InvalidRequest(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
 
 
 def _expired(pending: Pending[_Job]) -> GrpcError:
