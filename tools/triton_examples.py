@@ -94,7 +94,6 @@ EXAMPLES = (
     Example("simple_grpc_health_metadata.py"),
     Example("simple_grpc_infer_client.py", passes="PASS"),
     Example("simple_grpc_keepalive_client.py", passes="PASS"),
-    Example("simple_grpc_model_control.py", passes="PASS: model control"),
     Example("simple_grpc_sequence_stream_infer_client.py", passes="PASS: Sequence"),
     Example("simple_grpc_sequence_stream_infer_client.py", ("-d",), passes="PASS: Sequence"),
     Example("simple_grpc_sequence_sync_infer_client.py", passes="PASS: Sequence"),
@@ -102,6 +101,9 @@ EXAMPLES = (
     Example("simple_grpc_shm_client.py", passes="PASS: system shared memory"),
     Example("simple_grpc_shm_string_client.py", passes="PASS: system shared memory"),
     Example("simple_grpc_string_infer_client.py", passes="PASS"),
+    # Last: it ends with `simple` unloaded (as it leaves a Triton server), which the
+    # shared memory examples would then find.
+    Example("simple_grpc_model_control.py", passes="PASS: model control"),
 )
 
 
