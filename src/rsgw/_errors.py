@@ -115,3 +115,31 @@ class StartupError(RsgwError):
     """The fleet does not meet a scheduling mode's preconditions; the message says how."""
 
     grpc_status = StatusCode.FAILED_PRECONDITION
+
+
+#: The most characters of a status message a client is sent. Messages quote client
+#: input (a model or region name): a 10 MB name must not come back as a 10 MB
+#: trailer the client then cannot read (grpc-core reads 8 KiB of metadata by
+#: default, and a percent-encoded character takes up to 12 bytes).
+MAX_MESSAGE_CHARS = 512
+
+#: The most characters of one quoted client value (a name) inside a message.
+MAX_QUOTED_CHARS = 128
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text`, or its start and how much was left out if it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 32)
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
+
+
+def shown(value: str | bytes) -> str:
+    """A client-supplied value as a message quotes it: printable and short.
+
+    Bytes that are not UTF-8 show as escapes, so a hostile header or name is
+    reported, never raised on.
+    """
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return clip(text, MAX_QUOTED_CHARS)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from rsgw._errors import GrpcError
+from rsgw._errors import GrpcError, clip, shown
 from rsgw._status import StatusCode
 from rsgw.grpc._compression import ACCEPT_ENCODING, CODECS, Compressed, parse_accept
 
@@ -93,9 +93,13 @@ def format_timeout(seconds: float) -> bytes:
     return str(_MAX_TIMEOUT_DIGITS).encode() + b"H"
 
 
+#: What grpc-message carries as is: printable ASCII except `%`, as gRPC specifies.
+_MESSAGE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+
+
 def encode_message(text: str) -> bytes:
-    """Percent-encode a status message for the `grpc-message` trailer."""
-    return quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", encoding="utf-8").encode("ascii")
+    """Percent-encode a status message for the `grpc-message` trailer (clipped, see `clip`)."""
+    return quote(clip(text), safe=_MESSAGE_SAFE, encoding="utf-8").encode("ascii")
 
 
 def decode_message(value: bytes) -> str:
@@ -136,7 +140,7 @@ def unsupported_encoding(value: bytes) -> GrpcError:
     """The answer to a message encoding we do not read (with what we do, as gRPC asks)."""
     return GrpcError(
         StatusCode.UNIMPLEMENTED,
-        f"message encoding {value.decode('ascii', 'replace')!r} not supported",
+        f"message encoding {shown(value)!r} not supported",
         ((b"grpc-accept-encoding", ACCEPT_ENCODING),),
     )
 
@@ -174,10 +178,10 @@ def parse_request_headers(headers: list[Header]) -> RequestHead:
         elif name not in _RESERVED:
             metadata.append((name, value))
     if method != b"POST":
-        raise GrpcError(StatusCode.INTERNAL, f"gRPC requires POST, got {method.decode()!r}")
+        raise GrpcError(StatusCode.INTERNAL, f"gRPC requires POST, got {shown(method)!r}")
     if not content_type.startswith(CONTENT_TYPE):
         raise GrpcError(
-            StatusCode.INTERNAL, f"not a gRPC request (content-type {content_type.decode()!r})"
+            StatusCode.INTERNAL, f"not a gRPC request (content-type {shown(content_type)!r})"
         )
     return RequestHead(path, timeout, tuple(metadata), encoding, accept)
 

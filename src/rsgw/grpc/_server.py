@@ -33,7 +33,7 @@ from functools import partial
 
 import trio
 
-from rsgw._errors import GrpcError, RsgwError
+from rsgw._errors import GrpcError, RsgwError, shown
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
@@ -316,7 +316,7 @@ class _ServerConnection:
         handler = self._server.lookup(head.path)
         stream_handler = None if handler else self._server.stream_lookup(head.path)
         if handler is None and stream_handler is None:
-            error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {head.path.decode()}")
+            error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {shown(head.path)}")
             self.connection.reject(event.stream_id, error)
             self._refused(head.path, error.code)
             return

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rsgw._errors import GrpcError, ResponseInterrupted, RsgwError, WorkerUnavailable
+from rsgw._errors import GrpcError, ResponseInterrupted, RsgwError, WorkerUnavailable, shown
 from rsgw._status import StatusCode
 
 #: Worker statuses after which the request certainly did not run, so another replica may.
@@ -66,7 +66,9 @@ def shed_at_replicas(model: str, cap: int) -> Shed:
 
 def unknown_model(model: str) -> GrpcError:
     """No worker serves `model`, nor ever did: Triton's NOT_FOUND and its wording."""
-    return GrpcError(StatusCode.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+    return GrpcError(
+        StatusCode.NOT_FOUND, f"Request for unknown model: '{shown(model)}' is not found"
+    )
 
 
 def no_ready_replica(model: str) -> GrpcError:

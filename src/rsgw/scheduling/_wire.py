@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rsgw._errors import DecodeError
+from rsgw._errors import DecodeError, clip
 
 _VARINT, _FIXED64, _LENGTH, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
 _MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
@@ -379,5 +379,5 @@ def stream_reply(infer_response: bytes) -> bytes:
 
 def stream_error(message: str) -> bytes:
     """A ModelStreamInferResponse reporting one request's failure (field 1)."""
-    text = message.encode("utf-8")
+    text = clip(message).encode("utf-8")
     return b"\x0a" + _encode_varint(len(text)) + text

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError, InvalidRequest, NotFound, RsgwError
+from rsgw._errors import GrpcError, InvalidRequest, NotFound, RsgwError, shown
 from rsgw._status import StatusCode
 from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
@@ -157,12 +157,14 @@ class Device:
         """
         spec = self._overridden.get(name) or self.catalogue.route(name)
         if spec is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise NotFound(f"Request for unknown model: '{shown(name)}' is not found")
         if name in self.memory.unloaded:
             raise unloaded_model(name)
         if version and version != spec.version:
             _check_version_string(version)
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            raise NotFound(
+                f"Request for unknown model: '{shown(name)}' version {shown(version)} is not found"
+            )
         return spec
 
     def queue_depth(self, model: str) -> int:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import ConfigError, FailedPrecondition, GrpcError
+from rsgw._errors import ConfigError, FailedPrecondition, GrpcError, shown
 from rsgw._status import StatusCode
 from rsgw.worker._weights import Load, Residency, ResidencyMode, WeightCache
 
@@ -65,7 +65,8 @@ def unloaded_model(model: str) -> GrpcError:
     back; through the gateway, another replica may still hold it.
     """
     return GrpcError(
-        StatusCode.UNAVAILABLE, f"Request for unknown model: '{model}' has no available versions"
+        StatusCode.UNAVAILABLE,
+        f"Request for unknown model: '{shown(model)}' has no available versions",
     )
 
 
