@@ -147,51 +147,44 @@ class WorkerProcess:
                 os.unlink(self.log_path)
 
 
-def _serving_line(text: str) -> dict[str, object] | None:
+def _serving_line(text: str, event: str) -> dict[str, object] | None:
     for line in text.splitlines():
-        if '"worker serving"' not in line:
+        if f'"{event}"' not in line:
             continue
         with contextlib.suppress(ValueError):
             entry = json.loads(line)
-            if isinstance(entry, dict) and entry.get("event") == "worker serving":
+            if isinstance(entry, dict) and entry.get("event") == event:
                 return entry
     return None
 
 
-def start_worker_process(*args: str, timeout: float = DEFAULT_START_SECONDS) -> WorkerProcess:
-    """Start `python -m rsgw worker --port 0 --metrics-port 0 *args` and wait until it serves.
+def start_rsgw_process(
+    *args: str,
+    event: str,
+    env: dict[str, str] | None = None,
+    timeout: float = DEFAULT_START_SECONDS,
+) -> WorkerProcess:
+    """Start `python -m rsgw *args` and wait for its `event` log line ("worker serving").
 
     Stderr goes to a file we poll, so the pipe can never fill up and block the
-    worker however long it runs. The ports come from its "worker serving" log
-    line. Later flags win in argparse, so `args` may override either port.
+    process however long it runs. The ports come from the `event` line's
+    `grpc_port` and `metrics_port`.
 
     Raises:
-        AssertionError: the worker exited, or did not serve within `timeout`;
+        AssertionError: the process exited, or did not serve within `timeout`;
             the message carries its log.
     """
-    fd, log_path = tempfile.mkstemp(prefix="rsgw-worker-", suffix=".log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "rsgw",
-        "worker",
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
-        *args,
-    ]
+    fd, log_path = tempfile.mkstemp(prefix="rsgw-process-", suffix=".log")
+    cmd = [sys.executable, "-m", "rsgw", *args]
     try:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd)
+        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env)
     finally:
         os.close(fd)
     deadline = time.monotonic() + timeout
     while True:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             text = f.read()
-        entry = _serving_line(text)
+        entry = _serving_line(text, event)
         if entry is not None:
             grpc_port = entry["grpc_port"]
             metrics_port = entry["metrics_port"]
@@ -201,8 +194,29 @@ def start_worker_process(*args: str, timeout: float = DEFAULT_START_SECONDS) -> 
         if process.poll() is not None or time.monotonic() >= deadline:
             WorkerProcess(process, 0, None, log_path).stop()
             state = f"exited with {process.returncode}" if process.returncode else "timed out"
-            raise AssertionError(f"rsgw worker {' '.join(args)} {state}; its log:\n{text}")
+            raise AssertionError(f"rsgw {' '.join(args)} {state}; its log:\n{text}")
         time.sleep(0.02)
+
+
+def start_worker_process(*args: str, timeout: float = DEFAULT_START_SECONDS) -> WorkerProcess:
+    """Start `python -m rsgw worker --port 0 --metrics-port 0 *args` and wait until it serves.
+
+    Later flags win in argparse, so `args` may override either port.
+    """
+    process = start_rsgw_process(
+        "worker",
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        *args,
+        event="worker serving",
+        timeout=timeout,
+    )
+    process.args = tuple(args)
+    return process
 
 
 # ---------------------------------------------------------------------------

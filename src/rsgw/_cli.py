@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import re
 import signal
 import sys
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["none", "gzip", "deflate"],
         default="none",
         help="compress replies in this encoding for clients that accept it (default none)",
+    )
+    worker.add_argument(
+        "--shutdown-grace",
+        type=_non_negative_seconds,
+        default=20.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long calls in flight get to finish (default 20)",
     )
     worker.add_argument(
         "--weight-cache-bytes",
@@ -225,6 +233,16 @@ def _byte_size(text: str) -> int:
     return int(float(match[1]) * unit)
 
 
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return value
+
+
 def _positive_byte_size(text: str) -> int:
     value = _byte_size(text)
     if value <= 0:
@@ -260,13 +278,14 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
         pinned=frozenset(args.pin),
         response_compression=args.response_compression,
+        shutdown_grace=args.shutdown_grace,
     )
 
 
 def _run_worker(args: argparse.Namespace) -> None:
     from rsgw.worker._worker import serve_worker
 
-    trio.run(_until_terminated, partial(serve_worker, worker_config(args)))
+    trio.run(partial(_until_terminated, partial(serve_worker, worker_config(args)), what="worker"))
 
 
 #: `rsgw run` flags and the environment variables they stand for.
@@ -289,7 +308,7 @@ def _run_gateway(args: argparse.Namespace) -> None:
             env[variable] = value
     config = load_config(args.config, env)
     configure_logging(config.logging.level, config.logging.format)
-    trio.run(_until_terminated, partial(serve_gateway, config))
+    trio.run(partial(_until_terminated, partial(serve_gateway, config), what="gateway"))
 
 
 def _run_node(args: argparse.Namespace) -> None:
@@ -309,7 +328,7 @@ def _run_node(args: argparse.Namespace) -> None:
         # A bad catalogue is one line now, not a restart loop of every worker.
         named_catalogue(node.model_repo)
     service = partial(serve_node, node, log_level=args.log_level, log_format=args.log_format)
-    trio.run(_until_terminated, service)
+    trio.run(partial(_until_terminated, service, what="node"))
 
 
 def _run_probe(args: argparse.Namespace) -> int:
@@ -360,19 +379,38 @@ def _first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _until_terminated(service: Callable[[], Awaitable[object]]) -> None:
-    """Run `service` until it returns or SIGTERM/SIGINT arrives (a clean stop)."""
+class _Drainable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def _until_terminated(
+    serve: Callable[..., Awaitable[object]], *, what: str = "service"
+) -> None:
+    """Run `serve` (a `nursery.start` target) until SIGTERM or SIGINT, then drain it.
+
+    The first signal starts a graceful stop (`aclose()` of what `serve` started:
+    readiness off, GOAWAY, calls in flight get their grace); a second one, or one
+    that arrives while still starting, stops at once.
+    """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
+            started: list[_Drainable] = []
 
-            async def stop_on_signal() -> None:
+            async def drain(running: _Drainable) -> None:
+                await running.aclose()
+                nursery.cancel_scope.cancel()
+
+            async def on_signals() -> None:
                 async for _ in signals:
+                    if started:
+                        nursery.start_soon(drain, started.pop())
+                        continue
+                    logger.warning("stopping now", extra={"what": what})
                     nursery.cancel_scope.cancel()
                     return
 
-            nursery.start_soon(stop_on_signal)
-            await service()
-            nursery.cancel_scope.cancel()
+            nursery.start_soon(on_signals)
+            started.append(await nursery.start(serve))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
 from rsgw._schema import LoggingConfig as LoggingConfig
 from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
+from rsgw._schema import ShutdownConfig as ShutdownConfig
 from rsgw._schema import TlsConfig as TlsConfig
 from rsgw._schema import WorkerClientConfig as WorkerClientConfig
 from rsgw._values import must_be, read_yaml, show
@@ -97,6 +98,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "tls.client_ca_file": "str",
         "server_metadata.name": "str",
         "server_metadata.version": "str",
+        "shutdown.grace_seconds": "float",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -209,6 +211,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "logging": LoggingConfig,
         "tls": TlsConfig,
         "server_metadata": ServerMetadataConfig,
+        "shutdown": ShutdownConfig,
         "scheduling": SchedulingConfig,
     }
 )

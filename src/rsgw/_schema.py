@@ -50,6 +50,9 @@ DEFAULT_WEDGE_EXIT_ROUNDS = 3
 # The prober's per-call watchdog (docs/original.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
 # in the original, a field here so an embedding application or a test can shorten it.
 DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
+# rsgw's own: how long a stopping gateway lets calls in flight finish. Under the 30 s a
+# Kubernetes pod gets between SIGTERM and SIGKILL by default, with room to spare.
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -114,6 +117,7 @@ _GRPC_CHECKS: Mapping[str, Check] = {
 }
 _LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
 _SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
+_SHUTDOWN_CHECKS: Mapping[str, Check] = {"grace_seconds": _non_negative}
 _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
@@ -195,6 +199,16 @@ class ServerMetadataConfig:
         check_fields(self, "server_metadata.", _SERVER_METADATA_CHECKS)
 
 
+@dataclass(frozen=True, slots=True)
+class ShutdownConfig:
+    """How a stopping gateway drains: the seconds calls in flight get to finish."""
+
+    grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+
+    def __post_init__(self) -> None:
+        check_fields(self, "shutdown.", _SHUTDOWN_CHECKS)
+
+
 def _check_startup_wait(value: object, key: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
         return math.inf
@@ -220,6 +234,7 @@ class GatewayConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     server_metadata: ServerMetadataConfig = field(default_factory=ServerMetadataConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -305,6 +320,7 @@ class GatewayConfig:
                 "logging",
                 "tls",
                 "server_metadata",
+                "shutdown",
                 "scheduling",
             )
         }

@@ -87,7 +87,7 @@ def served(worker: RunningWorker, model: str = "simple") -> int:
 
 
 async def test_sigkill_during_a_run_loses_no_request(autojump_clock: MockClock) -> None:
-    """SIGKILL is the worker's `aclose()`: its streams close, its port refuses."""
+    """SIGKILL is the worker's `kill()`: its streams close, its port refuses."""
     async with open_fleet(3, memory=True, **PROBING) as fleet:
         gateway = fleet.gateway
         everyone = frozenset(gateway.config.endpoints)
@@ -113,7 +113,7 @@ async def test_sigkill_during_a_run_loses_no_request(autojump_clock: MockClock) 
                 done += 1
                 if index == 0 and i == 20:
                     served_before_kill = served(victim)
-                    await victim.aclose()
+                    victim.kill()
 
         async with trio.open_nursery() as clients:
             for c in range(8):

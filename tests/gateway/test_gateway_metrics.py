@@ -78,7 +78,7 @@ async def test_metrics_merge_gateway_and_worker_series() -> None:
 async def test_a_dead_worker_metrics_endpoint_is_down_not_an_error() -> None:
     # Real: a worker admin port that stops answering a real HTTP scrape.
     async with open_fleet(2, health_interval_seconds=60) as fleet:
-        await fleet.workers[1].aclose()
+        fleet.workers[1].kill()
         text = await scrape(fleet)
         assert 'gateway_worker_metrics_up{worker="worker1"} 0.0' in text.splitlines()
         assert 'worker="worker1"' not in "".join(

@@ -106,7 +106,7 @@ async def test_register_with_a_dead_worker_rolls_back(
     regions: dict[str, tuple[str, object]],
 ) -> None:
     async with open_fleet(3, health_interval_seconds=60) as fleet:
-        await fleet.workers[2].aclose()
+        fleet.workers[2].kill()
         client = grpcclient.InferenceServerClient(fleet.target)
 
         def register() -> None:

@@ -435,7 +435,7 @@ async def test_a_worker_that_stops_answering_loses_its_placement_and_traffic_fai
         shell = packing(fleet)
         lost = fleet.gateway.config.endpoints[1]
         assert all(lost in p.urls for p in shell.packer.assignment.values())
-        await fleet.workers[1].aclose()
+        fleet.workers[1].kill()
         # Before any repack: the placement still names the lost worker, and no request fails.
         assert await send(fleet, NAMES, 6, 3) == []
         await wait_until_async(lambda: lost not in fleet.gateway.statistics().ready, 10)

@@ -67,7 +67,7 @@ async def test_server_live_ready_and_metadata(autojump_clock: MockClock) -> None
         assert metadata.name == "triton"
         assert "model_repository" in metadata.extensions
         for worker in fleet.workers:
-            await worker.aclose()
+            worker.kill()
         await trio.sleep(2)  # a few probe rounds on the mock clock
         ready = pb.ServerReadyResponse.FromString(
             await call(fleet, Method.SERVER_READY, pb.ServerReadyRequest())
@@ -143,7 +143,7 @@ async def test_repository_index_is_the_union_and_survives_a_worker_down(
         assert names == sorted(names)
         assert "other" in names and "simple" in names
         assert all(m.state == "READY" for m in index.models)
-        await fleet.workers[1].aclose()
+        fleet.workers[1].kill()
         index = pb.RepositoryIndexResponse.FromString(
             await call(fleet, Method.REPOSITORY_INDEX, pb.RepositoryIndexRequest())
         )

@@ -59,7 +59,7 @@ async def test_a_sequence_whose_worker_died_fails_and_is_never_moved(
     async with open_fleet(2, memory=True, health_interval_seconds=0.5) as fleet:
         await fleet.infer(step(5, 0, start=True))
         holder = served_by(fleet).index(1)
-        await fleet.workers[holder].aclose()
+        fleet.workers[holder].kill()
         # Before the prober has noticed: the holder is tried alone, never another worker.
         with pytest.raises(GrpcError) as caught:
             await fleet.infer(step(5, 1))

@@ -262,14 +262,25 @@ async def test_graceful_close_lets_calls_finish_and_refuses_new_ones(
 async def test_graceful_close_gives_up_after_its_grace(
     served: Served, autojump_clock: MockClock
 ) -> None:
+    """A call still running when the grace is up ends UNAVAILABLE, saying why."""
     channel = served.channel()
+    failures: list[GrpcError] = []
+
+    async def slow() -> None:
+        try:
+            await channel.unary(b"/t.Test/Slow", b"")
+        except GrpcError as exc:
+            failures.append(exc)
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(channel.unary, b"/t.Test/Slow", b"")
+        nursery.start_soon(slow)
         await served.handlers.slow_started.wait()
         started = trio.current_time()
-        await served.server.aclose(grace=2)
+        assert await served.server.aclose(grace=2) == 1
         assert 2 <= trio.current_time() - started < 2 + 1.5  # grace, then at most the linger
-        nursery.cancel_scope.cancel()
+    [failure] = failures
+    assert failure.code is StatusCode.UNAVAILABLE
+    assert failure.message == ("server shutting down: the call did not finish within the 2 s drain")
 
 
 async def test_a_second_listener_on_a_busy_address_is_a_listen_error(

@@ -32,7 +32,7 @@ from rsgw.gateway._prober import Prober
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._settings import ServerSettings
 from rsgw.grpc._client import Channel
-from rsgw.grpc._server import DEFAULT_GRACE_SECONDS, GrpcServer
+from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._lpt import LptScheduler
@@ -115,10 +115,29 @@ class RunningGateway:
         """`statistics()`, under the name the interface table promises (docs/product.md §2)."""
         return self.statistics()
 
-    async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
-        """Stop: GOAWAY to clients, calls in flight get `grace` seconds, then cancel."""
-        await self._server.aclose(grace)
+    async def aclose(self, grace: float | None = None) -> None:
+        """Drain, then stop: see `GrpcServer.aclose`.
+
+        Readiness turns false and the listener closes at once; clients get GOAWAY;
+        calls in flight get `grace` seconds (`shutdown.grace_seconds` unless given)
+        and what is still running then ends UNAVAILABLE. Logs the start and the end.
+        """
+        grace = self.config.shutdown.grace_seconds if grace is None else grace
+        if self._server.closing:
+            await self._server.aclose(grace)  # a second caller waits for the first
+            return
+        self._service.prober.draining = True
+        started = trio.current_time()
+        logger.info(
+            "gateway stopping",
+            extra={"grace_seconds": grace, "inflight": self._service.inflight},
+        )
+        cut = await self._server.aclose(grace)
         self._cancel_scope.cancel()
+        logger.info(
+            "gateway stopped",
+            extra={"seconds": round(trio.current_time() - started, 3), "calls_cut_short": cut},
+        )
 
 
 async def serve_gateway(
@@ -201,7 +220,7 @@ async def serve_gateway(
             | control.handlers()
             | {method.path: handler for method, handler in settings.handlers().items()}
         )
-        standard, streams = standard_services(handlers, lambda: prober.ready_any)
+        standard, streams = standard_services(handlers, lambda: prober.serving)
         server = GrpcServer(
             handlers | standard,
             stream_handlers=service.stream_handlers() | streams,
@@ -311,6 +330,6 @@ def _admin_app(
         return Reply(200, b"ok")
 
     async def readyz() -> Reply:
-        return Reply(200, b"ok") if prober.ready_any else Reply(503, b"not ready")
+        return Reply(200, b"ok") if prober.serving else Reply(503, b"not ready")
 
     return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})

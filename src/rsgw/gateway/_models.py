@@ -108,7 +108,7 @@ class ModelCalls:
         self, request: pb.ServerReadyRequest, call: ServerCall
     ) -> pb.ServerReadyResponse:
         with metered(call, self.metrics.observer(Method.SERVER_READY.rpc)):
-            return pb.ServerReadyResponse(ready=self.prober.ready_any)
+            return pb.ServerReadyResponse(ready=self.prober.serving)
 
     async def server_metadata(
         self, request: pb.ServerMetadataRequest, call: ServerCall

@@ -84,6 +84,8 @@ class Prober:
         self.ready: frozenset[str] = frozenset()
         #: False until the first probe round has completed (`/readyz` says 503).
         self.probed = False
+        #: Set when the gateway begins to drain (see `serving`).
+        self.draining = False
         self.rounds = 0
         self.channel_resets = 0
         self._ever_responsive = False
@@ -95,8 +97,13 @@ class Prober:
         self._generation = 0
 
     @property
-    def ready_any(self) -> bool:
-        return bool(self.ready)
+    def serving(self) -> bool:
+        """What readiness answers (/readyz, ServerReady, grpc.health.v1).
+
+        A ready worker, and the gateway not draining: a stopping gateway says "not
+        ready" at once, so load balancers send it nothing new while it finishes.
+        """
+        return not self.draining and bool(self.ready)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Probe once, report started, then probe every interval until cancelled.

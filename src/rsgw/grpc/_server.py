@@ -110,6 +110,8 @@ class _Pending:
     stream: ServerStream | None = None
     scope: trio.CancelScope | None = None
     ended: bool = False
+    #: Why the server cut the call short (it was still running when the drain ended).
+    abandoned: str = ""
 
 
 class GrpcServer:
@@ -163,6 +165,8 @@ class GrpcServer:
         self._window_bytes = window_bytes
         self._max_frame_bytes = max_frame_bytes
         self._connections: set[_ServerConnection] = set()
+        #: One per listener: cancelled when the server starts closing.
+        self._accepting: set[trio.CancelScope] = set()
         self._closing = False
         self._closed = trio.Event()
 
@@ -204,9 +208,17 @@ class GrpcServer:
     async def _accept_loop(
         self, listener: trio.abc.Listener[trio.abc.Stream], nursery: trio.Nursery
     ) -> None:
-        while True:
-            stream = await listener.accept()
-            nursery.start_soon(self._serve_connection, stream)
+        with trio.CancelScope() as accepting:
+            self._accepting.add(accepting)
+            if self._closing:
+                accepting.cancel()
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(self._serve_connection, stream)
+        # Closing: the listening socket goes now, so new connections are refused
+        # (and a client or balancer tries elsewhere) rather than left in the backlog.
+        with trio.CancelScope(shield=True):
+            await listener.aclose()
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         connection = _ServerConnection(self, stream)
@@ -221,24 +233,40 @@ class GrpcServer:
             self._connections.discard(connection)
             await connection.transport.aclose()
 
-    async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
-        """Stop accepting, send GOAWAY, let calls in flight finish within `grace`."""
+    @property
+    def closing(self) -> bool:
+        """True from the moment `aclose()` starts."""
+        return self._closing
+
+    async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> int:
+        """Stop accepting, send GOAWAY, let calls in flight finish within `grace`.
+
+        The listening sockets close at once. Calls still running when `grace` is up
+        end UNAVAILABLE saying the server is shutting down (a client may retry
+        that elsewhere), not with a torn connection. Returns how many were cut
+        short that way.
+        """
         if self._closing:
             await self._closed.wait()
-            return
+            return 0
         self._closing = True
+        for accepting in self._accepting:
+            accepting.cancel()
         for connection in list(self._connections):
             connection.go_away()
         with trio.move_on_after(grace):
             for connection in list(self._connections):
                 await connection.quiet.wait()
-            # Lingering close: let each client hang up first. Closing a socket with
-            # unread input makes the kernel send a reset, which can destroy the last
-            # answers still on their way to the client.
-            with trio.move_on_after(LINGER_SECONDS):
-                for connection in list(self._connections):
-                    await connection.ended.wait()
+        reason = f"server shutting down: the call did not finish within the {grace:g} s drain"
+        cut = sum(connection.abandon(reason) for connection in list(self._connections))
+        # Lingering close: let each client hang up first. Closing a socket with
+        # unread input makes the kernel send a reset, which can destroy the last
+        # answers still on their way to the client.
+        with trio.move_on_after(LINGER_SECONDS):
+            for connection in list(self._connections):
+                await connection.ended.wait()
         self._closed.set()
+        return cut
 
     def lookup(self, path: bytes) -> UnaryHandler | None:
         return self._handlers.get(path)
@@ -273,6 +301,24 @@ class _ServerConnection:
         """Take no new calls; GOAWAY follows the last answer (see `ServerConnection`)."""
         self.connection.go_away()
         self.transport.flush()
+
+    def abandon(self, reason: str) -> int:
+        """End every call still open with UNAVAILABLE `reason`; how many there were.
+
+        A running handler is cancelled and answers `reason`; a call still receiving
+        its request is refused with it at once.
+        """
+        error = GrpcError(StatusCode.UNAVAILABLE, reason)
+        calls = list(self._calls.items())
+        for stream_id, pending in calls:
+            if pending.scope is not None:
+                pending.abandoned = reason
+                pending.scope.cancel()
+            else:
+                del self._calls[stream_id]
+                self.connection.reject(stream_id, error)
+        self.transport.flush()
+        return len(calls)
 
     def _after_write(self) -> None:
         if self.connection.state is ConnectionState.CLOSED:
@@ -381,7 +427,8 @@ class _ServerConnection:
             return  # the client reset the call, or the connection died
         self._calls.pop(stream_id, None)
         if scope.cancelled_caught:
-            code, message, response = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded", None
+            code, message = _cut_short(pending)
+            response = None
         self.connection.send_response(stream_id, response, code, message, call.trailers)
         self.transport.flush()
 
@@ -406,7 +453,7 @@ class _ServerConnection:
             return
         self._calls.pop(stream_id, None)
         if scope.cancelled_caught:
-            code, message = StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
+            code, message = _cut_short(pending)
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
 
@@ -429,3 +476,10 @@ class _ServerConnection:
         fits = self.connection.send_message(stream_id, message)
         self.transport.flush()
         return fits
+
+
+def _cut_short(pending: _Pending) -> tuple[StatusCode, str]:
+    """The status of a call whose handler was cancelled: its deadline, or the drain's end."""
+    if pending.abandoned:
+        return StatusCode.UNAVAILABLE, pending.abandoned
+    return StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"

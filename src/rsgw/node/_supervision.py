@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
 from rsgw._errors import ConfigError
-from rsgw._schema import DEFAULT_LISTEN_GRPC, DEFAULT_LISTEN_METRICS, check_listen
+from rsgw._schema import (
+    DEFAULT_LISTEN_GRPC,
+    DEFAULT_LISTEN_METRICS,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+    ShutdownConfig,
+    check_listen,
+)
 from rsgw._values import split_host_port
 from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
 
@@ -106,6 +112,27 @@ def public_addresses(env: Mapping[str, str]) -> tuple[str, str]:
         check_listen(grpc, ENV_LISTEN_GRPC) if grpc else DEFAULT_LISTEN_GRPC,
         check_listen(metrics, ENV_LISTEN_METRICS) if metrics else DEFAULT_LISTEN_METRICS,
     )
+
+
+def drain_grace(env: Mapping[str, str]) -> float:
+    """Seconds the node lets its public child drain: `shutdown.grace_seconds` as the
+    environment sets it (`REACTANT_GATEWAY_SHUTDOWN_GRACE_SECONDS`), else its default.
+
+    Raises:
+        ConfigError: the variable is not a number of seconds >= 0.
+    """
+    variable = env_name("shutdown.grace_seconds")
+    text = env.get(variable, "").strip()
+    if not text:
+        return DEFAULT_SHUTDOWN_GRACE_SECONDS
+    return ShutdownConfig(grace_seconds=_seconds(text, variable)).grace_seconds
+
+
+def _seconds(text: str, variable: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{variable} must be seconds >= 0, got {text!r}") from None
 
 
 def sole_worker(node: NodeConfig, env: Mapping[str, str]) -> WorkerSpec:

@@ -60,10 +60,12 @@ import trio
 
 from rsgw._config import env_name, find_config_file
 from rsgw._net import bind_tcp, split_host_port
+from rsgw._schema import DEFAULT_SHUTDOWN_GRACE_SECONDS
 from rsgw.node._node import NodeConfig, WorkerSpec
 from rsgw.node._supervision import (
     Backoff,
     cuda_device,
+    drain_grace,
     gateway_command,
     gateway_environment,
     parse_serving,
@@ -80,6 +82,9 @@ logger = logging.getLogger(__name__)
 
 # SIGTERM to SIGKILL. With `_KILL_WAIT` after it this stays inside docs/product.md §6's 5 s.
 DEFAULT_STOP_GRACE = 3.0
+# A draining child is SIGKILLed this long after its own grace has passed.
+_DRAIN_MARGIN = 5.0
+DEFAULT_DRAIN_GRACE = DEFAULT_SHUTDOWN_GRACE_SECONDS
 _KILL_WAIT = 1.0
 # How long start-up waits for a worker with a fixed port before starting the gateway.
 DEFAULT_WORKER_START_WAIT = 30.0
@@ -135,6 +140,7 @@ class _Child:
         self._prefix = f"[{name}] "
         self._sink = sink
         self._stop_grace = stop_grace
+        self._retired = False
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -154,6 +160,8 @@ class _Child:
         while True:
             started = trio.current_time()
             pid, returncode = await self._run_once()
+            if self._retired:
+                await trio.sleep_forever()
             delay = backoff.after_exit(trio.current_time() - started)
             logger.warning(
                 "process exited; restarting",
@@ -166,6 +174,13 @@ class _Child:
                 },
             )
             await trio.sleep(delay)
+
+    async def retire(self, grace: float) -> None:
+        """Stop the child for good: SIGTERM, `grace` seconds to drain and exit, then SIGKILL."""
+        self._retired = True
+        if self.process is not None:
+            with trio.CancelScope(shield=True):
+                await _stop_process(self.process, grace)
 
     async def _run_once(self) -> tuple[int, int]:
         process = await trio.lowlevel.open_process(
@@ -300,6 +315,9 @@ class RunningNode:
     _children: dict[str, _Child]
     _cancel_scope: trio.CancelScope
     _stopped: trio.Event
+    #: Seconds the public child gets to drain on `aclose()` (the gateway's
+    #: `shutdown.grace_seconds` as the node's environment sets it).
+    drain_grace: float = DEFAULT_DRAIN_GRACE
 
     @property
     def has_gateway(self) -> bool:
@@ -322,7 +340,17 @@ class RunningNode:
         }
 
     async def aclose(self) -> None:
-        """Stop the node and wait until every child is gone (at most about 5 s)."""
+        """Drain, then stop the node; returns once every child is gone.
+
+        The gateway goes first: it drains (SIGTERM; calls in flight get its
+        `shutdown.grace_seconds`) while its workers still serve those calls, and is
+        killed only `_DRAIN_MARGIN` seconds after its grace. Then every worker stops
+        as on cancellation (within about 5 s). A single-worker node drains its worker
+        the same way.
+        """
+        public = self._children.get(GATEWAY) or next(iter(self._children.values()))
+        logger.info("node stopping", extra={"drain_grace_s": self.drain_grace})
+        await public.retire(self.drain_grace + _DRAIN_MARGIN)
         self._cancel_scope.cancel()
         await self._stopped.wait()
 
@@ -438,7 +466,13 @@ async def serve_node(
             await public.serving.wait()
             assert public.grpc_port is not None
             running = RunningNode(
-                node, public.grpc_port, public.metrics_port, children, nursery.cancel_scope, stopped
+                node,
+                public.grpc_port,
+                public.metrics_port,
+                children,
+                nursery.cancel_scope,
+                stopped,
+                drain_grace(env),
             )
             _log_serving(running, workers)
             task_status.started(running)

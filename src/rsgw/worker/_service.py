@@ -112,6 +112,8 @@ class WorkerService:
         self.metrics = metrics
         self.max_concurrent_requests = max_concurrent_requests
         self.inflight = 0
+        #: Set when the worker begins to drain (see `ready`).
+        self.draining = False
         self.shed_total = 0
         self.codec = RequestCodec(shm, device.catalogue.labels)
         self.stateful = StatefulModels(device)
@@ -160,8 +162,11 @@ class WorkerService:
 
     @property
     def ready(self) -> bool:
-        """Ready once at least one model is registered (every model is compiled at start)."""
-        return bool(self.catalogue.models)
+        """Ready once at least one model is registered (every model is compiled at start).
+
+        Not while draining: a stopping worker takes nothing new.
+        """
+        return not self.draining and bool(self.catalogue.models)
 
     async def server_live(self, _: pb.ServerLiveRequest, __: ServerCall) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

@@ -73,6 +73,8 @@ class WorkerConfig:
     #: Compress ModelInfer and other unary replies in this encoding (gzip, deflate)
     #: where the client accepts it; "none", as Triton's default, never does.
     response_compression: str = "none"
+    #: Seconds a stopping worker lets calls in flight (and queued) finish.
+    shutdown_grace: float = 20.0
 
     def __post_init__(self) -> None:
         if self.weight_cache_bytes < 0:
@@ -83,6 +85,8 @@ class WorkerConfig:
             codec(self.response_compression)
         except ValueError as exc:
             raise ConfigError(f"response_compression: {exc}") from None
+        if not self.shutdown_grace >= 0:
+            raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
         if not self.time_scale > 0:
             raise ConfigError(f"time_scale must be > 0, got {self.time_scale}")
         if self.max_concurrent_requests < 0:
@@ -100,8 +104,30 @@ class RunningWorker:
     metrics_port: int | None
     service: WorkerService
     cancel_scope: trio.CancelScope
+    server: GrpcServer
 
-    async def aclose(self) -> None:
+    def kill(self) -> None:
+        """Stop now, as SIGKILL would: connections drop, nothing drains."""
+        self.cancel_scope.cancel()
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Drain, then stop, as the gateway does (`RunningGateway.aclose`).
+
+        Not ready from now on, the listener closed, GOAWAY to clients; calls in
+        flight and queued on the device get `grace` seconds (`shutdown_grace`
+        unless given) to finish.
+        """
+        grace = self.config.shutdown_grace if grace is None else grace
+        if not self.server.closing:
+            self.service.draining = True
+            logger.info(
+                "worker stopping",
+                extra={"grace_seconds": grace, "inflight": self.service.inflight},
+            )
+            cut = await self.server.aclose(grace)
+            logger.info("worker stopped", extra={"calls_cut_short": cut})
+        else:
+            await self.server.aclose(grace)
         self.cancel_scope.cancel()
 
 
@@ -175,7 +201,9 @@ async def serve_worker(
                 },
             )
             task_status.started(
-                RunningWorker(config, grpc_port, metrics_port, service, nursery.cancel_scope)
+                RunningWorker(
+                    config, grpc_port, metrics_port, service, nursery.cancel_scope, server
+                )
             )
     finally:
         shm.close()
