@@ -163,8 +163,11 @@ def start_rsgw_process(
     event: str,
     env: dict[str, str] | None = None,
     timeout: float = DEFAULT_START_SECONDS,
+    prefix: Sequence[str] = (),
 ) -> WorkerProcess:
     """Start `python -m rsgw *args` and wait for its `event` log line ("worker serving").
+
+    `prefix` runs it under another command (`prlimit --nofile=64:64 --`).
 
     Stderr goes to a file we poll, so the pipe can never fill up and block the
     process however long it runs. The ports come from the `event` line's
@@ -175,7 +178,7 @@ def start_rsgw_process(
             the message carries its log.
     """
     fd, log_path = tempfile.mkstemp(prefix="rsgw-process-", suffix=".log")
-    cmd = [sys.executable, "-m", "rsgw", *args]
+    cmd = [*prefix, sys.executable, "-m", "rsgw", *args]
     try:
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env)
     finally:
@@ -198,7 +201,9 @@ def start_rsgw_process(
         time.sleep(0.02)
 
 
-def start_worker_process(*args: str, timeout: float = DEFAULT_START_SECONDS) -> WorkerProcess:
+def start_worker_process(
+    *args: str, timeout: float = DEFAULT_START_SECONDS, prefix: Sequence[str] = ()
+) -> WorkerProcess:
     """Start `python -m rsgw worker --port 0 --metrics-port 0 *args` and wait until it serves.
 
     Later flags win in argparse, so `args` may override either port.
@@ -214,6 +219,7 @@ def start_worker_process(*args: str, timeout: float = DEFAULT_START_SECONDS) -> 
         *args,
         event="worker serving",
         timeout=timeout,
+        prefix=prefix,
     )
     process.args = tuple(args)
     return process

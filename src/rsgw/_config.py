@@ -49,6 +49,7 @@ from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
 from rsgw._schema import LoggingConfig as LoggingConfig
+from rsgw._schema import OutlierConfig as OutlierConfig
 from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
 from rsgw._schema import ShutdownConfig as ShutdownConfig
 from rsgw._schema import TlsConfig as TlsConfig
@@ -99,6 +100,9 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "server_metadata.name": "str",
         "server_metadata.version": "str",
         "shutdown.grace_seconds": "float",
+        "outlier_detection.stall_seconds": "float",
+        "outlier_detection.ping_timeout_seconds": "float",
+        "outlier_detection.ejection_seconds": "float",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -212,6 +216,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "tls": TlsConfig,
         "server_metadata": ServerMetadataConfig,
         "shutdown": ShutdownConfig,
+        "outlier_detection": OutlierConfig,
         "scheduling": SchedulingConfig,
     }
 )

@@ -34,6 +34,11 @@ from rsgw._values import (
 )
 from rsgw.scheduling._knobs import check_positive
 from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling._stalls import (
+    DEFAULT_EJECTION_SECONDS,
+    DEFAULT_PING_TIMEOUT_SECONDS,
+    DEFAULT_STALL_SECONDS,
+)
 
 # Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
@@ -118,6 +123,11 @@ _GRPC_CHECKS: Mapping[str, Check] = {
 _LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
 _SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
 _SHUTDOWN_CHECKS: Mapping[str, Check] = {"grace_seconds": _non_negative}
+_OUTLIER_CHECKS: Mapping[str, Check] = {
+    "stall_seconds": _non_negative,
+    "ping_timeout_seconds": check_positive,
+    "ejection_seconds": _non_negative,
+}
 _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
@@ -209,6 +219,23 @@ class ShutdownConfig:
         check_fields(self, "shutdown.", _SHUTDOWN_CHECKS)
 
 
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    """Ejection of workers that stop answering (see `rsgw.scheduling._stalls`).
+
+    `stall_seconds`: calls waiting with no byte from the worker for this long get it
+    pinged (0 disables ejection); `ping_timeout_seconds`: an unanswered PING ejects
+    it; `ejection_seconds`: it stays out at least this long.
+    """
+
+    stall_seconds: float = DEFAULT_STALL_SECONDS
+    ping_timeout_seconds: float = DEFAULT_PING_TIMEOUT_SECONDS
+    ejection_seconds: float = DEFAULT_EJECTION_SECONDS
+
+    def __post_init__(self) -> None:
+        check_fields(self, "outlier_detection.", _OUTLIER_CHECKS)
+
+
 def _check_startup_wait(value: object, key: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
         return math.inf
@@ -235,6 +262,7 @@ class GatewayConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     server_metadata: ServerMetadataConfig = field(default_factory=ServerMetadataConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    outlier_detection: OutlierConfig = field(default_factory=OutlierConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -321,6 +349,7 @@ class GatewayConfig:
                 "tls",
                 "server_metadata",
                 "shutdown",
+                "outlier_detection",
                 "scheduling",
             )
         }

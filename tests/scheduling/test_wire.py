@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from hypothesis import given
@@ -9,7 +13,8 @@ from hypothesis import strategies as st
 
 from rsgw._errors import DecodeError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.scheduling._wire import peek_batch_size, peek_header
+from rsgw.scheduling import _wire
+from rsgw.scheduling._wire import head_length, peek_batch_size, peek_header, peek_routing
 
 names = st.text(max_size=12)
 dims = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5)
@@ -85,6 +90,49 @@ def test_agrees_with_protobuf(request: pb.ModelInferRequest, name: str, axis: in
     unpacked = unpack_shapes(body)
     assert pb.ModelInferRequest.FromString(unpacked) == request
     assert peek_batch_size(unpacked, name, axis) == expected_extent(request, name, axis)
+
+
+@contextmanager
+def walk_limit(fields: int) -> Iterator[None]:
+    """Hand bodies to protobuf's parser after `fields` top-level fields (tests only)."""
+    saved = _wire.WALK_LIMIT
+    _wire.WALK_LIMIT = fields
+    try:
+        yield
+    finally:
+        _wire.WALK_LIMIT = saved
+
+
+@given(infer_requests(), st.sampled_from(["a", "INPUT0", "zz"]), st.integers(-1, 6))
+def test_past_the_walk_limit_protobuf_reads_the_same(
+    request: pb.ModelInferRequest, name: str, axis: int
+) -> None:
+    body = request.SerializeToString()
+    with walk_limit(2):
+        assert peek_header(body) == (request.model_name, request.id)
+        assert peek_routing(body)[0] == request.model_name
+        assert peek_batch_size(body, name, axis) == expected_extent(request, name, axis)
+        assert head_length(body, True) in (len(body), head_length(body, True))
+
+
+def test_millions_of_tiny_fields_cost_milliseconds() -> None:
+    """8 MiB of two-byte fields protobuf skips: the walk stops early and protobuf reads it."""
+    body = b"\x0a\x06simple" + b"\x10\x00" * (4 * 1024 * 1024 - 4)  # field 2 as a varint
+    started = time.perf_counter()
+    assert peek_routing(body) == ("simple", None)
+    assert peek_header(body) == ("simple", "")
+    assert peek_batch_size(body, "x", 1) == 0
+    assert head_length(body[:4096], False) is None  # inflate more: the head is not over
+    assert head_length(body, True) == len(body)
+    assert time.perf_counter() - started < 1.0  # the walk alone took over a second
+
+
+def test_a_larger_body_of_tiny_fields_is_refused_not_walked() -> None:
+    body = b"\x0a\x06simple" + b"\x10\x00" * (16 * 1024 * 1024)  # 32 MiB
+    started = time.perf_counter()
+    with pytest.raises(DecodeError, match="over 1024 top-level fields in a body of"):
+        peek_routing(body)
+    assert time.perf_counter() - started < 0.1
 
 
 @given(st.lists(infer_requests(), min_size=1, max_size=3))

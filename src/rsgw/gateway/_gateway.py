@@ -31,6 +31,7 @@ from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._settings import ServerSettings
+from rsgw.gateway._watchdog import Watchdog
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
@@ -39,6 +40,7 @@ from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMetaTracker
 from rsgw.scheduling._packer import Packer
 from rsgw.scheduling._schedulers import LeastOutstandingScheduler, RoundRobinScheduler, Scheduler
+from rsgw.scheduling._stalls import StallWatch
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +213,15 @@ async def serve_gateway(
             await packing.start()  # waits for the fleet; the first placement is in force
             await nursery.start(packing.serve)
         await nursery.start(prober.serve)
+        outliers = config.outlier_detection
+        watchdog = Watchdog(
+            pool,
+            prober,
+            metrics,
+            StallWatch(outliers.stall_seconds, outliers.ping_timeout_seconds),
+            ejection_seconds=outliers.ejection_seconds,
+        )
+        await nursery.start(watchdog.serve)
         control = GatewayControl(mode, packing, prober, metrics)
         settings = ServerSettings(
             metrics, config.logging.format, lambda model: model in prober.known

@@ -82,6 +82,18 @@ class GatewayMetrics:
             ["worker"],
             registry=r,
         )
+        self.worker_ejected = Gauge(
+            "gateway_worker_ejected",
+            "1 while the worker is out of routing for not answering (a stall and a PING).",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_ejections = Counter(
+            "gateway_worker_ejections",
+            "Times the worker was ejected from routing for not answering.",
+            ["worker"],
+            registry=r,
+        )
         self.worker_metrics_up = Gauge(
             "gateway_worker_metrics_up",
             "1 if the last scrape of the worker's metrics endpoint succeeded, else 0.",

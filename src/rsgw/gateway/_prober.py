@@ -86,6 +86,8 @@ class Prober:
         self.probed = False
         #: Set when the gateway begins to drain (see `serving`).
         self.draining = False
+        #: Workers out of routing for not answering (`eject`), and until when at least.
+        self.ejected: dict[str, float] = {}
         self.rounds = 0
         self.channel_resets = 0
         self._ever_responsive = False
@@ -145,12 +147,15 @@ class Prober:
         )
         ready: set[str] = set()
         all_timed_out = bool(pool.urls)
+        now = trio.current_time()
         for url in pool.urls:
             result = results[url]
             assert isinstance(result, ProbeResult)
             is_ready = (
                 result.reply is not None and pb.ServerReadyResponse.FromString(result.reply).ready
             )
+            if is_ready and url in self.ejected:
+                is_ready = self._returns(url, now)
             if is_ready:
                 ready.add(url)
             self._metrics.worker_ready.labels(pool.label(url)).set(1 if is_ready else 0)
@@ -199,6 +204,31 @@ class Prober:
                 return ProbeResult(None, False)
         return ProbeResult(None, True)
 
+    # -- ejection -----------------------------------------------------------------------
+
+    def eject(self, url: str, seconds: float) -> None:
+        """Take `url` out of routing now, for at least `seconds` (it stopped answering).
+
+        It comes back at the first probe round after that which finds it ready.
+        """
+        self.ejected[url] = trio.current_time() + seconds
+        self._metrics.worker_ejected.labels(self._pool.label(url)).set(1)
+        self._metrics.worker_ejections.labels(self._pool.label(url)).inc()
+        if url in self.ready:
+            self.ready = self.ready - {url}
+            self._metrics.worker_ready.labels(self._pool.label(url)).set(0)
+        self._generation += 1
+        self._swap(self.table.without(url, self._generation))
+
+    def _returns(self, url: str, now: float) -> bool:
+        """An ejected worker answered ready: back in routing if its time out is over."""
+        if now < self.ejected[url]:
+            return False
+        del self.ejected[url]
+        self._metrics.worker_ejected.labels(self._pool.label(url)).set(0)
+        logger.info("worker returned", extra={"worker": self._pool.label(url)})
+        return True
+
     # -- discovery ----------------------------------------------------------------------
 
     async def _refresh(self) -> None:
@@ -210,6 +240,8 @@ class Prober:
             )
             served: dict[str, list[str]] = {}
             for url, result in results.items():
+                if url in self.ejected:
+                    continue
                 if isinstance(result, ProbeResult) and result.reply is not None:
                     index = pb.RepositoryIndexResponse.FromString(result.reply)
                     served[url] = [m.name for m in index.models if m.state == "READY"]

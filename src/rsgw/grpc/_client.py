@@ -140,6 +140,18 @@ class Channel:
     def connected(self) -> bool:
         return self._connection is not None and self._connection.usable
 
+    def liveness(self) -> tuple[int, int]:
+        """(calls waiting, reads so far) of the live connection; (0, 0) without one."""
+        connection = self._connection
+        if connection is None:
+            return 0, 0
+        return connection.pending, connection.reads
+
+    def ping(self) -> None:
+        """Send a PING on the live connection, if there is one (see `liveness`)."""
+        if self._connection is not None:
+            self._connection.ping()
+
     def reset(self, reason: str = "channel reset") -> None:
         """Drop the connection now: its pending calls fail, the next call reconnects."""
         connection, self._connection = self._connection, None
@@ -291,6 +303,19 @@ class _ClientConnection:
     @property
     def usable(self) -> bool:
         return self.connection.state is ConnectionState.ACTIVE
+
+    @property
+    def pending(self) -> int:
+        """Calls waiting for their answer here."""
+        return len(self._waiters)
+
+    @property
+    def reads(self) -> int:
+        return self._transport.reads
+
+    def ping(self) -> None:
+        self.connection.ping()
+        self._transport.flush()
 
     def close(self, reason: str) -> None:
         """Fail every pending call and stop the connection's tasks (no await)."""

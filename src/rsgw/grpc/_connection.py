@@ -116,6 +116,7 @@ class GrpcConnection:
         #: Why the connection ended (None while it has not).
         self.closed_reason: str | None = None
         self._going_away = False
+        self._pings = 0
 
     # -- state ---------------------------------------------------------------------------
 
@@ -188,6 +189,12 @@ class GrpcConnection:
         return events
 
     # -- sending ---------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Queue an HTTP/2 PING: a live peer acknowledges it at once, whatever it is doing."""
+        if self.closed_reason is None:
+            self._pings += 1
+            self._h2.ping(self._pings.to_bytes(8, "big"))
 
     def send_message(self, stream_id: int, message: bytes) -> bool:
         """Queue one message on a streaming call (a server's first sends the headers).

@@ -25,6 +25,7 @@ messages are decompressed as the handler reads them and sent as they are given.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -62,6 +63,10 @@ DEFAULT_MAX_CONCURRENT_STREAMS = 1024
 LINGER_SECONDS = 1.0
 #: How long a graceful stop lets calls in flight finish.
 DEFAULT_GRACE_SECONDS = 5.0
+#: accept() failures that mean "out of a resource for now", not "the listener is
+#: broken": the same ones trio's `serve_listeners` sleeps on and retries.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_SECONDS = 0.1
 
 
 @dataclass(slots=True)
@@ -169,6 +174,7 @@ class GrpcServer:
         self._accepting: set[trio.CancelScope] = set()
         self._closing = False
         self._closed = trio.Event()
+        self._accept_warned_at = -math.inf
 
     async def serve(
         self,
@@ -213,12 +219,29 @@ class GrpcServer:
             if self._closing:
                 accepting.cancel()
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    self._accept_failed(exc)
+                    await trio.sleep(ACCEPT_RETRY_SECONDS)
+                    continue
                 nursery.start_soon(self._serve_connection, stream)
         # Closing: the listening socket goes now, so new connections are refused
         # (and a client or balancer tries elsewhere) rather than left in the backlog.
         with trio.CancelScope(shield=True):
             await listener.aclose()
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of file descriptors or memory: say so (at most every 10 s), keep serving."""
+        now = trio.current_time()
+        if now - self._accept_warned_at >= 10.0:
+            self._accept_warned_at = now
+            logger.warning(
+                "cannot accept a connection now; retrying",
+                extra={"error": exc.strerror or str(exc), "connections": len(self._connections)},
+            )
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         connection = _ServerConnection(self, stream)

@@ -59,6 +59,9 @@ class Transport:
         self._flush_wanted = trio.Event()
         #: Called after each write, e.g. to notice that a draining connection went quiet.
         self.after_write: Callable[[], None] | None = None
+        #: Reads that returned bytes: whether the peer said anything lately (a liveness
+        #: watch compares it between looks; cheaper than a clock read per read).
+        self.reads = 0
 
     def flush(self) -> None:
         """Send whatever the connection has queued, now if the socket takes it, else soon."""
@@ -114,6 +117,7 @@ class Transport:
         receive = self.stream.receive_some
         while connection.closed_reason is None:
             data = bytes(await receive(RECEIVE_BYTES))
+            self.reads += 1
             for event in connection.receive_data(data):
                 dispatch(event)
             self.flush()  # window updates, h2's GOAWAY after a protocol error, answers

@@ -30,6 +30,13 @@ class RoutingTable:
     def __len__(self) -> int:
         return len(self.models)
 
+    def without(self, url: str, generation: int) -> RoutingTable:
+        """This table with `url` taken out of every model (a model it alone served goes)."""
+        models = {m: tuple(u for u in urls if u != url) for m, urls in self.models.items()}
+        return RoutingTable(
+            MappingProxyType({m: urls for m, urls in models.items() if urls}), generation
+        )
+
 
 def build_routing_table(
     served: Mapping[str, Iterable[str]], worker_order: Sequence[str], generation: int

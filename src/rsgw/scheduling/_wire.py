@@ -14,17 +14,33 @@ it reads must be valid UTF-8. On any other bytes it returns a value or raises
 `DecodeError`, never another exception. It validates only what it reads: a body
 protobuf would reject for a bad string deep inside a tensor is still forwarded,
 and the worker, which parses the whole request, rejects it.
+
+A walk reads at most `WALK_LIMIT` top-level fields. A real request has a dozen; a
+hostile one of millions of two-byte unknown fields would cost the walk seconds
+(about a third of a microsecond per field in Python) while every other client of
+the event loop waits. Past the limit the walk hands a body of up to
+`PARSE_LIMIT_BYTES` to protobuf's own parser (C, about 6 ms per MiB of such
+fields), so it still agrees with protobuf, by construction; a larger one is refused
+(`DecodeError`) rather than stall the gateway for tenths of seconds. No real
+request comes near: it would need over a thousand inputs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+
 from rsgw._errors import DecodeError, clip
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 
 _VARINT, _FIXED64, _LENGTH, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
 _MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
 _MASK64 = (1 << 64) - 1
+#: Top-level fields a walk reads before protobuf's parser takes over (module docstring).
+WALK_LIMIT = 1024
+#: The largest body protobuf's parser reads past the walk limit (about 50 ms of work).
+PARSE_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -119,7 +135,12 @@ def peek_header(body: bytes) -> tuple[str, str]:
     end = len(buf)
     pos = 0
     name_at = id_at = (0, 0)
+    walked = 0
     while pos < end:
+        walked += 1
+        if walked > WALK_LIMIT:
+            request = _parsed(body)
+            return request.model_name, request.id
         # One-byte tags and lengths inline: every field the header walk meets in a
         # real request (small field numbers, names and ids under 128 bytes) takes
         # this path; the helpers handle everything else, with the same checks.
@@ -166,8 +187,12 @@ def head_length(prefix: bytes, complete: bool, stop_field: int = RAW_INPUT_CONTE
     """
     end = len(prefix)
     pos = 0
+    walked = 0
     try:
         while pos < end:
+            walked += 1
+            if walked > WALK_LIMIT:  # the whole payload is the head: see the module docstring
+                return end if complete else None
             field, wire_type, after = _tag(prefix, pos, end)
             if field >= stop_field:
                 return pos
@@ -208,7 +233,11 @@ def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
     pos = 0
     name_at = (0, 0)
     found: dict[str, int | str | bool] | None = None
+    walked = 0
     while pos < end:
+        walked += 1
+        if walked > WALK_LIMIT:
+            return _routing_parsed(body)
         byte = buf[pos]
         if 8 <= byte < 0x80:
             field, wire_type = byte >> 3, byte & 7
@@ -234,7 +263,12 @@ def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
             raise DecodeError("unexpected end of group")
         else:
             pos = _skip(buf, pos, end, field, wire_type)
-    model = _utf8(buf, *name_at)
+    return _routing(_utf8(buf, *name_at), found)
+
+
+def _routing(
+    model: str, found: dict[str, int | str | bool] | None
+) -> tuple[str, SequenceFlags | None]:
     if found is None or not found.get("id"):
         return model, None
     sequence_id = found["id"]
@@ -309,7 +343,11 @@ def peek_batch_size(body: bytes, input_name: str, axis: int) -> int:
     end = len(buf)
     pos = 0
     found: int | None = None
+    walked = 0
     while pos < end:
+        walked += 1
+        if walked > WALK_LIMIT:
+            return _batch_size_parsed(body, input_name, axis)
         field, wire_type, pos = _tag(buf, pos, end)
         if wire_type == _LENGTH:
             start, pos = _length_delimited(buf, pos, end)
@@ -352,6 +390,43 @@ def _input_extent(buf: bytes, start: int, stop: int, wanted: bytes, axis: int) -
         return 0
     value = shape[axis - 1]
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# -- Past the walk limit: protobuf's parser reads the body ------------------------------
+
+
+def _parsed(body: bytes) -> pb.ModelInferRequest:
+    if len(body) > PARSE_LIMIT_BYTES:
+        raise DecodeError(
+            f"over {WALK_LIMIT} top-level fields in a body of {len(body)} bytes; "
+            f"such a request is read only up to {PARSE_LIMIT_BYTES} bytes"
+        )
+    try:
+        return pb.ModelInferRequest.FromString(body)
+    except ProtobufDecodeError as exc:
+        raise DecodeError(f"not a valid encoding: {exc}") from None
+
+
+#: An InferParameter's value as the walk reads it (double_param is not a sequence value).
+_PARAMETER_VALUES = {"bool_param", "int64_param", "string_param", "uint64_param"}
+
+
+def _routing_parsed(body: bytes) -> tuple[str, SequenceFlags | None]:
+    request = _parsed(body)
+    found: dict[str, int | str | bool] = {}
+    for key, which in _SEQUENCE_KEYS.items():
+        parameter = request.parameters.get(key.decode())
+        if parameter is not None:
+            kind = parameter.WhichOneof("parameter_choice")
+            found[which] = getattr(parameter, kind) if kind in _PARAMETER_VALUES else 0
+    return _routing(request.model_name, found or None)
+
+
+def _batch_size_parsed(body: bytes, input_name: str, axis: int) -> int:
+    for tensor in _parsed(body).inputs:
+        if tensor.name == input_name:
+            return tensor.shape[axis - 1] if axis <= len(tensor.shape) else 0
+    return 0
 
 
 # -- ModelStreamInferResponse, written without protobuf --------------------------------

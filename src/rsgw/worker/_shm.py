@@ -34,14 +34,16 @@ servers have the same exposure; detecting it would cost an `fstat` per access.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import resource
 import stat
 import sys
 import threading
 from dataclasses import dataclass
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, shown
 from rsgw._status import StatusCode
 
 #: Where Linux (glibc's `shm_open`) keeps POSIX shared-memory objects.
@@ -143,6 +145,8 @@ def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
     try:
         fd = os.open(path, os.O_RDWR | _OPEN_FLAGS)
     except OSError as exc:
+        if exc.errno in _OUT_OF_RESOURCES:
+            raise _out_of_resources(name, exc) from exc
         raise InvalidRequest(
             f"unable to open shared memory object '{key}' for region '{name}': {exc.strerror}"
         ) from exc
@@ -169,6 +173,8 @@ def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
             else:
                 mm = mmap.mmap(fd, delta + byte_size, offset=start)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES:
+                raise _out_of_resources(name, exc) from exc
             # ValueError: the object shrank between fstat and mmap.
             raise InvalidRequest(
                 f"unable to map shared memory object '{key}' for region '{name}' "
@@ -177,6 +183,17 @@ def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
     finally:
         os.close(fd)
     return _Mapping(RegionStatus(name, key, offset, byte_size), mm, delta)
+
+
+#: Errors that say the worker is out of something, not that the request is wrong.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def _out_of_resources(name: str, exc: OSError) -> GrpcError:
+    return GrpcError(
+        StatusCode.RESOURCE_EXHAUSTED,
+        f"failed to register shared memory region '{shown(name)}': {exc.strerror}",
+    )
 
 
 def _check_window(region: str, size: int, offset: int, byte_size: int, what: str) -> None:
@@ -196,6 +213,14 @@ def _check_window(region: str, size: int, offset: int, byte_size: int, what: str
         )
 
 
+def default_max_regions() -> int:
+    """Half the process's soft limit on open files (at least 16)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(16, soft // 2)
+
+
 class ShmRegistry:
     """Regions registered by clients, each an mmap of a POSIX shm object.
 
@@ -209,9 +234,13 @@ class ShmRegistry:
     or `close()` runs. Nothing here ever unlinks a client's object.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_regions: int | None = None) -> None:
         self._regions: dict[str, _Mapping] = {}
         self._lock = threading.Lock()
+        #: Regions held at once. Each may hold a file descriptor, so by default half
+        #: the process's descriptor limit: a client registering without end gets
+        #: RESOURCE_EXHAUSTED while connections and the rest still have room.
+        self.max_regions = default_max_regions() if max_regions is None else max_regions
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Attach `[offset, offset + byte_size)` of POSIX object `key` as region `name`.
@@ -249,6 +278,12 @@ class ShmRegistry:
             )
         if name in self._regions:
             raise already_registered(name)
+        if len(self._regions) >= self.max_regions:
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"failed to register shared memory region '{shown(name)}': this worker already "
+                f"holds {len(self._regions)} regions, its limit; unregister some first",
+            )
         mapping = _map_object(name, key, offset, byte_size)
         with self._lock:
             if name in self._regions:  # registered meanwhile (the registry is thread-safe)
