@@ -57,7 +57,7 @@ class Outcome:
 class HostileConnection:
     """One TCP connection driven by a permissive h2 client state machine."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.h2 = h2.connection.H2Connection(
             h2.config.H2Configuration(
@@ -70,6 +70,7 @@ class HostileConnection:
         )
         self.outcomes: dict[int, Outcome] = {}
         self.terminated: h2.events.ConnectionTerminated | None = None
+        self.closed = False
         self.h2.initiate_connection()
 
     @classmethod
@@ -80,9 +81,13 @@ class HostileConnection:
         await self.stream.aclose()
 
     async def flush(self) -> None:
+        """Send what h2 queued; a server that hung up is no error here (we are hostile)."""
         data = self.h2.data_to_send()
-        if data:
-            await self.stream.send_all(data)
+        if data and not self.closed:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
 
     async def call(self, headers: list[Header], body: bytes | None = b"", end: bool = True) -> int:
         """Send one request (headers, then `body` framed unless None); its stream id."""
@@ -97,12 +102,27 @@ class HostileConnection:
     async def wait(self, *stream_ids: int) -> list[Outcome]:
         """Read until every one of `stream_ids` has ended (or the connection has)."""
         while not all(self.outcomes[s].ended for s in stream_ids) and self.terminated is None:
-            chunk = await self.stream.receive_some(65536)
-            if not chunk:
+            if not await self.read():
                 break
-            self.receive(chunk)
-            await self.flush()
         return [self.outcomes[s] for s in stream_ids]
+
+    async def read(self) -> bool:
+        """Read once and answer what h2 must; False once the server hung up."""
+        try:
+            chunk = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            chunk = b""
+        if not chunk:
+            self.closed = True
+            return False
+        self.receive(bytes(chunk))
+        await self.flush()
+        return True
+
+    async def until_closed(self) -> None:
+        """Read until the server hangs up (it sent GOAWAY and closed)."""
+        while await self.read():
+            pass
 
     def receive(self, chunk: bytes) -> None:
         for event in self.h2.receive_data(chunk):

@@ -90,6 +90,7 @@ class GrpcConnection:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_concurrent_streams: int | None = None,
+        max_header_list_bytes: int | None = None,
     ) -> None:
         self.peer = peer
         self.max_receive_message_bytes = max_receive_message_bytes
@@ -99,6 +100,7 @@ class GrpcConnection:
             window_bytes=window_bytes,
             max_frame_bytes=max_frame_bytes,
             max_concurrent_streams=max_concurrent_streams,
+            max_header_list_bytes=max_header_list_bytes,
         )
         self._calls: dict[int, Call] = {}
         self._outbound = Outbound(self._h2, ended=self._after_outbound_end, broken=self._drop)
@@ -117,6 +119,9 @@ class GrpcConnection:
         self.closed_reason: str | None = None
         self._going_away = False
         self._pings = 0
+        #: HTTP/2 frames (h2 events) received so far: whether the peer's bytes
+        #: complete frames (a server closes a connection whose bytes stop doing so).
+        self.frames = 0
 
     # -- state ---------------------------------------------------------------------------
 
@@ -161,6 +166,7 @@ class GrpcConnection:
         except h2.exceptions.ProtocolError as exc:
             return self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
         events: list[Event] = []
+        self.frames += len(h2_events)
         handlers = self._handlers  # one dict lookup per h2 event on the hot path
         for h2_event in h2_events:
             handler = handlers.get(type(h2_event))

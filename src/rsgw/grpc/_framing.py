@@ -77,6 +77,11 @@ class MessageDecoder:
         self._have = 0
 
     @property
+    def buffered(self) -> int:
+        """Bytes of the message being gathered (0 between messages)."""
+        return self._have
+
+    @property
     def at_boundary(self) -> bool:
         """True when no partial message is buffered (a clean end of stream)."""
         return self._need < 0 and not self._head

@@ -51,6 +51,7 @@ from rsgw.grpc._compression import Compressed, compress, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
+from rsgw.grpc._limits import ConnectionLimits
 from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream
@@ -67,6 +68,11 @@ DEFAULT_GRACE_SECONDS = 5.0
 #: broken": the same ones trio's `serve_listeners` sleeps on and retries.
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY_SECONDS = 0.1
+#: How often every connection's timers and flood budget are looked at.
+SWEEP_SECONDS = 1.0
+#: A connection whose bytes complete no frame for `header_seconds` is a slowloris
+#: unless they came at least this fast (a slow link sending one big frame).
+SLOW_BYTES_PER_SECOND = 1024
 
 
 @dataclass(slots=True)
@@ -134,6 +140,9 @@ class GrpcServer:
             came and may answer compressed (see the module docstring).
         response_encoding: compress unary replies in this encoding where the client
             accepts it (None: never compress a reply ourselves).
+        limits: what one client connection may cost (`ConnectionLimits`): header
+            size, buffered bytes, flood budget, idle and slow-header timeouts, and
+            the number of connections served at once.
 
     Serve with `await nursery.start(server.serve, host, port)`, which returns the
     bound port once the socket listens, or `serve_listener` on any Trio listener.
@@ -154,6 +163,7 @@ class GrpcServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         raw_paths: Collection[str] = (),
         response_encoding: type[Compressed] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._raw_paths = frozenset(path.encode() for path in raw_paths)
@@ -175,6 +185,10 @@ class GrpcServer:
         self._closing = False
         self._closed = trio.Event()
         self._accept_warned_at = -math.inf
+        self.limits = ConnectionLimits() if limits is None else limits
+        cap = self.limits.max_connections
+        self._connection_slots = trio.Semaphore(cap) if cap > 0 else None
+        self._sweeping = False
 
     async def serve(
         self,
@@ -204,6 +218,9 @@ class GrpcServer:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._accept_loop, listener, nursery)
+                if not self._sweeping:
+                    self._sweeping = True
+                    nursery.start_soon(self._sweep)
                 task_status.started()
                 await self._closed.wait()
                 nursery.cancel_scope.cancel()
@@ -219,10 +236,15 @@ class GrpcServer:
             if self._closing:
                 accepting.cancel()
             while True:
+                slots = self._connection_slots
+                if slots is not None:
+                    await slots.acquire()  # at the cap: new clients wait in the backlog
                 try:
                     stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                except BaseException as exc:
+                    if slots is not None:
+                        slots.release()
+                    if not isinstance(exc, OSError) or exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                         raise
                     self._accept_failed(exc)
                     await trio.sleep(ACCEPT_RETRY_SECONDS)
@@ -254,7 +276,17 @@ class GrpcServer:
             connection.quiet.set()
             connection.ended.set()
             self._connections.discard(connection)
+            if self._connection_slots is not None:
+                self._connection_slots.release()
             await connection.transport.aclose()
+
+    async def _sweep(self) -> None:
+        """Every `SWEEP_SECONDS`: refill flood budgets, close idle and stuck connections."""
+        while True:
+            await trio.sleep(SWEEP_SECONDS)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                connection.sweep(now)
 
     @property
     def closing(self) -> bool:
@@ -304,6 +336,7 @@ class _ServerConnection:
     def __init__(self, server: GrpcServer, stream: trio.abc.Stream) -> None:
         self._server = server
         self.connection = ServerConnection(
+            limits=server.limits,
             max_receive_message_bytes=server.max_receive_message_bytes,
             max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server._window_bytes,
@@ -319,6 +352,51 @@ class _ServerConnection:
         self.quiet = trio.Event()
         #: Set when the connection is over (the client hung up, or we closed it).
         self.ended = trio.Event()
+        now = trio.current_time()
+        #: The sweep's view: when it last saw frames (or calls), and bytes without them.
+        self._active_at = self._refilled_at = now
+        self._frames_seen = 0
+        self._stuck_since: float | None = None
+        self._stuck_bytes = 0
+
+    def sweep(self, now: float) -> None:
+        """The server's periodic look (see `ConnectionLimits`): refill, idle, slowloris."""
+        limits = self._server.limits
+        core = self.connection
+        if now - self._refilled_at >= limits.refill_seconds:
+            core.guard.refill()
+            self._refilled_at = now
+        if core.frames != self._frames_seen or core.active_calls:
+            self._frames_seen = core.frames
+            self._active_at = now
+            self._stuck_since = None
+            return
+        received = self.transport.received_bytes
+        if core.frames == 0 or received != self._stuck_bytes:  # bytes, but no frame from them
+            if self._stuck_since is None:
+                self._stuck_since, self._stuck_bytes = now, received
+            stuck_for = now - self._stuck_since
+            slow = received - self._stuck_bytes < SLOW_BYTES_PER_SECOND * stuck_for
+            if stuck_for >= limits.header_seconds and slow:
+                what = "no HTTP/2 preface" if core.frames == 0 else "bytes that complete no frame"
+                self.close(f"sent {what} for {stuck_for:.0f} s")
+                return
+        if limits.idle_seconds and now - self._active_at >= limits.idle_seconds:
+            self.close(f"idle for {now - self._active_at:.0f} s")
+
+    def close(self, reason: str) -> None:
+        """End the connection now: GOAWAY (what h2 can still send), then hang up."""
+        logger.debug("closing a client connection", extra={"peer": self._peer, "why": reason})
+        for event in self.connection.close(reason):
+            self._dispatch(event)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._hang_up)
+
+    async def _hang_up(self) -> None:
+        with trio.move_on_after(LINGER_SECONDS):
+            await self.transport.flushed()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
 
     def go_away(self) -> None:
         """Take no new calls; GOAWAY follows the last answer (see `ServerConnection`)."""

@@ -16,12 +16,19 @@ from typing import TYPE_CHECKING
 import h2.errors
 import h2.events
 
-from rsgw._errors import RsgwError
+from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import Call, CallStarted, EndCause, Event, HalfClosed, HalfState, Step
 from rsgw.grpc._connection import ConnectionState, GrpcConnection
 from rsgw.grpc._flow import SEND_FAILURES
 from rsgw.grpc._framing import MessageDecoder, too_large
+from rsgw.grpc._limits import (
+    ENHANCE_YOUR_CALM,
+    RESET_COST,
+    ConnectionLimits,
+    FloodGuard,
+    header_list_size,
+)
 from rsgw.grpc._metadata import (
     HeaderBlock,
     parse_request_headers,
@@ -39,10 +46,21 @@ class ServerConnection(GrpcConnection):
 
     client_side = False
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, limits: ConnectionLimits | None = None, **options: Any) -> None:
         options.setdefault("peer", "the client")
+        self.limits = ConnectionLimits() if limits is None else limits
+        options.setdefault("max_header_list_bytes", self.limits.max_header_list_bytes)
         super().__init__(**options)
         self._handlers[h2.events.RequestReceived] = self._on_request
+        self.guard = FloodGuard(self.limits.flood_budget)
+        for control in (h2.events.PingReceived, h2.events.PriorityUpdated):
+            self._handlers[control] = self._on_control
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        events = super().receive_data(data)
+        if self.guard.budget < 0 and self.closed_reason is None:
+            return events + self._calm_down()
+        return events
 
     # -- answering ------------------------------------------------------------------------
 
@@ -108,14 +126,66 @@ class ServerConnection(GrpcConnection):
 
     # -- receiving ------------------------------------------------------------------------
 
+    def _on_control(self, event: h2.events.Event, events: list[Event]) -> None:
+        self.guard.spend()
+
+    def _on_window(self, event: h2.events.Event, events: list[Event]) -> None:
+        self.guard.spend()
+        super()._on_window(event, events)
+
+    def _on_reset(self, event: h2.events.StreamReset, events: list[Event]) -> None:
+        self.guard.spend(RESET_COST if event.stream_id in self._calls else 1)
+        super()._on_reset(event, events)
+
+    def _on_data(self, event: h2.events.DataReceived, events: list[Event]) -> None:
+        if not event.data and not event.stream_ended:
+            self.guard.spend()  # an empty DATA frame carries nothing but work
+        super()._on_data(event, events)
+        call = self._calls.get(event.stream_id)
+        if call is not None and call.decoder.buffered > _CHECK_BUFFERED_ABOVE:
+            self._check_buffered(call, events)
+
+    def _check_buffered(self, call: Call, events: list[Event]) -> None:
+        """Over the connection's budget of unfinished request bytes: fail this call.
+
+        One call may buffer its one message alone (up to the message limit); only
+        what several hold at once counts against `max_buffered_bytes`.
+        """
+        others = sum(c.decoder.buffered for c in self._calls.values() if c is not call)
+        total = others + call.decoder.buffered
+        if others and total > self.limits.max_buffered_bytes:
+            error = GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"the connection holds {total} bytes of unfinished requests, over its limit "
+                f"of {self.limits.max_buffered_bytes}; send fewer large requests at once",
+            )
+            self._fail(call, error, events)
+
+    def close(self, reason: str, error_code: int = 0) -> list[Event]:
+        """End the connection ourselves: GOAWAY with `error_code`; every call ends."""
+        if self.closed_reason is None:
+            with contextlib.suppress(*SEND_FAILURES):
+                self._h2.close_connection(error_code=error_code)
+        return self.connection_lost(reason)
+
+    def _calm_down(self) -> list[Event]:
+        """The client overdrew its flood budget: GOAWAY ENHANCE_YOUR_CALM, and we are done."""
+        return self.close("sent control frames faster than its budget allows", ENHANCE_YOUR_CALM)
+
     def _on_request(self, event: h2.events.RequestReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
         if self.state is not ConnectionState.ACTIVE:
             with contextlib.suppress(*SEND_FAILURES):
                 self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
+        self.guard.earn()
+        headers = event.headers or []
+        size = header_list_size(headers)
+        if size > self.limits.max_header_list_bytes:
+            self._answer_unregistered(stream_id, _headers_too_large(size, self.limits))
+            return
         try:
-            head = parse_request_headers(event.headers or [])
+            head = parse_request_headers(headers)
         except RsgwError as exc:  # not a gRPC call we can serve: answer and forget it
             self._answer_unregistered(stream_id, exc)
             return
@@ -155,3 +225,14 @@ class ServerConnection(GrpcConnection):
             stream = self._h2.streams.get(stream_id)
             if stream is not None and stream.open:
                 self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
+
+#: Below this, a call's partial message is not worth adding up the connection's.
+_CHECK_BUFFERED_ABOVE = 1024 * 1024
+
+
+def _headers_too_large(size: int, limits: ConnectionLimits) -> GrpcError:
+    return GrpcError(
+        StatusCode.RESOURCE_EXHAUSTED,
+        f"request headers of {size} bytes are over the limit of {limits.max_header_list_bytes}",
+    )

@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Bytes asked of the stream per read.
-RECEIVE_BYTES = 256 * 1024
+#: Bytes asked of the stream per read. Also what h2 parses in one go before we can
+#: look: 64 KiB of the cheapest hostile frames (PING, SETTINGS) is 40-60 ms of work,
+#: so a flood is caught before it stalls other clients for long.
+RECEIVE_BYTES = 64 * 1024
 #: How long closing a stream may take before we give up on it.
 CLOSE_SECONDS = 1.0
 
@@ -57,11 +59,13 @@ class Transport:
         self._backlog = b""
         self._sending = False
         self._flush_wanted = trio.Event()
+        self._wrote = trio.Event()
         #: Called after each write, e.g. to notice that a draining connection went quiet.
         self.after_write: Callable[[], None] | None = None
         #: Reads that returned bytes: whether the peer said anything lately (a liveness
         #: watch compares it between looks; cheaper than a clock read per read).
         self.reads = 0
+        self.received_bytes = 0
 
     def flush(self) -> None:
         """Send whatever the connection has queued, now if the socket takes it, else soon."""
@@ -97,6 +101,8 @@ class Transport:
                 nursery.start_soon(self._run_writer)
                 self.flush()
                 await self._read_loop(dispatch)
+                with trio.move_on_after(CLOSE_SECONDS):
+                    await self.flushed()  # our last words (a GOAWAY) before we hang up
                 nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             reason = f"failed: {group.exceptions[0]}"
@@ -106,6 +112,12 @@ class Transport:
         finally:
             for event in self.connection.connection_lost(reason):
                 dispatch(event)
+
+    async def flushed(self) -> None:
+        """Wait until what the connection queued so far has been handed to the stream."""
+        self.flush()
+        while self._sending or self._backlog or self._flush_wanted.is_set():
+            await self._wrote.wait()
 
     async def aclose(self) -> None:
         """Close the stream, shielded and bounded (it may be called while cancelled)."""
@@ -118,6 +130,7 @@ class Transport:
         while connection.closed_reason is None:
             data = bytes(await receive(RECEIVE_BYTES))
             self.reads += 1
+            self.received_bytes += len(data)
             for event in connection.receive_data(data):
                 dispatch(event)
             self.flush()  # window updates, h2's GOAWAY after a protocol error, answers
@@ -135,5 +148,7 @@ class Transport:
                     await self.stream.send_all(data)
                 finally:
                     self._sending = False
+            self._wrote.set()
+            self._wrote = trio.Event()
             if self.after_write is not None:
                 self.after_write()

@@ -1,0 +1,85 @@
+"""What one client may cost a server: the limits of a connection, and the flood guard.
+
+Pure. `ConnectionLimits` is the configuration (`GrpcServer(limits=...)`); the
+connection core enforces the per-call and per-byte ones, the server shell the
+timers and the connection cap.
+
+`FloodGuard` is the HTTP/2 flood defence (the 2019 "ping flood", "settings flood",
+"reset flood" and 2023 "rapid reset" advisories). Every control frame a peer sends
+(PING, SETTINGS, WINDOW_UPDATE, PRIORITY, an empty DATA frame) costs us work and
+often an answer, and a reset of a call we run costs a handler. So each one spends
+from a budget; calls the peer opens earn a little back, and the shell refills it to
+its base every `refill_seconds`. A peer that overdraws it is told ENHANCE_YOUR_CALM
+and disconnected. A well-behaved client never comes near: grpc-core sends a few
+control frames per call, and a PING a minute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: RFC 9113 §7: "the endpoint ... is being asked to slow down" (flood or abuse).
+ENHANCE_YOUR_CALM = 0xB
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The limits of one client connection; see the module docstring.
+
+    Attributes:
+        max_header_list_bytes: a request's header block, counted as HTTP/2 does
+            (name + value + 32 per field); larger ones fail RESOURCE_EXHAUSTED.
+        max_buffered_bytes: bytes of unfinished request messages a connection may
+            hold across its calls; one call alone may still send one message up to
+            the message limit.
+        flood_budget: control frames (and resets of running calls, which cost
+            more) a connection may send per refill period.
+        refill_seconds: how often the flood budget is restored.
+        idle_seconds: a connection with no call for this long is closed (GOAWAY
+            first); 0 keeps idle connections forever.
+        header_seconds: a connection that sends bytes completing no frame for this
+            long (a slowloris), or no HTTP/2 preface at all, is closed.
+        max_connections: connections served at once; more wait in the listen
+            backlog. 0: no cap.
+    """
+
+    max_header_list_bytes: int = 16 * 1024
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    flood_budget: int = 1000
+    refill_seconds: float = 10.0
+    idle_seconds: float = 300.0
+    header_seconds: float = 10.0
+    max_connections: int = 10_000
+
+
+#: What a call the peer opens earns back, and what its reset of a running call costs.
+CALL_CREDIT = 10
+RESET_COST = 15
+
+
+class FloodGuard:
+    """A connection's control-frame budget (see the module docstring)."""
+
+    __slots__ = ("base", "budget")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.budget = base
+
+    def spend(self, cost: int = 1) -> bool:
+        """Charge one control frame (or `cost`); False once the budget is overdrawn."""
+        self.budget -= cost
+        return self.budget >= 0
+
+    def earn(self) -> None:
+        """The peer opened a call: useful work buys a little more room."""
+        self.budget += CALL_CREDIT
+
+    def refill(self) -> None:
+        """A new period: back to the base if below it."""
+        self.budget = max(self.budget, self.base)
+
+
+def header_list_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """A header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 §6.5.2)."""
+    return sum(len(name) + len(value) + 32 for name, value in headers)
