@@ -45,6 +45,7 @@ from rsgw._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
     check_target,
 )
+from rsgw._schema import ConnectionsConfig as ConnectionsConfig
 from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
@@ -103,6 +104,12 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "outlier_detection.stall_seconds": "float",
         "outlier_detection.ping_timeout_seconds": "float",
         "outlier_detection.ejection_seconds": "float",
+        "connections.max_connections": "int",
+        "connections.idle_seconds": "float",
+        "connections.header_seconds": "float",
+        "connections.max_header_list_bytes": "int",
+        "connections.max_buffered_bytes": "int",
+        "connections.flood_budget": "int",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -217,6 +224,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "server_metadata": ServerMetadataConfig,
         "shutdown": ShutdownConfig,
         "outlier_detection": OutlierConfig,
+        "connections": ConnectionsConfig,
         "scheduling": SchedulingConfig,
     }
 )

@@ -32,6 +32,7 @@ from rsgw._values import (
     show,
     words,
 )
+from rsgw.grpc._limits import ConnectionLimits
 from rsgw.scheduling._knobs import check_positive
 from rsgw.scheduling._settings import SchedulingConfig
 from rsgw.scheduling._stalls import (
@@ -58,6 +59,8 @@ DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
 # rsgw's own: how long a stopping gateway lets calls in flight finish. Under the 30 s a
 # Kubernetes pod gets between SIGTERM and SIGKILL by default, with room to spare.
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
+# rsgw's own: the listener's per-connection limits, defaults from the gRPC layer.
+_LIMITS = ConnectionLimits()
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -123,6 +126,14 @@ _GRPC_CHECKS: Mapping[str, Check] = {
 _LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
 _SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
 _SHUTDOWN_CHECKS: Mapping[str, Check] = {"grace_seconds": _non_negative}
+_CONNECTIONS_CHECKS: Mapping[str, Check] = {
+    "max_connections": ranged(check_int, lambda n: n >= 0, "non-negative (0 = no cap)"),
+    "idle_seconds": _non_negative,
+    "header_seconds": check_positive,
+    "max_header_list_bytes": _positive_int,
+    "max_buffered_bytes": _positive_int,
+    "flood_budget": _positive_int,
+}
 _OUTLIER_CHECKS: Mapping[str, Check] = {
     "stall_seconds": _non_negative,
     "ping_timeout_seconds": check_positive,
@@ -220,6 +231,31 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectionsConfig:
+    """What one client connection may cost (`rsgw.grpc._limits.ConnectionLimits`)."""
+
+    max_connections: int = _LIMITS.max_connections
+    idle_seconds: float = _LIMITS.idle_seconds
+    header_seconds: float = _LIMITS.header_seconds
+    max_header_list_bytes: int = _LIMITS.max_header_list_bytes
+    max_buffered_bytes: int = _LIMITS.max_buffered_bytes
+    flood_budget: int = _LIMITS.flood_budget
+
+    def __post_init__(self) -> None:
+        check_fields(self, "connections.", _CONNECTIONS_CHECKS)
+
+    def limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            max_header_list_bytes=self.max_header_list_bytes,
+            max_buffered_bytes=self.max_buffered_bytes,
+            flood_budget=self.flood_budget,
+            idle_seconds=self.idle_seconds,
+            header_seconds=self.header_seconds,
+            max_connections=self.max_connections,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class OutlierConfig:
     """Ejection of workers that stop answering (see `rsgw.scheduling._stalls`).
 
@@ -263,6 +299,7 @@ class GatewayConfig:
     server_metadata: ServerMetadataConfig = field(default_factory=ServerMetadataConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     outlier_detection: OutlierConfig = field(default_factory=OutlierConfig)
+    connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -350,6 +387,7 @@ class GatewayConfig:
                 "server_metadata",
                 "shutdown",
                 "outlier_detection",
+                "connections",
                 "scheduling",
             )
         }

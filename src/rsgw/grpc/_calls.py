@@ -200,6 +200,9 @@ class Call:
     #: Client: the peer's trailers, parsed, until the stream ends.
     status: RsgwError | None = None
     answered_ok: bool = False
+    #: Server: the connection's `receives` count when the call arrived (a reset that
+    #: follows at once is the "rapid reset" pattern).
+    opened: int = 0
 
     def advance(self, half: str, step: Step) -> HalfState:
         """Apply `step` to the `"inbound"` or `"outbound"` half (see the two below)."""

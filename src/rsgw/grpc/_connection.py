@@ -122,6 +122,8 @@ class GrpcConnection:
         #: HTTP/2 frames (h2 events) received so far: whether the peer's bytes
         #: complete frames (a server closes a connection whose bytes stop doing so).
         self.frames = 0
+        #: Chunks of bytes received so far (`receive_data` calls).
+        self.receives = 0
 
     # -- state ---------------------------------------------------------------------------
 
@@ -167,6 +169,7 @@ class GrpcConnection:
             return self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
         events: list[Event] = []
         self.frames += len(h2_events)
+        self.receives += 1
         handlers = self._handlers  # one dict lookup per h2 event on the hot path
         for h2_event in h2_events:
             handler = handlers.get(type(h2_event))

@@ -32,8 +32,8 @@ class ConnectionLimits:
         max_buffered_bytes: bytes of unfinished request messages a connection may
             hold across its calls; one call alone may still send one message up to
             the message limit.
-        flood_budget: control frames (and resets of running calls, which cost
-            more) a connection may send per refill period.
+        flood_budget: control frames (and calls reset as soon as opened, which
+            cost more) a connection may send per refill period.
         refill_seconds: how often the flood budget is restored.
         idle_seconds: a connection with no call for this long is closed (GOAWAY
             first); 0 keeps idle connections forever.
@@ -52,7 +52,7 @@ class ConnectionLimits:
     max_connections: int = 10_000
 
 
-#: What a call the peer opens earns back, and what its reset of a running call costs.
+#: What a call the peer opens earns back, and what resetting it at once costs.
 CALL_CREDIT = 10
 RESET_COST = 15
 

@@ -134,7 +134,11 @@ class ServerConnection(GrpcConnection):
         super()._on_window(event, events)
 
     def _on_reset(self, event: h2.events.StreamReset, events: list[Event]) -> None:
-        self.guard.spend(RESET_COST if event.stream_id in self._calls else 1)
+        call = self._calls.get(event.stream_id)
+        # Opened and reset in the same read or the next: the rapid-reset pattern. A
+        # client giving up on a call later (its deadline) costs one frame.
+        rapid = call is not None and self.receives - call.opened <= 1
+        self.guard.spend(RESET_COST if rapid else 1)
         super()._on_reset(event, events)
 
     def _on_data(self, event: h2.events.DataReceived, events: list[Event]) -> None:
@@ -190,6 +194,7 @@ class ServerConnection(GrpcConnection):
             self._answer_unregistered(stream_id, exc)
             return
         call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes, head.encoding))
+        call.opened = self.receives
         call.advance_inbound(Step.HEADERS)
         self._calls[stream_id] = call
         events.append(CallStarted(stream_id, head))
