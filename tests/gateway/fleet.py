@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from rsgw._config import GatewayConfig, ListenConfig
+from rsgw._errors import ListenError
 from rsgw._methods import Method
 from rsgw._net import TCP, Network
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -54,6 +55,28 @@ class Fleet:
         options.setdefault("max_send_message_bytes", CLIENT_LIMIT)
         options.setdefault("max_concurrent_streams", 1000)
         return Channel(self.target, self.nursery, network=self.network, **options)
+
+    async def restart_worker(self, index: int, config: WorkerConfig | None = None) -> RunningWorker:
+        """Start worker `index` again on its port, after `kill()` or `aclose()`.
+
+        As a restarted process would be: nothing registered, nothing resident.
+        `config` (default: the old one) is started with the old port.
+        """
+        old = self.workers[index]
+        config = dataclasses.replace(config or old.config, port=old.grpc_port)
+        with trio.fail_after(10):
+            while True:  # the old listener closes once its cancelled tasks unwind
+                try:
+                    worker: RunningWorker = await self.nursery.start(
+                        start_worker, config, self.network
+                    )
+                    break
+                except (ListenError, BaseExceptionGroup) as exc:
+                    if not isinstance(leaf(exc), ListenError):
+                        raise
+                    await trio.sleep(0.05)
+        self.workers[index] = worker
+        return worker
 
     async def infer(
         self,
@@ -116,6 +139,13 @@ async def open_fleet(
             yield Fleet(workers, gateway, nursery, network)
         finally:
             nursery.cancel_scope.cancel()
+
+
+def leaf(group: BaseException) -> BaseException:
+    """The first leaf of a (possibly nested) exception group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
 
 
 async def start_worker(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.gateway.fleet import Fleet, open_fleet
+from tests.helpers import check_simple, wait_until_async
 
 BYTES = 64  # one [1,16] INT32 tensor
 
@@ -102,26 +104,74 @@ async def test_register_everywhere_infer_everywhere_unregister_all(
         client.close()
 
 
-async def test_register_with_a_dead_worker_rolls_back(
+async def test_a_worker_down_at_register_time_gets_the_regions_when_back(
     regions: dict[str, tuple[str, object]],
 ) -> None:
-    async with open_fleet(3, health_interval_seconds=60) as fleet:
+    """Registered on the live workers; the dead one gets them before its first call."""
+    async with open_fleet(3, health_interval_seconds=0.2) as fleet:
         fleet.workers[2].kill()
         client = grpcclient.InferenceServerClient(fleet.target)
-
-        def register() -> None:
-            client.register_system_shared_memory("input_region", regions["in"][0], 2 * BYTES)
-
-        with pytest.raises(InferenceServerException) as caught:
-            await trio.to_thread.run_sync(register)
-        assert "FAILED_PRECONDITION" in str(caught.value.status())
-        message = caught.value.message()
-        assert message == (
-            "SystemSharedMemoryRegister failed on 1 of 3 workers (worker2: unavailable)"
+        for name, region in (("input_region", "in"), ("output_region", "out")):
+            key = regions[region][0]
+            await trio.to_thread.run_sync(
+                partial(client.register_system_shared_memory, name, key, 2 * BYTES)
+            )
+        assert (
+            await trio.to_thread.run_sync(worker_regions, fleet, 2)
+            == [{"input_region", "output_region"}] * 2
         )
-        assert str(fleet.workers[2].grpc_port) not in message  # no addresses
-        live = await trio.to_thread.run_sync(worker_regions, fleet, 2)
-        assert live == [set(), set()]  # rolled back on the live ones
+        await fleet.restart_worker(2)
+        url = fleet.worker_url(2)
+        await wait_until_async(lambda: url in fleet.gateway.statistics().ready, what="back")
+        for seed in range(6):  # round robin: the restarted worker serves its share
+            await trio.to_thread.run_sync(infer_through_shm, fleet.target, regions, seed)
+        assert fleet.workers[2].service.device.counters["simple"].requests_served >= 1
+        assert (
+            await trio.to_thread.run_sync(worker_regions, fleet)
+            == [{"input_region", "output_region"}] * 3
+        )
+        # A worker that restarts after the registration gets them again too.
+        fleet.workers[0].kill()
+        await fleet.restart_worker(0)
+        await wait_until_async(
+            lambda: fleet.worker_url(0) in fleet.gateway.statistics().ready, what="back"
+        )
+        for seed in range(6, 12):
+            await trio.to_thread.run_sync(infer_through_shm, fleet.target, regions, seed)
+        assert fleet.workers[0].service.device.counters["simple"].requests_served >= 1
+        # Unregistered through the gateway: a worker that restarts now gets none.
+        await trio.to_thread.run_sync(client.unregister_system_shared_memory)
+        fleet.workers[1].kill()
+        await fleet.restart_worker(1)
+        await wait_until_async(
+            lambda: fleet.worker_url(1) in fleet.gateway.statistics().ready, what="back"
+        )
+        await trio.to_thread.run_sync(infer_through_plain, fleet.target)
+        assert await trio.to_thread.run_sync(worker_regions, fleet) == [set(), set(), set()]
+        client.close()
+
+
+def infer_through_plain(target: str) -> None:
+    """Calls that reach every worker (round robin), with no shared memory at all."""
+    for seed in range(6):
+        check_simple(target, seed)
+
+
+async def test_register_with_every_worker_down_fails(
+    regions: dict[str, tuple[str, object]],
+) -> None:
+    async with open_fleet(2, health_interval_seconds=60) as fleet:
+        for worker in fleet.workers:
+            worker.kill()
+        client = grpcclient.InferenceServerClient(fleet.target)
+        with pytest.raises(InferenceServerException) as caught:
+            await trio.to_thread.run_sync(
+                lambda: client.register_system_shared_memory(
+                    "input_region", regions["in"][0], 2 * BYTES
+                )
+            )
+        assert "FAILED_PRECONDITION" in str(caught.value.status())
+        assert "failed on 2 of 2 workers" in caught.value.message()
         client.close()
 
 

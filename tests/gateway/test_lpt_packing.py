@@ -26,7 +26,7 @@ import trio
 from trio.testing import MockClock
 
 from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import GatewayWedged, ListenError, RsgwError, StartupError
+from rsgw._errors import GatewayWedged, RsgwError, StartupError
 from rsgw._methods import Method
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._packing import Packing
@@ -37,7 +37,7 @@ from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
-from tests.gateway.fleet import Fleet, open_fleet, start_worker
+from tests.gateway.fleet import Fleet, leaf, open_fleet, start_worker
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
 from tests.memory import MemoryNetwork
 
@@ -131,12 +131,6 @@ def served(fleet: Fleet, model: str) -> list[int]:
 
 def compactions(fleet: Fleet) -> list[int]:
     return [w.service.device.memory.counters.compactions for w in fleet.workers]
-
-
-def leaf(group: BaseException) -> BaseException:
-    while isinstance(group, BaseExceptionGroup):
-        group = group.exceptions[0]
-    return group
 
 
 @pytest.fixture
@@ -384,23 +378,10 @@ async def restart_without(fleet: Fleet, index: int, dropped: str) -> RunningWork
     config = WorkerConfig(
         name=old.config.name,
         gpu=old.config.gpu,
-        port=old.grpc_port,
         metrics_port=-1,
         catalogue=catalogue_from_yaml(kept, with_builtin=False),
     )
-    with trio.fail_after(10):
-        while True:  # the old listener closes once its cancelled tasks unwind
-            try:
-                worker: RunningWorker = await fleet.nursery.start(
-                    start_worker, config, fleet.network
-                )
-                break
-            except (ListenError, BaseExceptionGroup) as exc:
-                if not isinstance(leaf(exc), ListenError):
-                    raise
-                await trio.sleep(0.02)
-    fleet.workers[index] = worker
-    return worker
+    return await fleet.restart_worker(index, config)
 
 
 async def test_a_model_missing_from_one_worker_routes_over_the_others_with_a_warning(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import trio
@@ -74,7 +75,7 @@ class Served:
     nursery: trio.Nursery
     scope: trio.CancelScope
 
-    def channel(self, **limits: int) -> Channel:
+    def channel(self, **limits: Any) -> Channel:
         return Channel(self.target, self.nursery, network=self.network, **limits)
 
 

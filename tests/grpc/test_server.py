@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import trio
@@ -80,7 +81,7 @@ class Served:
     target: str
     nursery: trio.Nursery
 
-    def channel(self, **limits: int) -> Channel:
+    def channel(self, **limits: Any) -> Channel:
         return Channel(self.target, self.nursery, network=self.network, **limits)
 
 

@@ -134,10 +134,18 @@ class FleetCalls:
         undo: Callable[[list[str]], Awaitable[None]],
         *,
         gated: bool = False,
+        unreachable_later: bool = False,
     ) -> bytes:
-        """Every worker in `urls` succeeds, or the ones that did are undone and we fail."""
+        """Every worker in `urls` succeeds, or the ones that did are undone and we fail.
+
+        With `unreachable_later`, a worker that cannot be reached is not a failure
+        (it will be told when it is back: see `rsgw.gateway._regions`), as long as
+        one worker succeeded.
+        """
         results = await self._ask(method, body, urls, deadline, gated=gated)
         failed = [url for url in urls if isinstance(results[url], Exception)]
+        if unreachable_later and len(failed) < len(urls):
+            failed = [url for url in failed if not isinstance(results[url], WorkerUnavailable)]
         if not failed:
             return _first_reply(results)
         succeeded = [url for url in urls if url not in failed]
@@ -224,14 +232,21 @@ class FleetCalls:
                 name = _region_name(request, body)
                 urls = self.pool.urls
                 deadline = self._deadline(call)
+                regions = self.pool.regions
                 if undo_with is None:
-                    return await self.any_succeeds(method, body, urls, deadline, gated=True)
+                    reply = await self.any_succeeds(method, body, urls, deadline, gated=True)
+                    regions.unregistered(method, name)
+                    return reply
                 if not name:
                     raise GrpcError(
                         StatusCode.INVALID_ARGUMENT, f"{request.DESCRIPTOR.name}.name is empty"
                     )
                 undo = self._undoer(undo_with, _named(undo_with, name))
-                return await self.all_or_nothing(method, body, urls, deadline, undo, gated=True)
+                reply = await self.all_or_nothing(
+                    method, body, urls, deadline, undo, gated=True, unreachable_later=True
+                )
+                regions.registered(method, name, body)
+                return reply
 
         return handler
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import TypeVar
 
 import trio
 
+from rsgw.gateway._regions import RegionBook
 from rsgw.grpc._client import Channel
 
 T = TypeVar("T")
@@ -63,6 +65,11 @@ class WorkerPool:
         self._names = dict(names)
         self.channels: dict[str, Channel] = {url: make_channel(url) for url in self.urls}
         self.gate = RegisterGate()
+        #: Regions registered through the gateway: every new connection to a worker
+        #: registers them again before it carries a call (a restarted worker has none).
+        self.regions = RegionBook()
+        for url, channel in self.channels.items():
+            channel.on_connect = partial(self.regions.replay, self.label(url))
 
     def label(self, url: str) -> str:
         """The metrics label of a worker: its friendly name, or its URL when unnamed."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -51,6 +51,9 @@ from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
 from rsgw.grpc._streams import ClientStream
 from rsgw.grpc._transport import Transport
+
+#: How `on_connect` calls the peer: `send(path, request) -> reply`.
+Send = Callable[[bytes, bytes], Awaitable[bytes]]
 
 #: Stands in for the deadline scope when the caller holds one (`enforce_deadline=False`).
 _UNSCOPED: contextlib.nullcontext[None] = contextlib.nullcontext()
@@ -100,6 +103,9 @@ class Channel:
         max_concurrent_streams: calls in flight at once; more wait for a slot.
         max_receive_message_bytes / max_send_message_bytes: message limits.
         connect_timeout: bound on one connection attempt.
+        on_connect: run on every new connection before any call may use it, with a
+            way to make calls on it (`send(path, request) -> reply`): what a peer
+            must be told first (the gateway registers shared memory again).
     """
 
     def __init__(
@@ -112,8 +118,10 @@ class Channel:
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        on_connect: Callable[[Send], Awaitable[None]] | None = None,
     ) -> None:
         self.target = target
+        self.on_connect = on_connect
         self._nursery = nursery
         self._network = network
         self._slots = trio.Semaphore(max_concurrent_streams)
@@ -276,10 +284,23 @@ class Channel:
                     f"cannot connect to {self.target}: no answer within {self.connect_timeout}s"
                 )
             connection = _ClientConnection(self, stream)
-            self._connection = connection
             self.connects += 1
             self._nursery.start_soon(connection.run)
+            if self.on_connect is not None:
+                # Handed out only after this: other callers wait on the lock meanwhile.
+                await self.on_connect(partial(self._first_call, connection))
+            self._connection = connection
             return connection
+
+    async def _first_call(
+        self, connection: _ClientConnection, path: bytes, request: bytes
+    ) -> bytes:
+        """A call `on_connect` makes on a connection not yet handed out (bounded)."""
+        deadline = trio.current_time() + self.connect_timeout
+        with trio.move_on_at(deadline):
+            return await connection.call(self._headers(path, deadline, ()), request)
+        connection.close(f"no answer within {self.connect_timeout}s while connecting")
+        raise WorkerUnavailable(f"{self.target} did not answer while connecting")
 
     def _forget(self, connection: _ClientConnection) -> None:
         if self._connection is connection:
