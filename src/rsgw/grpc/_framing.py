@@ -61,7 +61,15 @@ class MessageDecoder:
             None while the call named none.
     """
 
-    __slots__ = ("_chunks", "_have", "_head", "_need", "_wrap", "compressed", "max_message_bytes")
+    __slots__ = (
+        "_chunks",
+        "_head",
+        "_need",
+        "_wrap",
+        "buffered",
+        "compressed",
+        "max_message_bytes",
+    )
 
     def __init__(
         self,
@@ -74,12 +82,8 @@ class MessageDecoder:
         self._head = b""  # a partial prefix (fewer than 5 bytes)
         self._need = -1  # payload bytes of the current message, -1 while reading a prefix
         self._chunks: list[bytes] = []
-        self._have = 0
-
-    @property
-    def buffered(self) -> int:
-        """Bytes of the message being gathered (0 between messages)."""
-        return self._have
+        #: Bytes of the message being gathered (0 between messages).
+        self.buffered = 0
 
     @property
     def at_boundary(self) -> bool:
@@ -117,15 +121,15 @@ class MessageDecoder:
                     continue
                 self._wrap = wrap
                 self._need = length
-            take = min(self._need - self._have, end - pos)
+            take = min(self._need - self.buffered, end - pos)
             self._chunks.append(data[pos : pos + take])
-            self._have += take
+            self.buffered += take
             pos += take
-            if self._have == self._need:
+            if self.buffered == self._need:
                 payload = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
                 out.append(payload if self._wrap is None else self._wrap(payload))
                 self._chunks = []
-                self._have = 0
+                self.buffered = 0
                 self._need = -1
         return out
 

@@ -17,6 +17,7 @@ control frames per call, and a PING a minute.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 #: RFC 9113 §7: "the endpoint ... is being asked to slow down" (flood or abuse).
 ENHANCE_YOUR_CALM = 0xB
@@ -82,4 +83,4 @@ class FloodGuard:
 
 def header_list_size(headers: list[tuple[bytes, bytes]]) -> int:
     """A header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 §6.5.2)."""
-    return sum(len(name) + len(value) + 32 for name, value in headers)
+    return sum(map(len, chain.from_iterable(headers))) + 32 * len(headers)
