@@ -147,3 +147,35 @@ def test_camel_labels() -> None:
     assert StatusCode.NOT_FOUND.camel == "NotFound"
     assert StatusCode.RESOURCE_EXHAUSTED.camel == "ResourceExhausted"
     assert StatusCode.UNAUTHENTICATED.camel == "Unauthenticated"
+
+
+header_names = st.sampled_from(
+    [
+        b":method",
+        b":path",
+        b":scheme",
+        b":authority",
+        b"content-type",
+        b"te",
+        b"grpc-timeout",
+        b"grpc-encoding",
+        b"grpc-accept-encoding",
+        b"user-agent",
+        b"x-custom",
+        b"grpc-status",
+    ]
+) | st.binary(max_size=12)
+
+
+@given(st.lists(st.tuples(header_names, st.binary(max_size=40)), max_size=12))
+def test_any_header_bytes_parse_or_fail_with_a_status(headers: list[tuple[bytes, bytes]]) -> None:
+    """The header path's fuzz target: any bytes end in a RequestHead or a short GrpcError."""
+    for block in ([*GOOD, *headers], headers):
+        try:
+            head = parse_request_headers(block)
+        except GrpcError as exc:
+            assert len(exc.message) <= 600
+            exc.message.encode("utf-8")  # printable: escapes, never raw bytes
+            continue
+        assert isinstance(head.path, bytes)
+        assert head.timeout is None or head.timeout >= 0

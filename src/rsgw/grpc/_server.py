@@ -25,6 +25,7 @@ messages are decompressed as the handler reads them and sent as they are given.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -55,7 +56,7 @@ from rsgw.grpc._limits import ConnectionLimits
 from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream
-from rsgw.grpc._transport import Transport, peer_address
+from rsgw.grpc._transport import RECEIVE_BYTES, Transport, peer_address
 
 logger = logging.getLogger(__name__)
 
@@ -266,19 +267,32 @@ class GrpcServer:
             )
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        try:
+            # Nothing is set up until the client speaks: a connection that never does
+            # (a port scan, a flood of idle sockets) costs a socket and a waiting task.
+            first = b""
+            with trio.move_on_after(self.limits.header_seconds):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    first = bytes(await stream.receive_some(RECEIVE_BYTES))
+            if first:
+                await self._serve_client(stream, first)
+        finally:
+            if self._connection_slots is not None:
+                self._connection_slots.release()
+            with trio.CancelScope(shield=True), trio.move_on_after(LINGER_SECONDS):
+                await stream.aclose()
+
+    async def _serve_client(self, stream: trio.abc.Stream, first: bytes) -> None:
         connection = _ServerConnection(self, stream)
         self._connections.add(connection)
         if self._closing:
             connection.go_away()
         try:
-            await connection.run()
+            await connection.run(first)
         finally:
             connection.quiet.set()
             connection.ended.set()
             self._connections.discard(connection)
-            if self._connection_slots is not None:
-                self._connection_slots.release()
-            await connection.transport.aclose()
 
     async def _sweep(self) -> None:
         """Every `SWEEP_SECONDS`: refill flood budgets, close idle and stuck connections."""
@@ -425,10 +439,10 @@ class _ServerConnection:
         if self.connection.state is ConnectionState.CLOSED:
             self.quiet.set()  # the GOAWAY has left too
 
-    async def run(self) -> None:
+    async def run(self, first: bytes = b"") -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await self.transport.run(self._dispatch)
+            await self.transport.run(self._dispatch, first)
             nursery.cancel_scope.cancel()
 
     def _dispatch(self, event: Event) -> None:

@@ -87,20 +87,21 @@ class Transport:
         elif self.after_write is not None:
             self.after_write()
 
-    async def run(self, dispatch: Callable[[Event], None]) -> None:
+    async def run(self, dispatch: Callable[[Event], None], first: bytes = b"") -> None:
         """Serve the connection until it ends; every call's end reaches `dispatch`.
 
         Ends when the peer closes or breaks the connection, when the stream fails,
         or when cancelled; in every case the connection ends its remaining calls
         (`connection_lost`) before this returns or raises. A bug in `dispatch` is
-        logged here and ends this connection only.
+        logged here and ends this connection only. `first`: bytes already read
+        from the stream (a server reads the client's first before it sets up).
         """
         reason = "closed"
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_writer)
                 self.flush()
-                await self._read_loop(dispatch)
+                await self._read_loop(dispatch, first)
                 with trio.move_on_after(CLOSE_SECONDS):
                     await self.flushed()  # our last words (a GOAWAY) before we hang up
                 nursery.cancel_scope.cancel()
@@ -124,11 +125,14 @@ class Transport:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_SECONDS):
             await self.stream.aclose()
 
-    async def _read_loop(self, dispatch: Callable[[Event], None]) -> None:
+    async def _read_loop(self, dispatch: Callable[[Event], None], first: bytes) -> None:
         connection = self.connection
         receive = self.stream.receive_some
+        data = first
         while connection.closed_reason is None:
-            data = bytes(await receive(RECEIVE_BYTES))
+            if not first:
+                data = bytes(await receive(RECEIVE_BYTES))
+            first = b""
             self.reads += 1
             self.received_bytes += len(data)
             for event in connection.receive_data(data):
