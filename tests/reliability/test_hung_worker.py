@@ -156,3 +156,24 @@ async def test_ejection_is_logged_and_counted(
     assert "worker ejected" in messages and "worker returned" in messages
     ejected = next(r for r in caplog.records if r.getMessage() == "worker ejected")
     assert ejected.__dict__["worker"] == "worker2"
+
+
+async def test_a_draining_worker_costs_no_call(workers: list[WorkerProcess]) -> None:
+    """SIGTERM to a worker under load: it finishes what it has, the rest go elsewhere."""
+    config = _config(workers, health_interval=0.5)
+    victim = workers[0]
+    async with trio.open_nursery() as nursery:
+        gateway: RunningGateway = await nursery.start(serve_gateway, config)
+        load = Load(f"127.0.0.1:{gateway.grpc_port}")
+        async with trio.open_nursery() as callers:
+            for i in range(CALLERS):
+                callers.start_soon(trio.to_thread.run_sync, load.caller, i)
+            await trio.sleep(1)
+            victim.process.send_signal(signal.SIGTERM)
+            exit_code = await trio.to_thread.run_sync(victim.process.wait, 30)
+            await trio.sleep(1)
+            load.stop.set()
+        nursery.cancel_scope.cancel()
+    assert exit_code == 0
+    assert load.errors == [], load.errors[:3]
+    assert len(load.done) > 100
