@@ -25,7 +25,7 @@ PURE_PACKAGES = {"scheduling"}
 SHELL_PACKAGES = {"gateway"}
 #: In mixed packages ("" is the top level): the modules that do I/O.
 SHELL_MODULES = {
-    "": {"__init__", "__main__", "_cli", "_logging", "_admin", "_net", "_exposition"},
+    "": {"__init__", "__main__", "_cli", "_logging", "_admin", "_net", "_exposition", "_process"},
     "grpc": {
         "__init__",
         "_transport",

@@ -9,13 +9,11 @@ logged with its traceback before the same exit.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import math
 import os
 import re
-import resource
 import signal
 import sys
 from functools import partial
@@ -25,6 +23,7 @@ import trio
 
 from rsgw._errors import RsgwError
 from rsgw._logging import FORMATS, LEVELS, configure_logging
+from rsgw._process import raise_open_file_limit
 from rsgw._version import __version__
 
 if TYPE_CHECKING:
@@ -353,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
     if args.command in ("worker", "run", "node"):
-        _raise_open_file_limit()
+        raise_open_file_limit()
     try:
         if args.command == "worker":
             _run_worker(args)
@@ -374,20 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rsgw {args.command}: unexpected error: {leaf!r}", file=sys.stderr)
         return 1
     return 0
-
-
-def _raise_open_file_limit() -> None:
-    """Take the hard limit on open files as our soft one, as Go servers do.
-
-    Every client connection and every shared memory region holds a descriptor, and
-    the usual soft limit (1024) is a few hundred clients. Where even the hard limit
-    runs out, the listeners wait and retry, and registrations are refused.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _first_leaf(exc: BaseException) -> BaseException:

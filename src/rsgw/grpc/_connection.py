@@ -57,6 +57,10 @@ if TYPE_CHECKING:
     _H2Handler = Callable[[Any, list[Event]], None]
 
 
+#: How much of a read h2 parses before we look at what it cost (see `receive_data`).
+SLICE_BYTES = 64 * 1024
+
+
 class ConnectionState(enum.Enum):
     """Whether a connection takes new calls."""
 
@@ -157,26 +161,36 @@ class GrpcConnection:
 
         Returns the events these bytes completed, in order. A peer that breaks
         HTTP/2 ends the connection: h2 queues its GOAWAY, every call ends, and the
-        state becomes CLOSED.
+        state becomes CLOSED. A large read goes to h2 in slices of `SLICE_BYTES`, and
+        `_overdrawn()` is asked after each: a flood of tiny frames stops being parsed
+        within one slice of going over budget (h2 parses a buffer whole).
         """
         if not data:
             return self.connection_lost("closed by the peer")
         if self.closed_reason is not None:
             return []
-        try:
-            h2_events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            return self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
         events: list[Event] = []
-        self.frames += len(h2_events)
         self.receives += 1
         handlers = self._handlers  # one dict lookup per h2 event on the hot path
-        for h2_event in h2_events:
-            handler = handlers.get(type(h2_event))
-            if handler is not None:
-                handler(h2_event, events)
+        for start in range(0, len(data), SLICE_BYTES):
+            piece = data if len(data) <= SLICE_BYTES else data[start : start + SLICE_BYTES]
+            try:
+                h2_events = self._h2.receive_data(piece)
+            except h2.exceptions.ProtocolError as exc:
+                return events + self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
+            self.frames += len(h2_events)
+            for h2_event in h2_events:
+                handler = handlers.get(type(h2_event))
+                if handler is not None:
+                    handler(h2_event, events)
+            if self._overdrawn():
+                break
         self._acknowledge()
         return events
+
+    def _overdrawn(self) -> bool:
+        """Stop parsing what the peer sent (a server's flood guard says so)."""
+        return False
 
     def connection_lost(self, reason: str) -> list[Event]:
         """The connection is gone (EOF, an error, or we abandon it): end every call.

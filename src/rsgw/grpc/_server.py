@@ -37,6 +37,7 @@ import trio
 
 from rsgw._errors import GrpcError, RsgwError, shown
 from rsgw._net import TCP, Network
+from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
     CallEnded,
@@ -301,6 +302,7 @@ class GrpcServer:
             now = trio.current_time()
             for connection in list(self._connections):
                 connection.sweep(now)
+            give_back_memory()  # what a burst of large messages grew, back to the kernel
 
     @property
     def closing(self) -> bool:

@@ -62,6 +62,9 @@ class ServerConnection(GrpcConnection):
             return events + self._calm_down()
         return events
 
+    def _overdrawn(self) -> bool:
+        return self.guard.budget < 0
+
     # -- answering ------------------------------------------------------------------------
 
     def send_response(

@@ -30,10 +30,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Bytes asked of the stream per read. Also what h2 parses in one go before we can
-#: look: 64 KiB of the cheapest hostile frames (PING, SETTINGS) is 40-60 ms of work,
-#: so a flood is caught before it stalls other clients for long.
-RECEIVE_BYTES = 64 * 1024
+#: Bytes asked of the stream per read (the core parses them in slices; see
+#: `GrpcConnection.receive_data`).
+RECEIVE_BYTES = 256 * 1024
 #: How long closing a stream may take before we give up on it.
 CLOSE_SECONDS = 1.0
 
