@@ -148,7 +148,15 @@ async def test_worker_admission_shed_fails_over(autojump_clock: MockClock) -> No
         assert served == [1, 2]
 
 
-async def test_gateway_admission_cap_sheds_and_counts(autojump_clock: MockClock) -> None:
+async def test_gateway_admission_cap_queues_what_can_wait_and_sheds_what_cannot(
+    autojump_clock: MockClock,
+) -> None:
+    """At the cap a call waits for a slot if the queue clears before its deadline.
+
+    One slow call per worker fills the cap (2). A third with a 5 s deadline waits and is
+    served; a fourth with 0.1 s left could not get a slot in time: refused at once, and
+    counted (docs: gateway/_admission.py).
+    """
     catalogue = catalogue_from_yaml(SLOW)
     limits = GrpcLimits(max_concurrent_requests_per_worker=1)
     async with open_fleet(
@@ -160,22 +168,23 @@ async def test_gateway_admission_cap_sheds_and_counts(autojump_clock: MockClock)
     ) as fleet:
         outcomes: dict[int, StatusCode] = {}
 
-        async def one(seed: int) -> None:
+        async def one(seed: int, seconds: float) -> None:
             try:
-                await fleet.infer(simple_body(seed, "slow"))
+                deadline = trio.current_time() + seconds
+                await fleet.infer(simple_body(seed, "slow"), deadline=deadline)
                 outcomes[seed] = StatusCode.OK
             except GrpcError as exc:
                 outcomes[seed] = exc.code
 
         async with trio.open_nursery() as nursery:
-            for seed in range(3):
-                nursery.start_soon(one, seed)
+            for seed, seconds in enumerate((60.0, 60.0, 5.0, 0.1)):
+                nursery.start_soon(one, seed, seconds)
                 await trio.testing.wait_all_tasks_blocked()
-        # One call per worker fills both shares; the third, sent while they run, is shed.
         assert outcomes == {
             0: StatusCode.OK,
             1: StatusCode.OK,
-            2: StatusCode.RESOURCE_EXHAUSTED,
+            2: StatusCode.OK,  # queued, then served
+            3: StatusCode.RESOURCE_EXHAUSTED,  # hopeless: shed at once
         }
         assert fleet.gateway._service.metrics.shed._value.get() == 1
 

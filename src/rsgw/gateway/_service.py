@@ -24,13 +24,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._status import StatusCode
+from rsgw.gateway._admission import AdmissionQueue
 from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
@@ -96,6 +97,8 @@ class GatewayService:
         self.ledger: Ledger[AnyReservation] = Ledger(
             max_concurrent_requests, max_requests_per_worker, self.scheduler.release
         )
+        #: Calls waiting for a slot under the cap (ModelInfer only).
+        self.queue: AdmissionQueue[Ticket[AnyReservation]] = AdmissionQueue(max_concurrent_requests)
         self.fleet = FleetCalls(
             pool,
             prober,
@@ -139,10 +142,18 @@ class GatewayService:
         """A ledger ticket for a new call, or RESOURCE_EXHAUSTED (counted) at the cap."""
         ticket = self.ledger.admit()
         if ticket is None:
-            self.metrics.shed.inc()
-            self.metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None)
-            raise shed_at_gateway(self.ledger.max_inflight)
+            self._shed(rpc)
         return ticket
+
+    def _shed(self, rpc: str) -> NoReturn:
+        self.metrics.shed.inc()
+        self.metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None)
+        raise shed_at_gateway(self.ledger.max_inflight)
+
+    def release(self, ticket: Ticket[AnyReservation]) -> None:
+        """A call is over: its slot goes to the first call waiting for one, if any."""
+        self.ledger.close(ticket)
+        self.queue.hand_over(self.ledger.admit)
 
     @contextlib.contextmanager
     def admitted(self, rpc: str) -> Iterator[Ticket[AnyReservation]]:
@@ -151,17 +162,30 @@ class GatewayService:
         try:
             yield ticket
         finally:
-            self.ledger.close(ticket)
+            self.release(ticket)
+
+    async def _admit_infer(self, call: ServerCall) -> Ticket[AnyReservation]:
+        """A slot now, or a place in the queue if it clears in time (`_admission`)."""
+        queue = self.queue
+        if not queue.waiting:
+            ticket = self.ledger.admit()
+            if ticket is not None:
+                return ticket
+        if queue.hopeless(trio.current_time(), call.deadline):
+            self._shed(Method.MODEL_INFER.rpc)
+        return await queue.wait_turn(self.release)
 
     # -- ModelInfer ---------------------------------------------------------------------
 
     async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
-        ticket = self.admit(Method.MODEL_INFER.rpc)
+        ticket = await self._admit_infer(call)
+        started = trio.current_time()
         try:
             with metered(call, self._observe_infer) as meter:
                 return await self._infer(body, call, ticket, meter)
         finally:
-            self.ledger.close(ticket)
+            self.queue.observe(trio.current_time() - started)
+            self.release(ticket)
 
     async def _infer(
         self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter

@@ -145,6 +145,10 @@ class GrpcServer:
         limits: what one client connection may cost (`ConnectionLimits`): header
             size, buffered bytes, flood budget, idle and slow-header timeouts, and
             the number of connections served at once.
+        max_running_calls: with this many calls running, stop reading from every
+            connection until some finish (0: never stop). Work the server cannot do
+            now then waits in the clients, where a deadline that passes costs the
+            server nothing, instead of being read, parsed and refused.
 
     Serve with `await nursery.start(server.serve, host, port)`, which returns the
     bound port once the socket listens, or `serve_listener` on any Trio listener.
@@ -166,6 +170,7 @@ class GrpcServer:
         raw_paths: Collection[str] = (),
         response_encoding: type[Compressed] | None = None,
         limits: ConnectionLimits | None = None,
+        max_running_calls: int = 0,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._raw_paths = frozenset(path.encode() for path in raw_paths)
@@ -191,6 +196,7 @@ class GrpcServer:
         cap = self.limits.max_connections
         self._connection_slots = trio.Semaphore(cap) if cap > 0 else None
         self._sweeping = False
+        self.intake = Intake(max_running_calls)
 
     async def serve(
         self,
@@ -346,6 +352,39 @@ class GrpcServer:
         return self._stream_handlers.get(path)
 
 
+class Intake:
+    """Whether connections may read more requests: closed while too many calls run.
+
+    Closes at `limit` running calls and opens again at nine tenths of it, so a
+    server at its limit alternates between reading a batch and working it off.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._reopen_at = max(0, limit - max(1, limit // 10))
+        self.running = 0
+        self.open = True
+        self._reopened = trio.Event()
+        #: Times it closed, for metrics and tests.
+        self.closings = 0
+
+    def started(self) -> None:
+        self.running += 1
+        if self.limit and self.running >= self.limit and self.open:
+            self.open = False
+            self.closings += 1
+
+    def ended(self) -> None:
+        self.running -= 1
+        if not self.open and self.running <= self._reopen_at:
+            self.open = True
+            self._reopened.set()
+            self._reopened = trio.Event()
+
+    async def wait(self) -> None:
+        await self._reopened.wait()
+
+
 class _ServerConnection:
     """One connection: the core, its transport, and the calls it runs handlers for."""
 
@@ -361,6 +400,8 @@ class _ServerConnection:
         )
         self.transport = Transport(self.connection, stream)
         self.transport.after_write = self._after_write
+        if server.intake.limit:
+            self.transport.intake = server.intake
         self._peer = peer_address(stream)
         self._calls: dict[int, _Pending] = {}
         self._nursery: trio.Nursery | None = None
@@ -518,6 +559,14 @@ class _ServerConnection:
         self._nursery.start_soon(self._run_unary, stream_id, pending)
 
     async def _run_unary(self, stream_id: int, pending: _Pending) -> None:
+        intake = self._server.intake
+        intake.started()
+        try:
+            await self._unary(stream_id, pending)
+        finally:
+            intake.ended()
+
+    async def _unary(self, stream_id: int, pending: _Pending) -> None:
         call = pending.call
         code = StatusCode.OK
         message = ""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from rsgw.grpc._calls import Event
     from rsgw.grpc._connection import GrpcConnection
+    from rsgw.grpc._server import Intake
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class Transport:
         #: watch compares it between looks; cheaper than a clock read per read).
         self.reads = 0
         self.received_bytes = 0
+        #: A server's intake: while it is closed, this connection reads nothing.
+        self.intake: Intake | None = None
 
     def flush(self) -> None:
         """Send whatever the connection has queued, now if the socket takes it, else soon."""
@@ -128,8 +131,11 @@ class Transport:
         connection = self.connection
         receive = self.stream.receive_some
         data = first
+        intake = self.intake
         while connection.closed_reason is None:
             if not first:
+                if intake is not None and not intake.open:
+                    await intake.wait()
                 data = bytes(await receive(RECEIVE_BYTES))
             first = b""
             self.reads += 1

@@ -1,0 +1,96 @@
+"""Admission at the inbound cap: wait for a slot if it will come in time, else refuse now.
+
+At `max_concurrent_requests` the original refused every further call
+(RESOURCE_EXHAUSTED). When the gateway's own CPU is what is full, that is the worst
+answer: a refusal costs nearly half of what serving the call would (the request is
+read and parsed either way), so at three times its capacity a refusing gateway
+spends itself refusing and serves almost nothing. Here a call that finds the cap
+full waits in a FIFO queue for a slot when the queue will clear before its deadline
+(the queue's length times how often a slot frees, measured), and is refused at once
+only when its wait is hopeless. While the queue is long the server reads nothing
+more (`GrpcServer(max_running_calls=)`), so what the gateway cannot do waits in the
+clients, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import trio
+
+T = TypeVar("T")
+
+#: A call waits only if the queue is expected to clear this long before its deadline,
+#: leaving it time to be served.
+DEADLINE_MARGIN = 0.25
+#: Calls queued at most, as a multiple of the cap (without a deadline, calls wait up to it).
+MAX_QUEUE_FACTOR = 64
+#: Weight of the newest call in the service time estimate (an EMA).
+_ALPHA = 0.05
+
+
+class _Waiter(Generic[T]):
+    __slots__ = ("granted", "ticket")
+
+    def __init__(self) -> None:
+        self.granted = trio.Event()
+        self.ticket: T | None = None
+
+
+class AdmissionQueue(Generic[T]):
+    """FIFO waiting for the inbound cap's slots (see the module docstring).
+
+    A slot is handed over as the ticket the releasing call's successor is admitted
+    with, so arrivals never overtake the queue.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._waiters: deque[_Waiter[T]] = deque()
+        #: Seconds an admitted call holds its slot, on average (measured).
+        self.service_seconds = 0.01
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def hopeless(self, now: float, deadline: float) -> bool:
+        """Whether a call arriving now could not get a slot before `deadline`."""
+        if self.cap <= 0 or len(self._waiters) >= self.cap * MAX_QUEUE_FACTOR:
+            return True
+        wait = (len(self._waiters) + 1) * self.service_seconds / self.cap
+        return deadline != math.inf and now + wait + DEADLINE_MARGIN >= deadline
+
+    async def wait_turn(self, give_back: Callable[[T], None]) -> T:
+        """Queue until a slot is handed over; its ticket. Cancellation leaves the queue.
+
+        A slot handed over just as the caller gave up goes back (`give_back`).
+        """
+        waiter: _Waiter[T] = _Waiter()
+        self._waiters.append(waiter)
+        try:
+            await waiter.granted.wait()
+        except BaseException:
+            if waiter.ticket is None:
+                self._waiters.remove(waiter)
+            else:
+                give_back(waiter.ticket)
+            raise
+        assert waiter.ticket is not None
+        return waiter.ticket
+
+    def observe(self, held_seconds: float) -> None:
+        """A call held its slot this long (the service time estimate)."""
+        self.service_seconds += _ALPHA * (held_seconds - self.service_seconds)
+
+    def hand_over(self, admit: Callable[[], T | None]) -> None:
+        """A slot was freed: admit the first waiter with it, if any."""
+        if self._waiters:
+            ticket = admit()
+            if ticket is not None:
+                waiter = self._waiters.popleft()
+                waiter.ticket = ticket
+                waiter.granted.set()
