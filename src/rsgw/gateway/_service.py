@@ -164,21 +164,19 @@ class GatewayService:
         finally:
             self.release(ticket)
 
-    async def _admit_infer(self, call: ServerCall) -> Ticket[AnyReservation]:
-        """A slot now, or a place in the queue if it clears in time (`_admission`)."""
-        queue = self.queue
-        if not queue.waiting:
-            ticket = self.ledger.admit()
-            if ticket is not None:
-                return ticket
-        if queue.hopeless(trio.current_time(), call.deadline):
+    async def _queue_for_slot(self, call: ServerCall) -> Ticket[AnyReservation]:
+        """The cap is full (or others wait): queue if it clears in time (`_admission`)."""
+        if self.queue.hopeless(trio.current_time(), call.deadline):
             self._shed(Method.MODEL_INFER.rpc)
-        return await queue.wait_turn(self.release)
+        return await self.queue.wait_turn(self.release)
 
     # -- ModelInfer ---------------------------------------------------------------------
 
     async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
-        ticket = await self._admit_infer(call)
+        # A slot now, unless the cap is full or others already wait for one.
+        ticket = None if self.queue.waiting else self.ledger.admit()
+        if ticket is None:
+            ticket = await self._queue_for_slot(call)
         started = trio.current_time()
         try:
             with metered(call, self._observe_infer) as meter:
