@@ -110,6 +110,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "connections.max_header_list_bytes": "int",
         "connections.max_buffered_bytes": "int",
         "connections.flood_budget": "int",
+        "connections.max_concurrent_streams": "int",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",

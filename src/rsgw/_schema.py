@@ -61,6 +61,8 @@ DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
 # rsgw's own: the listener's per-connection limits, defaults from the gRPC layer.
 _LIMITS = ConnectionLimits()
+# nginx's http2_max_concurrent_streams is 128, Go's HTTP/2 server's 250.
+DEFAULT_CLIENT_STREAMS = 256
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -133,6 +135,7 @@ _CONNECTIONS_CHECKS: Mapping[str, Check] = {
     "max_header_list_bytes": _positive_int,
     "max_buffered_bytes": _positive_int,
     "flood_budget": _positive_int,
+    "max_concurrent_streams": _positive_int,
 }
 _OUTLIER_CHECKS: Mapping[str, Check] = {
     "stall_seconds": _non_negative,
@@ -240,6 +243,9 @@ class ConnectionsConfig:
     max_header_list_bytes: int = _LIMITS.max_header_list_bytes
     max_buffered_bytes: int = _LIMITS.max_buffered_bytes
     flood_budget: int = _LIMITS.flood_budget
+    #: Calls one client connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
+    #: a client with more waits for a stream on its side, where its deadline costs us nothing.
+    max_concurrent_streams: int = DEFAULT_CLIENT_STREAMS
 
     def __post_init__(self) -> None:
         check_fields(self, "connections.", _CONNECTIONS_CHECKS)

@@ -258,3 +258,36 @@ async def test_send_limit() -> None:
         with pytest.raises(GrpcError) as caught:
             await channel.unary(b"/t.T/Echo", b"x" * 11)
     assert caught.value.code is StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_calls_past_the_peers_stream_limit_wait_for_a_stream(
+    autojump_clock: MockClock,
+) -> None:
+    """The server allows 2 streams; 6 calls at once all succeed, 2 at a time."""
+    running = 0
+    most = 0
+
+    async def slow(request: bytes, call: ServerCall) -> bytes:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await trio.sleep(1)
+        running -= 1
+        return request
+
+    network = MemoryNetwork()
+    server = GrpcServer({"/t.Test/Slow": slow}, max_concurrent_streams=2)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda **kw: server.serve("s", 0, network=network, **kw))
+        channel = Channel(f"s:{port}", nursery, network=network, max_concurrent_streams=10)
+        replies: list[bytes] = []
+
+        async def one(i: int) -> None:
+            replies.append(await channel.unary(b"/t.Test/Slow", bytes([i])))
+
+        async with trio.open_nursery() as calls:
+            for i in range(6):
+                calls.start_soon(one, i)
+        assert sorted(replies) == [bytes([i]) for i in range(6)]
+        assert most == 2
+        nursery.cancel_scope.cancel()

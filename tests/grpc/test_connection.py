@@ -27,6 +27,7 @@ from rsgw.grpc._calls import (
     Event,
     HalfClosed,
     MessageReceived,
+    PeerSettled,
     ResponseStarted,
 )
 from rsgw.grpc._client_connection import ClientConnection
@@ -107,7 +108,12 @@ def test_unary_round_trip() -> None:
     assert any(isinstance(e, HalfClosed) for e in pair.server_events)
     pair.server.send_response(stream_id, b"pong")
     pair.pump()
-    assert [type(e) for e in pair.client_events] == [ResponseStarted, MessageReceived, CallEnded]
+    assert [type(e) for e in pair.client_events] == [
+        PeerSettled,  # the server's first SETTINGS
+        ResponseStarted,
+        MessageReceived,
+        CallEnded,
+    ]
     assert pair.ended(stream_id) == [CallEnded(stream_id, EndCause.ANSWERED, None, True)]
     assert pair.client.active_calls == pair.server.active_calls == 0
 

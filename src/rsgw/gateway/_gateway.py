@@ -241,6 +241,7 @@ async def serve_gateway(
             max_send_message_bytes=limits.max_send_msg_bytes,
             limits=config.connections.limits(),
             max_running_calls=config.max_concurrent_requests,
+            max_concurrent_streams=config.connections.max_concurrent_streams,
         )
         bound_grpc = await nursery.start(
             functools.partial(server.serve, network=network), grpc_host, grpc_port

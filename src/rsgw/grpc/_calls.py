@@ -164,8 +164,14 @@ class ConnectionTerminated:
     error_code: int
 
 
+@dataclass(frozen=True, slots=True)
+class PeerSettled:
+    """A client's peer sent its first SETTINGS: its limits (streams, frame size) are known."""
+
+
 Event = (
-    CallStarted
+    PeerSettled
+    | CallStarted
     | ResponseStarted
     | MessageReceived
     | HalfClosed

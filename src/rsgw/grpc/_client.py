@@ -43,8 +43,9 @@ from rsgw.grpc._calls import (
     Event,
     MessageReceived,
     OutboxDrained,
+    PeerSettled,
 )
-from rsgw.grpc._client_connection import ClientConnection
+from rsgw.grpc._client_connection import ClientConnection, StreamLimitReached
 from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
@@ -286,6 +287,11 @@ class Channel:
             connection = _ClientConnection(self, stream)
             self.connects += 1
             self._nursery.start_soon(connection.run)
+            # The peer's SETTINGS first (one round trip per connection): calls opened
+            # before its stream limit is known could exceed it, which costs the whole
+            # connection rather than one stream.
+            with trio.move_on_after(self.connect_timeout):
+                await connection.settled()
             if self.on_connect is not None:
                 # Handed out only after this: other callers wait on the lock meanwhile.
                 await self.on_connect(partial(self._first_call, connection))
@@ -320,10 +326,19 @@ class _ClientConnection:
         self._transport = Transport(self.connection, stream)
         self._waiters: dict[int, _Waiter | ClientStream] = {}
         self._cancel_scope = trio.CancelScope()
+        #: Set (and replaced) when a call ends while callers wait for the peer's
+        #: stream limit to let them open one.
+        self._stream_freed: trio.Event | None = None
+        self._settled = trio.Event()
 
     @property
     def usable(self) -> bool:
         return self.connection.state is ConnectionState.ACTIVE
+
+    async def settled(self) -> None:
+        """Wait for the peer's first SETTINGS (or the connection's end)."""
+        if not self.connection.settled and self.connection.closed_reason is None:
+            await self._settled.wait()
 
     @property
     def pending(self) -> int:
@@ -344,6 +359,7 @@ class _ClientConnection:
             self._dispatch(event)
         self._cancel_scope.cancel()
         self._channel._forget(self)
+        self._settled.set()  # nobody waits for SETTINGS that will not come
 
     async def run(self) -> None:
         try:
@@ -351,10 +367,27 @@ class _ClientConnection:
                 await self._transport.run(self._dispatch)
         finally:
             self._channel._forget(self)
+            self._settled.set()
             await self._transport.aclose()
 
+    async def _once_a_stream_frees(self, start: Callable[[], int]) -> int:
+        """`start()` a call once the peer's concurrent-stream limit lets it (FIFO-ish)."""
+        while True:
+            if self._stream_freed is None:
+                self._stream_freed = trio.Event()
+            await self._stream_freed.wait()
+            try:
+                return start()
+            except StreamLimitReached:
+                continue
+
     async def call(self, headers: list[Header], request: bytes) -> bytes:
-        stream_id = self.connection.start_call(headers, request)
+        try:
+            stream_id = self.connection.start_call(headers, request)
+        except StreamLimitReached:  # the peer's limit, not ours: wait for a stream
+            stream_id = await self._once_a_stream_frees(
+                partial(self.connection.start_call, headers, request)
+            )
         waiter = self._waiters[stream_id] = _Waiter()
         self._transport.flush()
         try:
@@ -402,12 +435,17 @@ class _ClientConnection:
             waiter = self._waiters.pop(event.stream_id, None)
             if waiter is not None:
                 waiter.finish(event.error)
+            if self._stream_freed is not None:
+                self._stream_freed.set()
+                self._stream_freed = None
             if not self._waiters and not self.usable:
                 self._hang_up()
         elif isinstance(event, OutboxDrained):
             waiter = self._waiters.get(event.stream_id)
             if waiter is not None:
                 waiter.drained()
+        elif isinstance(event, PeerSettled):
+            self._settled.set()
         elif isinstance(event, ConnectionTerminated):
             self._channel._forget(self)  # calls in flight finish; new ones reconnect
             if not self._waiters:

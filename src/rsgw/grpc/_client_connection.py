@@ -24,6 +24,7 @@ from rsgw.grpc._calls import (
     EndCause,
     Event,
     HalfState,
+    PeerSettled,
     ResponseStarted,
     Step,
     http_status_error,
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+class StreamLimitReached(WorkerUnavailable):
+    """The peer's SETTINGS_MAX_CONCURRENT_STREAMS is reached: no stream opened; wait for one."""
+
+
 class ClientConnection(GrpcConnection):
     """A client's connection: calls go out, `CallEnded` says how each ended."""
 
@@ -50,6 +55,15 @@ class ClientConnection(GrpcConnection):
         self._handlers[h2.events.TrailersReceived] = self._on_trailers
         #: The encodings the peer's responses say it reads (None until one says).
         self.peer_accepts: frozenset[bytes] | None = None
+        self._handlers[h2.events.RemoteSettingsChanged] = self._on_settings
+        #: The peer's first SETTINGS has arrived: its stream limit is known.
+        self.settled = False
+
+    def _on_settings(self, event: h2.events.RemoteSettingsChanged, events: list[Event]) -> None:
+        if not self.settled:
+            self.settled = True
+            events.append(PeerSettled())
+        self._on_window(event, events)
 
     # -- calling --------------------------------------------------------------------------
 
@@ -102,7 +116,9 @@ class ClientConnection(GrpcConnection):
         try:
             stream_id = self._h2.get_next_available_stream_id()
             self._h2.send_headers(stream_id, headers)
-        except h2.exceptions.ProtocolError as exc:  # too many streams, or GOAWAY received
+        except h2.exceptions.TooManyStreamsError as exc:
+            raise StreamLimitReached(f"{self.peer} allows no more streams now") from exc
+        except h2.exceptions.ProtocolError as exc:  # GOAWAY received, or out of stream ids
             raise WorkerUnavailable(f"connection to {self.peer} refused a stream: {exc}") from exc
         call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
         call.advance_outbound(Step.HEADERS)
