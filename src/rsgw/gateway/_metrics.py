@@ -120,6 +120,21 @@ class GatewayMetrics:
             _ScalarGauge("gateway_inflight_requests", "In-flight RPCs (capped methods).", read)
         )
 
+    def track_failovers(self, made: Callable[[], int], refused: Callable[[], int]) -> None:
+        """Export `gateway_failovers_total` and `gateway_failovers_refused_total` (budget)."""
+        self.registry.register(
+            _ScalarCounter(
+                "gateway_failovers", "ModelInfer calls sent on to another replica.", made
+            )
+        )
+        self.registry.register(
+            _ScalarCounter(
+                "gateway_failovers_refused",
+                "Failovers not made because the retry budget was spent.",
+                refused,
+            )
+        )
+
     def track_inflight_work(
         self, basis: Callable[[], str], read: Callable[[], Mapping[str, float]]
     ) -> None:
@@ -291,3 +306,8 @@ class _ScalarGauge(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(self._name, self._doc, value=self._read())
+
+
+class _ScalarCounter(_ScalarGauge):
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self._name, self._doc, value=self._read())

@@ -39,6 +39,7 @@ from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._compression import inflate_prefix
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._metering import Meter, metered
+from rsgw.scheduling._budget import RetryBudget
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._plan import (
     CLIENT_FAULT_CODES,
@@ -97,6 +98,9 @@ class GatewayService:
         self.ledger: Ledger[AnyReservation] = Ledger(
             max_concurrent_requests, max_requests_per_worker, self.scheduler.release
         )
+        #: What failover may add to the fleet's load (`rsgw.scheduling._budget`).
+        self.retries = RetryBudget()
+        metrics.track_failovers(lambda: self.retries.spent, lambda: self.retries.refused)
         #: Calls waiting for a slot under the cap (ModelInfer only).
         self.queue: AdmissionQueue[Ticket[AnyReservation]] = AdmissionQueue(max_concurrent_requests)
         self.fleet = FleetCalls(
@@ -177,6 +181,7 @@ class GatewayService:
         ticket = None if self.queue.waiting else self.ledger.admit()
         if ticket is None:
             ticket = await self._queue_for_slot(call)
+        self.retries.deposit()
         started = trio.current_time()
         try:
             with metered(call, self._observe_infer) as meter:
@@ -272,6 +277,8 @@ class GatewayService:
         pool = self.pool
         ledger = self.ledger
         while (url := walk.next(ledger.is_full)) is not None:
+            if walk.last is not None and not self.retries.withdraw():
+                raise walk.outcome()  # the retry budget cannot pay: the failure it has
             ledger.hold(ticket, url)  # before any wait: the gate queue counts too
             started = time.perf_counter()
             try:
