@@ -425,3 +425,33 @@ def catalogue_from_yaml(text: str, *, with_builtin: bool = True) -> Catalogue:
     parsed = parse_catalogue(yaml.safe_load(text), source="test")
     models = parsed.models + (builtin_catalogue().models if with_builtin else ())
     return Catalogue(models)
+
+
+def stream_simple(target: str, count: int) -> list[tuple[str, object]]:
+    """`count` calls of `simple` on one tritonclient stream: (request id, error) per answer."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[tuple[str, object]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(target)
+    try:
+        client.start_stream(
+            callback=lambda result, error: results.put(
+                (result.get_response().id if result else "", error)
+            )
+        )
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        for i in range(count):
+            inputs = [
+                grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+                grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+            ]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(a)
+            client.async_stream_infer("simple", inputs, request_id=str(i))
+        got = [results.get(timeout=10) for _ in range(count)]
+        client.stop_stream()
+        return got
+    finally:
+        client.close()

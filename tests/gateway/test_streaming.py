@@ -6,11 +6,9 @@ tritonclient's stream over TCP.
 
 from __future__ import annotations
 
-import queue
+from functools import partial
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
 from rsgw._errors import GrpcError
@@ -19,7 +17,13 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw.worker._catalogue import builtin_catalogue
 from tests.gateway.fleet import open_fleet
-from tests.helpers import catalogue_from_yaml, in_thread, infer_request, simple_inputs
+from tests.helpers import (
+    catalogue_from_yaml,
+    in_thread,
+    infer_request,
+    simple_inputs,
+    stream_simple,
+)
 
 OTHER_AND_SLOW = catalogue_from_yaml(
     """
@@ -86,29 +90,6 @@ async def test_a_worker_killed_mid_stream_ends_it_unavailable(autojump_clock: Mo
 
 async def test_tritonclient_streams_through_the_gateway() -> None:
     async with open_fleet(2) as fleet:
-
-        def stream_four() -> list[str]:
-            results: queue.Queue[str] = queue.Queue()
-            client = grpcclient.InferenceServerClient(fleet.target)
-            try:
-                client.start_stream(
-                    callback=lambda result, error: results.put(
-                        str(error) if error else result.get_response().id
-                    )
-                )
-                a = np.arange(16, dtype=np.int32).reshape(1, 16)
-                for i in range(4):
-                    inputs = [
-                        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-                        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
-                    ]
-                    inputs[0].set_data_from_numpy(a)
-                    inputs[1].set_data_from_numpy(a)
-                    client.async_stream_infer("simple", inputs, request_id=str(i))
-                got = [results.get(timeout=10) for _ in range(4)]
-                client.stop_stream()
-                return got
-            finally:
-                client.close()
-
-        assert sorted(await in_thread(stream_four)) == ["0", "1", "2", "3"]
+        got = await in_thread(partial(stream_simple, fleet.target, 4))
+        assert sorted(request_id for request_id, _ in got) == ["0", "1", "2", "3"]
+        assert all(error is None for _, error in got)

@@ -149,7 +149,7 @@ async def test_unfinished_bodies_are_bounded_per_connection(autojump_clock: Mock
                 conn.h2.send_data(stream_id, body[at : at + 16384])
             streams.append(stream_id)
             await conn.flush()
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the server has read it
         with trio.fail_after(10):
             [second] = await conn.wait(streams[1])
         assert second.status == StatusCode.RESOURCE_EXHAUSTED

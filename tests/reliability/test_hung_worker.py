@@ -140,7 +140,7 @@ async def test_ejection_is_logged_and_counted(
         async with trio.open_nursery() as callers:
             for i in range(4):
                 callers.start_soon(trio.to_thread.run_sync, load.caller, i)
-            await trio.sleep(0.5)
+            await wait_until_async(lambda: len(load.done) >= 100, what="load")
             with_signal(victim, signal.SIGSTOP)
             await wait_until_async(
                 lambda: victim.target not in gateway.statistics().ready, what="the ejection"
@@ -168,12 +168,13 @@ async def test_a_draining_worker_costs_no_call(workers: list[WorkerProcess]) -> 
         async with trio.open_nursery() as callers:
             for i in range(CALLERS):
                 callers.start_soon(trio.to_thread.run_sync, load.caller, i)
-            await trio.sleep(1)
+            await wait_until_async(lambda: len(load.done) >= 200, what="load")
             victim.process.send_signal(signal.SIGTERM)
             exit_code = await trio.to_thread.run_sync(victim.process.wait, 30)
-            await trio.sleep(1)
+            after_exit = len(load.done)
+            await wait_until_async(lambda: len(load.done) >= after_exit + 200, what="more load")
             load.stop.set()
         nursery.cancel_scope.cancel()
     assert exit_code == 0
     assert load.errors == [], load.errors[:3]
-    assert len(load.done) > 100
+    assert len(load.done) > 400

@@ -6,16 +6,15 @@ tritonclient's own stream over TCP, as a Triton user streams.
 
 from __future__ import annotations
 
-import queue
+from functools import partial
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.worker._worker import WorkerConfig, open_worker
-from tests.helpers import in_thread, infer_request, output_array, simple_inputs
+from tests.helpers import in_thread, infer_request, output_array, simple_inputs, stream_simple
 from tests.worker.client import open_memory_worker
 
 CONFIG = WorkerConfig(port=0, metrics_port=-1)
@@ -46,31 +45,6 @@ async def test_each_request_is_answered_on_the_stream(autojump_clock: MockClock)
 async def test_tritonclient_streams_to_a_worker() -> None:
     async with open_worker(WorkerConfig(port=0, metrics_port=-1)) as worker:
         target = f"127.0.0.1:{worker.grpc_port}"
-
-        def stream_three() -> list[tuple[str, object]]:
-            results: queue.Queue[tuple[str, object]] = queue.Queue()
-            client = grpcclient.InferenceServerClient(target)
-            try:
-                client.start_stream(
-                    callback=lambda result, error: results.put(
-                        (result.get_response().id if result else "", error)
-                    )
-                )
-                a = np.arange(16, dtype=np.int32).reshape(1, 16)
-                for i in range(3):
-                    inputs = [
-                        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-                        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
-                    ]
-                    inputs[0].set_data_from_numpy(a)
-                    inputs[1].set_data_from_numpy(a)
-                    client.async_stream_infer("simple", inputs, request_id=str(i))
-                got = [results.get(timeout=10) for _ in range(3)]
-                client.stop_stream()
-                return got
-            finally:
-                client.close()
-
-        got = await in_thread(stream_three)
+        got = await in_thread(partial(stream_simple, target, 3))
         assert sorted(request_id for request_id, _ in got) == ["0", "1", "2"]
         assert all(error is None for _, error in got)

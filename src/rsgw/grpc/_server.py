@@ -365,14 +365,11 @@ class Intake:
         self.running = 0
         self.open = True
         self._reopened = trio.Event()
-        #: Times it closed, for metrics and tests.
-        self.closings = 0
 
     def started(self) -> None:
         self.running += 1
-        if self.limit and self.running >= self.limit and self.open:
+        if self.limit and self.running >= self.limit:
             self.open = False
-            self.closings += 1
 
     def ended(self) -> None:
         self.running -= 1
@@ -556,47 +553,44 @@ class _ServerConnection:
             self._refused(pending.call.path.encode(), error.code)
             return
         assert self._nursery is not None
+        self._server.intake.started()
         self._nursery.start_soon(self._run_unary, stream_id, pending)
 
     async def _run_unary(self, stream_id: int, pending: _Pending) -> None:
-        intake = self._server.intake
-        intake.started()
+        # Counted from spawn (`_on_half_closed`) to here, for the server's intake.
         try:
-            await self._unary(stream_id, pending)
+            call = pending.call
+            code = StatusCode.OK
+            message = ""
+            response: bytes | None = None
+            assert pending.handler is not None
+            with trio.CancelScope(deadline=call.deadline) as scope:
+                pending.scope = scope
+                try:
+                    request = pending.messages.pop()
+                    if type(request) is not bytes and not pending.raw:
+                        request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+                    response = await pending.handler(request, call)
+                    if type(response) is not bytes or self._server.response_encoding is not None:
+                        response = self._recode(response, call)
+                except RsgwError as exc:
+                    code, message = exc.code, exc.message
+                    if exc.trailers:
+                        call.trailers = call.trailers + exc.trailers
+                except Exception as exc:
+                    logger.exception("handler for %s failed", call.path)
+                    code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            pending.scope = None
+            if pending.ended:
+                return  # the client reset the call, or the connection died
+            self._calls.pop(stream_id, None)
+            if scope.cancelled_caught:
+                code, message = _cut_short(pending)
+                response = None
+            self.connection.send_response(stream_id, response, code, message, call.trailers)
+            self.transport.flush()
         finally:
-            intake.ended()
-
-    async def _unary(self, stream_id: int, pending: _Pending) -> None:
-        call = pending.call
-        code = StatusCode.OK
-        message = ""
-        response: bytes | None = None
-        assert pending.handler is not None
-        with trio.CancelScope(deadline=call.deadline) as scope:
-            pending.scope = scope
-            try:
-                request = pending.messages.pop()
-                if type(request) is not bytes and not pending.raw:
-                    request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
-                response = await pending.handler(request, call)
-                if type(response) is not bytes or self._server.response_encoding is not None:
-                    response = self._recode(response, call)
-            except RsgwError as exc:
-                code, message = exc.code, exc.message
-                if exc.trailers:
-                    call.trailers = call.trailers + exc.trailers
-            except Exception as exc:
-                logger.exception("handler for %s failed", call.path)
-                code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-        pending.scope = None
-        if pending.ended:
-            return  # the client reset the call, or the connection died
-        self._calls.pop(stream_id, None)
-        if scope.cancelled_caught:
-            code, message = _cut_short(pending)
-            response = None
-        self.connection.send_response(stream_id, response, code, message, call.trailers)
-        self.transport.flush()
+            self._server.intake.ended()
 
     async def _run_stream(self, stream_id: int, pending: _Pending, handler: StreamHandler) -> None:
         call = pending.call
