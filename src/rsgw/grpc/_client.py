@@ -156,6 +156,12 @@ class Channel:
             return 0, 0
         return connection.pending, connection.reads
 
+    @property
+    def peer_stream_limit(self) -> int | None:
+        """How many calls the server lets this channel have open now (None: no connection)."""
+        connection = self._connection
+        return None if connection is None else connection.connection.peer_stream_limit
+
     def ping(self) -> None:
         """Send a PING on the live connection, if there is one (see `liveness`)."""
         if self._connection is not None:

@@ -132,6 +132,11 @@ class GrpcConnection:
     # -- state ---------------------------------------------------------------------------
 
     @property
+    def peer_stream_limit(self) -> int:
+        """How many calls the peer lets us have open at once (its latest SETTINGS)."""
+        return int(self._h2.remote_settings.max_concurrent_streams)
+
+    @property
     def active_calls(self) -> int:
         """Calls not yet over (a server's include those whose handler still runs)."""
         return len(self._calls)

@@ -84,3 +84,62 @@ class FloodGuard:
 def header_list_size(headers: list[tuple[bytes, bytes]]) -> int:
     """A header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 §6.5.2)."""
     return sum(map(len, chain.from_iterable(headers))) + 32 * len(headers)
+
+
+class StreamShare:
+    """How many calls each client connection may open while the server is saturated.
+
+    A server that stops reading at its running-call cap (`GrpcServer(max_running_calls=)`)
+    keeps its goodput, but every client still has its full stream limit open: with
+    sixteen clients at 128 streams each, 2,048 calls wait in the sockets, and a call
+    answered at capacity C has waited 2,048 / C seconds (Little's law) although the
+    server works only the cap's worth at once. So when the cap is first reached, each
+    busy connection is told (SETTINGS_MAX_CONCURRENT_STREAMS) it may open only its
+    share of the cap; the backlog then waits in the clients, before its calls start,
+    and a call that starts is answered in about cap / C. Once the server has run at
+    most half its cap for `relax_seconds`, the full limit comes back. Pure: the shell
+    reports saturation and samples, and sends what this returns.
+    """
+
+    __slots__ = ("_full", "_low_since", "_relax_seconds", "_running_cap", "current")
+
+    def __init__(self, running_cap: int, full_streams: int, relax_seconds: float = 2.0) -> None:
+        self._running_cap = running_cap
+        self._full = full_streams
+        self._relax_seconds = relax_seconds
+        self._low_since: float | None = None
+        #: The stream limit every connection should have now.
+        self.current = full_streams
+
+    @property
+    def sharing(self) -> bool:
+        return self.current != self._full
+
+    def saturated(self, busy_connections: int) -> int | None:
+        """The cap was reached: the new per-connection limit, or None if unchanged."""
+        self._low_since = None
+        return self._set(self._share(busy_connections))
+
+    def sample(self, now: float, running: int, busy_connections: int) -> int | None:
+        """A periodic look while sharing: the new limit, or None if unchanged."""
+        if not self.sharing:
+            return None
+        if running * 2 > self._running_cap:
+            self._low_since = None
+            return self._set(self._share(busy_connections))
+        if self._low_since is None:
+            self._low_since = now
+        if now - self._low_since < self._relax_seconds:
+            return None
+        self._low_since = None
+        return self._set(self._full)
+
+    def _share(self, busy_connections: int) -> int:
+        share = -(-self._running_cap // max(1, busy_connections))
+        return max(1, min(self._full, share))
+
+    def _set(self, limit: int) -> int | None:
+        if limit == self.current:
+            return None
+        self.current = limit
+        return limit

@@ -53,7 +53,7 @@ from rsgw.grpc._compression import Compressed, compress, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
-from rsgw.grpc._limits import ConnectionLimits
+from rsgw.grpc._limits import ConnectionLimits, StreamShare
 from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream
@@ -197,6 +197,10 @@ class GrpcServer:
         self._connection_slots = trio.Semaphore(cap) if cap > 0 else None
         self._sweeping = False
         self.intake = Intake(max_running_calls)
+        self._share: StreamShare | None = None
+        if max_running_calls:
+            self._share = StreamShare(max_running_calls, max_concurrent_streams)
+            self.intake.on_full = self._saturated
 
     async def serve(
         self,
@@ -308,7 +312,30 @@ class GrpcServer:
             now = trio.current_time()
             for connection in list(self._connections):
                 connection.sweep(now)
+            if self._share is not None:
+                limit = self._share.sample(now, self.intake.running, self._busy_connections())
+                if limit is not None:
+                    self._limit_streams(limit)
             give_back_memory()  # what a burst of large messages grew, back to the kernel
+
+    def _saturated(self) -> None:
+        """The running-call cap was reached: hold busy connections to their share.
+
+        Once sharing, the sweep adjusts the shares; this stays out of the hot path.
+        """
+        assert self._share is not None
+        if not self._share.sharing:
+            limit = self._share.saturated(self._busy_connections())
+            if limit is not None:
+                self._limit_streams(limit)
+
+    def _busy_connections(self) -> int:
+        return sum(1 for c in self._connections if c.connection.active_calls)
+
+    def _limit_streams(self, limit: int) -> None:
+        for connection in self._connections:
+            connection.connection.limit_streams(limit)
+            connection.transport.flush()
 
     @property
     def closing(self) -> bool:
@@ -345,6 +372,11 @@ class GrpcServer:
         self._closed.set()
         return cut
 
+    @property
+    def stream_limit(self) -> int:
+        """The calls a client connection may have open now (its share while saturated)."""
+        return self._max_concurrent_streams if self._share is None else self._share.current
+
     def lookup(self, path: bytes) -> UnaryHandler | None:
         return self._handlers.get(path)
 
@@ -361,6 +393,8 @@ class Intake:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        #: Told when the intake closes (the server's `StreamShare`).
+        self.on_full: Callable[[], None] | None = None
         self._reopen_at = max(0, limit - max(1, limit // 10))
         self.running = 0
         self.open = True
@@ -368,8 +402,10 @@ class Intake:
 
     def started(self) -> None:
         self.running += 1
-        if self.limit and self.running >= self.limit:
+        if self.limit and self.running >= self.limit and self.open:
             self.open = False
+            if self.on_full is not None:
+                self.on_full()
 
     def ended(self) -> None:
         self.running -= 1
@@ -393,7 +429,7 @@ class _ServerConnection:
             max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server._window_bytes,
             max_frame_bytes=server._max_frame_bytes,
-            max_concurrent_streams=server._max_concurrent_streams,
+            max_concurrent_streams=server.stream_limit,
         )
         self.transport = Transport(self.connection, stream)
         self.transport.after_write = self._after_write

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import h2.errors
 import h2.events
+import h2.settings
 
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
@@ -119,6 +120,16 @@ class ServerConnection(GrpcConnection):
             self.send_response(stream_id, None, code, text, trailers)
             return
         self._outbound.finish(call, status_trailers(code, text, trailers))
+
+    def limit_streams(self, limit: int) -> None:
+        """Tell the client how many calls it may have open at once from now on.
+
+        Calls it has open already go on; it opens new ones as they end (SETTINGS, which
+        h2 applies to its count once the client has acknowledged it).
+        """
+        if self.closed_reason is None:
+            with contextlib.suppress(*SEND_FAILURES):
+                self._h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limit})
 
     def go_away(self) -> None:
         """Take no new calls; send GOAWAY as soon as the calls in flight are answered."""
