@@ -1,11 +1,12 @@
-"""The exposition merge: one header pair per family, samples grouped."""
+"""The exposition merge (one header pair per family, samples grouped) and relabelling."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
-from rsgw._exposition import merge_expositions
+from rsgw._exposition import escape_label_value, merge_expositions, relabel_exposition
 
 GATEWAY = """# HELP gateway_requests_total Count.
 # TYPE gateway_requests_total counter
@@ -76,3 +77,43 @@ def test_merge_keeps_every_sample_and_one_header_each(texts: list[str]) -> None:
     headers = [ln for ln in merged if ln.startswith("# TYPE")]
     assert len(headers) == len(set(headers))
     assert merge_expositions([merge_expositions(texts)]) == merge_expositions(texts)
+
+
+# -- relabelling a worker's text with the gateway's name for it -----------------------------
+
+
+def test_relabel_sets_the_label_first_and_keeps_the_old_one_as_exported() -> None:
+    text = (
+        "# HELP m help\n# TYPE m counter\n"
+        'm{worker="w",gpu="0"} 2.0\n'
+        "plain 1.0\n"
+        'odd{a="x,}\\"y",worker="q"} 3.0 1700000000\n'
+    )
+    assert relabel_exposition(text, "worker", "gw0").splitlines() == [
+        "# HELP m help",
+        "# TYPE m counter",
+        'm{worker="gw0",exported_worker="w",gpu="0"} 2.0',
+        'plain{worker="gw0"} 1.0',
+        'odd{worker="gw0",a="x,}\\"y",exported_worker="q"} 3.0 1700000000',
+    ]
+
+
+label_names = st.sampled_from(["worker", "gpu", "model", "exported_worker", "le"])
+label_texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
+
+
+@given(
+    labels=st.dictionaries(label_names, label_texts, max_size=4),
+    value=label_texts,
+)
+def test_relabel_agrees_with_prometheus_client_parser(labels: dict[str, str], value: str) -> None:
+    pairs = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items())
+    text = f"# TYPE m gauge\nm{{{pairs}}} 1.0\n"
+    (sample,) = next(
+        iter(text_string_to_metric_families(relabel_exposition(text, "worker", value)))
+    ).samples
+    expected = dict(labels)
+    if "worker" in labels:
+        expected["exported_worker"] = labels["worker"]
+    expected["worker"] = value
+    assert sample.labels == expected

@@ -187,11 +187,13 @@ def repack_times(gateway: Any, started_wall: float) -> list[tuple[float, str]]:
     """
     import _fleet
 
+    from rsgw._logging import timestamp
+
     times = []
     for record in _fleet.log_events(gateway, "lpt_packing: repack"):
-        ts = record.get("ts")
-        if isinstance(ts, int | float):
-            times.append((float(ts) - started_wall, str(record.get("trigger", "?"))))
+        if isinstance(record.get("ts"), str):
+            seconds = timestamp(record) - started_wall
+            times.append((seconds, str(record.get("trigger", "?"))))
     return sorted(times)
 
 

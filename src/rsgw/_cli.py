@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from rsgw._errors import RsgwError
+from rsgw._errors import ConfigError, RsgwError
 from rsgw._logging import FORMATS, LEVELS, configure_logging
 from rsgw._process import raise_open_file_limit
 from rsgw._version import __version__
@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--listen-metrics", metavar="H:P", help="admin HTTP listen address (0.0.0.0:8002)"
     )
+    run.add_argument("--log-level", choices=LEVELS, help="(default info, or logging.level)")
+    run.add_argument("--log-format", choices=FORMATS, help="(default json, or logging.format)")
 
     node = commands.add_parser(
         "node",
@@ -289,12 +291,23 @@ def _run_worker(args: argparse.Namespace) -> None:
     trio.run(partial(_until_terminated, partial(serve_worker, worker_config(args)), what="worker"))
 
 
+#: `rsgw run` flags and the gateway.yml keys they set (named in errors as the flag).
+_RUN_FLAG_KEYS = {
+    "workers": "endpoints",
+    "worker_metrics": "metrics_endpoints",
+    "listen_grpc": "listen.grpc",
+    "listen_metrics": "listen.metrics",
+    "log_level": "logging.level",
+    "log_format": "logging.format",
+}
 #: `rsgw run` flags and the environment variables they stand for.
 _RUN_FLAG_ENV = {
     "workers": "REACTANT_GATEWAY_WORKERS",
     "worker_metrics": "REACTANT_GATEWAY_WORKER_METRICS",
     "listen_grpc": "REACTANT_GATEWAY_LISTEN_GRPC",
     "listen_metrics": "REACTANT_GATEWAY_LISTEN_METRICS",
+    "log_level": "REACTANT_GATEWAY_LOGGING_LEVEL",
+    "log_format": "REACTANT_GATEWAY_LOGGING_FORMAT",
 }
 
 
@@ -303,11 +316,21 @@ def _run_gateway(args: argparse.Namespace) -> None:
     from rsgw.gateway._gateway import serve_gateway
 
     env = dict(os.environ)
+    flags: dict[str, str] = {}
     for flag, variable in _RUN_FLAG_ENV.items():
         value = getattr(args, flag)
         if value is not None:
             env[variable] = value
-    config = load_config(args.config, env)
+            flags[variable] = flags[_RUN_FLAG_KEYS[flag]] = "--" + flag.replace("_", "-")
+    try:
+        config = load_config(args.config, env)
+    except ConfigError as exc:
+        # A flag's value travels as its variable; the operator typed the flag.
+        message = str(exc)
+        for name, flag in flags.items():
+            message = message.replace(f"environment override {name}", flag)
+            message = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", flag, message)
+        raise ConfigError(message) from None
     configure_logging(config.logging.level, config.logging.format)
     trio.run(partial(_until_terminated, partial(serve_gateway, config), what="gateway"))
 
@@ -350,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return ctl_main(argv[1:])
     args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
+    configure_logging(
+        getattr(args, "log_level", None) or "info", getattr(args, "log_format", None) or "json"
+    )
     if args.command in ("worker", "run", "node"):
         raise_open_file_limit()
     try:

@@ -50,6 +50,7 @@ from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
 from rsgw._schema import ListenConfig as ListenConfig
 from rsgw._schema import LoggingConfig as LoggingConfig
+from rsgw._schema import MetricsConfig as MetricsConfig
 from rsgw._schema import OutlierConfig as OutlierConfig
 from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
 from rsgw._schema import ShutdownConfig as ShutdownConfig
@@ -111,6 +112,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "connections.max_buffered_bytes": "int",
         "connections.flood_budget": "int",
         "connections.max_concurrent_streams": "int",
+        "metrics.scrape_timeout_seconds": "float",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -226,6 +228,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "shutdown": ShutdownConfig,
         "outlier_detection": OutlierConfig,
         "connections": ConnectionsConfig,
+        "metrics": MetricsConfig,
         "scheduling": SchedulingConfig,
     }
 )

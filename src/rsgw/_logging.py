@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 #: LogRecord attributes that are not user fields.
@@ -25,12 +26,23 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
 
 
+def rfc3339(created: float) -> str:
+    """A record's time as RFC 3339 in UTC, to the millisecond: `2026-12-03T21:04:05.123Z`."""
+    moment = datetime.fromtimestamp(created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def timestamp(entry: dict[str, Any]) -> float:
+    """The Unix time of a JSON log entry's `ts` (for tools that read rsgw's logs)."""
+    return datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, event, then the record's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
+            "ts": rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
@@ -58,11 +70,25 @@ class TextFormatter(logging.Formatter):
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("json", "text")
 
+#: Libraries whose debug and info lines say nothing an operator of rsgw needs (h2 and
+#: hpack log every frame, httpx every worker scrape): warnings and errors only.
+QUIET_LOGGERS = ("h2", "hpack", "httpx", "httpcore", "hypercorn.access")
+
+
+class _NoBanner(logging.Filter):
+    """Drop hypercorn's "Running on ... (CTRL + C to quit)": rsgw logs its own ports."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Running on ")
+
 
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
     """Send rsgw's (and hypercorn's) logs to stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_NoBanner())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -56,6 +56,9 @@ DEFAULT_WEDGE_EXIT_ROUNDS = 3
 # The prober's per-call watchdog (docs/original.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
 # in the original, a field here so an embedding application or a test can shorten it.
 DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
+# rsgw's own (the original waited 5 s per worker): one worker's part of a merged /metrics.
+# Well under Prometheus' default 10 s scrape timeout and a 2 s scrape interval.
+DEFAULT_SCRAPE_TIMEOUT_SECONDS = 1.0
 # rsgw's own: how long a stopping gateway lets calls in flight finish. Under the 30 s a
 # Kubernetes pod gets between SIGTERM and SIGKILL by default, with room to spare.
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
@@ -137,6 +140,7 @@ _CONNECTIONS_CHECKS: Mapping[str, Check] = {
     "flood_budget": _positive_int,
     "max_concurrent_streams": _positive_int,
 }
+_METRICS_CHECKS: Mapping[str, Check] = {"scrape_timeout_seconds": check_positive}
 _OUTLIER_CHECKS: Mapping[str, Check] = {
     "stall_seconds": _non_negative,
     "ping_timeout_seconds": check_positive,
@@ -262,6 +266,21 @@ class ConnectionsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """The merged `/metrics`: how long one worker's scrape may take.
+
+    A worker slower than `scrape_timeout_seconds` (hung, overloaded) is left out of
+    that scrape, with `gateway_worker_metrics_up 0`, so the gateway's own series
+    still reach Prometheus well within its scrape timeout.
+    """
+
+    scrape_timeout_seconds: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        check_fields(self, "metrics.", _METRICS_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
 class OutlierConfig:
     """Ejection of workers that stop answering (see `rsgw.scheduling._stalls`).
 
@@ -306,6 +325,7 @@ class GatewayConfig:
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     outlier_detection: OutlierConfig = field(default_factory=OutlierConfig)
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -352,6 +372,17 @@ class GatewayConfig:
                 return self.worker_names[urls.index(url)]
         return url
 
+    def metrics_label(self, metrics_url: str) -> str:
+        """The `worker` label of a metrics endpoint: its paired gRPC endpoint's label.
+
+        Metrics endpoints pair with endpoints by position, so a worker's merged series
+        and the gateway's own `gateway_worker_*` series name it the same way.
+        """
+        index = self.metrics_endpoints.index(metrics_url)
+        if index < len(self.endpoints):
+            return self.worker_label(self.endpoints[index])
+        return self.worker_label(metrics_url)
+
     @property
     def warnings(self) -> tuple[str, ...]:
         """What the caller should log at warning level: parse notes, then risky values."""
@@ -394,6 +425,7 @@ class GatewayConfig:
                 "shutdown",
                 "outlier_detection",
                 "connections",
+                "metrics",
                 "scheduling",
             )
         }

@@ -14,6 +14,7 @@ fan-out and UNIMPLEMENTED answers do not depend on the socket or the client.
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
+from rsgw._config import MetricsConfig
 from rsgw._errors import GrpcError
 from rsgw._exposition import merge_expositions
 from rsgw._methods import Method
@@ -178,3 +180,59 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
             with pytest.raises(GrpcError):
                 await stream.receive()
         assert counter.labels("ModelInfer", "", "Internal")._value.get() == 1
+
+
+async def test_worker_series_carry_the_gateways_name_for_the_worker() -> None:
+    """Merged worker series get `worker` = the gateway's name for that endpoint (so they
+    join gateway_worker_* on one label), the worker's own name kept as exported_worker,
+    as Prometheus itself relabels a clashing target label."""
+    async with open_fleet(2, health_interval_seconds=60, worker_names=("gpu-a", "gpu-b")) as fleet:
+        await trio.to_thread.run_sync(check_simple, fleet.target, 0)
+        text = await scrape(fleet)
+        series = label_values(text)
+        assert ("gateway_worker_ready", (("worker", "gpu-a"),)) in series
+        dispatch = {labels for name, labels in series if name == "worker_dispatch_total"}
+        assert (
+            ("exported_worker", "worker0"),
+            ("gpu", "0"),
+            ("model", "simple"),
+            ("worker", "gpu-a"),
+        ) in dispatch
+        assert all(("worker", "gpu-b") in labels for labels in dispatch if ("gpu", "1") in labels)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        (info,) = families["gateway_build_info"].samples
+        assert info.labels["scheduling_mode"] == "round_robin" and info.value == 1
+        assert "process_cpu_seconds" in families and "python_info" in families
+        assert families["worker_queue_wait_seconds"].type == "summary"
+
+
+async def test_a_hung_worker_metrics_endpoint_costs_one_scrape_timeout() -> None:
+    """A metrics endpoint that accepts and never answers (a SIGSTOPped worker) is left out
+    after `metrics.scrape_timeout_seconds`, marked down; the gateway's series still come."""
+    held: list[trio.SocketStream] = []
+
+    async def hold(stream: trio.SocketStream) -> None:
+        held.append(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        hung = []
+        for _ in range(2):
+            (listener,) = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+            hung.append(f"127.0.0.1:{listener.socket.getsockname()[1]}")
+        async with open_fleet(
+            2,
+            health_interval_seconds=60,
+            metrics_endpoints=tuple(hung),
+            metrics=MetricsConfig(scrape_timeout_seconds=0.3),
+        ) as fleet:
+            started = trio.current_time()
+            text = await scrape(fleet)
+            took = trio.current_time() - started
+            lines = text.splitlines()
+        nursery.cancel_scope.cancel()
+    assert took < 1.0, took  # both scrapes at once, each bounded
+    assert 'gateway_worker_metrics_up{worker="worker0"} 0.0' in lines
+    assert 'gateway_worker_metrics_up{worker="worker1"} 0.0' in lines
+    assert any(line.startswith("gateway_worker_ready{") for line in lines)
+    assert not any(line.startswith("worker_") for line in lines)

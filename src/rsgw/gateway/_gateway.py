@@ -21,7 +21,12 @@ import trio
 
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
-from rsgw._exposition import CONTENT_TYPE, merge_expositions
+from rsgw._exposition import (
+    CONTENT_TYPE,
+    add_runtime_series,
+    merge_expositions,
+    relabel_exposition,
+)
 from rsgw._net import TCP, Network, split_host_port
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._meta_poll import MetaPoller
@@ -43,9 +48,6 @@ from rsgw.scheduling._schedulers import LeastOutstandingScheduler, RoundRobinSch
 from rsgw.scheduling._stalls import StallWatch
 
 logger = logging.getLogger(__name__)
-
-#: Connect and read timeout of each worker metrics scrape (docs/original.md §6.2).
-SCRAPE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +173,10 @@ async def serve_gateway(
     grpc_host, grpc_port = split_host_port(config.listen.grpc)
     admin_host, admin_port = split_host_port(config.listen.metrics)
     limits = config.grpc
-    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=SCRAPE_TIMEOUT) as http:
+    async with (
+        trio.open_nursery() as nursery,
+        httpx.AsyncClient(timeout=config.metrics.scrape_timeout_seconds) as http,
+    ):
 
         def channel(url: str) -> Channel:
             return Channel(
@@ -194,6 +199,7 @@ async def serve_gateway(
             wedge_rounds=config.wedge_exit_rounds,
         )
         scheduler, packing = _scheduler(config, pool, prober, metrics)
+        add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
         service = GatewayService(
             pool,
             prober,
@@ -320,20 +326,22 @@ def _admin_app(
 ) -> AdminApp:
     """`/metrics` merges every worker's scrape into ours; `/readyz` follows the prober."""
 
+    timeout = config.metrics.scrape_timeout_seconds
+
     async def scrape(url: str) -> str:
-        response = await http.get(f"http://{url}/metrics")
+        with trio.fail_after(timeout):
+            response = await http.get(f"http://{url}/metrics")
         response.raise_for_status()
-        return response.text
+        return relabel_exposition(response.text, "worker", config.metrics_label(url))
 
     async def metrics_endpoint() -> Reply:
-        texts: list[str] = []
         scraped: dict[str, str | Exception] = {}
         if config.metrics_endpoints:
             scraped = await fan_out(config.metrics_endpoints, scrape)
             for url in config.metrics_endpoints:
                 up = isinstance(scraped[url], str)
-                metrics.worker_metrics_up.labels(config.worker_label(url)).set(1 if up else 0)
-        texts.append(metrics.render().decode())
+                metrics.worker_metrics_up.labels(config.metrics_label(url)).set(1 if up else 0)
+        texts = [metrics.render().decode()]
         for url in config.metrics_endpoints:  # endpoint order, not completion order
             text = scraped[url]
             if isinstance(text, str):

@@ -22,6 +22,8 @@ class ModelCounters:
     rows_served: int = 0
     total_compute_seconds: float = 0.0
     queue_waits: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
+    #: Requests dispatched so far (the count of `queue_seconds`' waits).
+    queue_wait_count: int = 0
     #: For Triton's ModelStatistics: every request's queue wait and its batch's
     #: execution (both in scaled device seconds), and executions per batch size.
     queue_seconds: float = 0.0

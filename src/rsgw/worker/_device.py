@@ -363,6 +363,7 @@ class Device:
         for pending in batch.requests:
             counters.queue_waits.append(started - pending.enqueued_at)
             counters.queue_seconds += started - pending.enqueued_at
+        counters.queue_wait_count += len(batch.requests)
         seconds = spec.execution_seconds(rows) * self.time_scale
         await trio.sleep(seconds)
         counters.dispatch_count += 1

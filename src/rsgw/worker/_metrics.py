@@ -19,10 +19,16 @@ import statistics
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-from rsgw._exposition import LATENCY_BUCKETS, render_registry
+from rsgw._exposition import LATENCY_BUCKETS, add_runtime_series, render_registry
 from rsgw.worker._weights import ResidencyMode
 
 if TYPE_CHECKING:
@@ -63,6 +69,7 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.registry.register(_DeviceCollector(self))
+        add_runtime_series(self.registry, "worker", {"worker": worker, "gpu": gpu})
 
     def count_request(self, model: str, code: StatusCode, seconds: float) -> None:
         self._requests.labels(self.worker, self.gpu, model, code.name).inc()
@@ -94,10 +101,10 @@ class _DeviceCollector(Collector):
         served = counter("worker_requests_served", "Requests completed in dispatched batches.")
         rows = counter("worker_rows_served", "Batch-axis rows completed (padding excluded).")
         depth = gauge("worker_queue_depth", "Requests waiting for the device.")
-        wait = gauge(
+        wait = SummaryMetricFamily(
             "worker_queue_wait_seconds",
-            "Recent queue wait before dispatch.",
-            ["worker", "gpu", "model", "quantile"],
+            "Queue wait before dispatch: quantiles of the recent waits, count and sum of all.",
+            labels=per_model,
         )
         resident = gauge("worker_model_resident", "1 if the model's weights are on the device.")
         pinned = gauge("worker_model_pinned", "1 if the model is pinned on the device.")
@@ -113,8 +120,11 @@ class _DeviceCollector(Collector):
             rows.add_metric(labels, c.rows_served)
             depth.add_metric(labels, device.queue_depth(spec.name))
             waits = sorted(c.queue_waits)
-            for q, value in (("0.5", _quantile(waits, 0.5)), ("0.99", _quantile(waits, 0.99))):
-                wait.add_metric([*labels, q], value)
+            for q in ("0.5", "0.99"):
+                names = {"worker": m.worker, "gpu": m.gpu, "model": spec.name, "quantile": q}
+                value = _quantile(waits, float(q))
+                wait.samples.append(Sample("worker_queue_wait_seconds", names, value))
+            wait.add_metric(labels, c.queue_wait_count, c.queue_seconds)
             resident.add_metric(labels, int(residence.device_resident))
             pinned.add_metric(labels, int(residence.pinned))
             weight.add_metric(labels, residence.weight_nbytes)
