@@ -197,7 +197,10 @@ def test_worker_command_carries_the_node_files_worker_settings() -> None:
         {
             "model_repo": "builtin",
             "gpus": 2,
-            "global": {"scheduler": {"discipline": "EDF"}},
+            "global": {
+                "scheduler": {"discipline": "EDF"},
+                "memory": {"weight_cache_bytes": "1GiB"},
+            },
             "models": {"simple": ["worker1"]},
         },
         source="n",
@@ -228,6 +231,8 @@ def test_worker_command_carries_the_node_files_worker_settings() -> None:
         "-1",
         "--discipline",
         "edf",
+        "--weight-cache-bytes",
+        "1GiB",
         "--pin",
         "simple",
         "--log-format",

@@ -200,6 +200,15 @@ async def serve_gateway(
         )
         scheduler, packing = _scheduler(config, pool, prober, metrics)
         add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
+        for url in config.endpoints:  # every worker's series from the first scrape, at 0
+            metrics.worker_ejected.labels(config.worker_label(url)).set(0)
+            metrics.worker_ejections.labels(config.worker_label(url))
+
+        def ready_replicas() -> dict[str, int]:
+            table, ready = prober.table, prober.ready
+            return {m: sum(u in ready for u in table.replicas(m)) for m in prober.known}
+
+        metrics.track_model_replicas(ready_replicas)
         service = GatewayService(
             pool,
             prober,

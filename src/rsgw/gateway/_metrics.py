@@ -110,6 +110,15 @@ class GatewayMetrics:
             "Configured inbound cap (per-worker cap x workers; 0 = uncapped).",
             registry=r,
         )
+        self.repack_failures = Counter(
+            "gateway_repack_failures",
+            "lpt_packing failures: a tick that raised (placement kept), or a worker's "
+            "CompactMemory that failed after a repack. Always 0 in the other modes.",
+            ["stage"],
+            registry=r,
+        )
+        for stage in ("tick", "compaction"):
+            self.repack_failures.labels(stage)
         self._latency_children: dict[tuple[str, str], Histogram] = {}
         self._count_children: dict[tuple[str, str, StatusCode], Counter] = {}
         self._worker_children: dict[tuple[str, str], Histogram] = {}
@@ -134,6 +143,24 @@ class GatewayMetrics:
                 refused,
             )
         )
+
+    def track_model_replicas(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export `gateway_model_ready_replicas{model}`, read at scrape time.
+
+        Every model any worker has served since start, with the ready workers serving
+        it now: 0 is the "no ready replica" an on-call pages on, where a model that
+        simply vanished from the routing table would leave no series to alert on.
+        """
+
+        class _Replicas(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield _by_model(
+                    "gateway_model_ready_replicas",
+                    "Ready, routable workers serving the model (0: none; calls fail).",
+                    read(),
+                )
+
+        self.registry.register(_Replicas())
 
     def track_inflight_work(
         self, basis: Callable[[], str], read: Callable[[], Mapping[str, float]]

@@ -191,6 +191,7 @@ class Packing:
                     compaction = self.tick(*mail)
                 except Exception:  # a bug in one tick must not stop packing
                     logger.exception("lpt_packing tick failed; keeping the placement in force")
+                    self._metrics.repack_failures.labels("tick").inc()
                     continue
                 if compaction is not None:
                     compactions.start_soon(self._compact, compaction)
@@ -278,6 +279,8 @@ class Packing:
             workers, one, lambda url, s: self._metrics.observe_worker("CompactMemory", url, s)
         )
         failed = [self._pool.label(u) for u, r in results.items() if isinstance(r, Exception)]
+        if failed:
+            self._metrics.repack_failures.labels("compaction").inc(len(failed))
         logger.info(
             "lpt_packing: compaction",
             extra={

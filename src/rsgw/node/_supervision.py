@@ -251,7 +251,8 @@ def worker_command(
     """The `rsgw worker` command line that runs `spec` of `node`.
 
     Of the worker's node-file settings it passes on `scheduler.discipline`
-    (`--discipline`) and the node's `models:` residency (`--pin MODEL`).
+    (`--discipline`), `memory.weight_cache_bytes` (`--weight-cache-bytes`, rsgw's own
+    key: the on-demand weight budget) and the node's `models:` residency (`--pin MODEL`).
 
     Args:
         spec: the worker, with the ports it should bind.
@@ -271,6 +272,10 @@ def worker_command(
     if isinstance(discipline, str):
         # The original's worker setting (docs/original.md §8.3); the worker checks the value.
         argv += ["--discipline", discipline.lower()]
+    memory = spec.settings.get("memory")
+    budget = memory.get("weight_cache_bytes") if isinstance(memory, Mapping) else None
+    if isinstance(budget, int | str) and not isinstance(budget, bool):
+        argv += ["--weight-cache-bytes", str(budget)]  # the worker checks the value
     # The node file's `models:` residency `device` is a pin on these workers.
     for model in node.models_on(spec.name):
         argv += ["--pin", model]

@@ -34,9 +34,10 @@ this (`probe_address`).
 
 What to run is decided in `rsgw.node._supervision` (pure: backoff, GPUs, addresses, command
 and log lines); this module runs it. Of a worker's node-file settings we pass on
-`scheduler.discipline` (`--discipline`) and the node's `models:` residency (`--pin`).
+`scheduler.discipline` (`--discipline`), `memory.weight_cache_bytes`
+(`--weight-cache-bytes`) and the node's `models:` residency (`--pin`).
 
-XX TODO: a single worker ignores `listen:` in a mounted gateway.yml (only the
+Not done: a single worker ignores `listen:` in a mounted gateway.yml (only the
 environment is read); the rest of a worker's node-file settings is not passed to
 `rsgw worker`, which has no flags for it.
 If the supervisor itself is SIGKILLed its children live on: Linux would need

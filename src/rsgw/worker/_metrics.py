@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     SummaryMetricFamily,
 )
@@ -32,7 +33,7 @@ from rsgw._exposition import LATENCY_BUCKETS, add_runtime_series, render_registr
 from rsgw.worker._weights import ResidencyMode
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     from rsgw._status import StatusCode
     from rsgw.worker._device import Device
@@ -110,6 +111,11 @@ class _DeviceCollector(Collector):
         pinned = gauge("worker_model_pinned", "1 if the model is pinned on the device.")
         weight = gauge("worker_model_weight_bytes", "Weight footprint of the model.")
         max_batch = gauge("worker_model_max_batch_size", "Largest batch the model runs.")
+        batch_sizes = HistogramMetricFamily(
+            "worker_batch_size",
+            "Batch size of each dispatch (Triton's batch statistics, as a histogram).",
+            labels=per_model,
+        )
         for spec in device.catalogue.routable:
             c = device.counters[spec.name]
             residence = device.memory.residence(spec.name)
@@ -129,8 +135,10 @@ class _DeviceCollector(Collector):
             pinned.add_metric(labels, int(residence.pinned))
             weight.add_metric(labels, residence.weight_nbytes)
             max_batch.add_metric(labels, 0 if spec.is_meta else spec.max_batch_size)
+            batch_sizes.add_metric(labels, *_batch_histogram(c.batches))
         yield from (dispatch, compute, depth, wait, resident, pinned, weight, served, rows)
         yield max_batch
+        yield batch_sizes
         weights = device.memory.cache
         on_device = list(weights.resident_models())
         scalars: list[tuple[str, str, float]] = [
@@ -214,6 +222,22 @@ class _DeviceCollector(Collector):
             )
             cap.add_metric(base, admission.max_concurrent_requests)
             yield from (inflight, shed, cap)
+
+
+#: Upper bounds of `worker_batch_size`: powers of two, as max batch sizes usually are.
+BATCH_BUCKETS = tuple(2**k for k in range(9))
+
+
+def _batch_histogram(
+    batches: Mapping[int, tuple[int, float]],
+) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative buckets and the sum of batch sizes, from executions per batch size."""
+    buckets = [
+        (str(bound), float(sum(n for size, (n, _) in batches.items() if size <= bound)))
+        for bound in BATCH_BUCKETS
+    ]
+    buckets.append(("+Inf", float(sum(n for n, _ in batches.values()))))
+    return buckets, float(sum(size * n for size, (n, _) in batches.items()))
 
 
 def _quantile(ordered: list[float], q: float) -> float:
