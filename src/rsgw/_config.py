@@ -96,6 +96,8 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "grpc.max_concurrent_requests_per_worker": "int",
         "logging.level": "str",
         "logging.format": "str",
+        "logging.access_log_sample_rate": "float",
+        "logging.access_log_max_per_second": "int",
         "tls.cert_file": "str",
         "tls.key_file": "str",
         "tls.client_ca_file": "str",

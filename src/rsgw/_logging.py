@@ -11,8 +11,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Hashable, Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+from rsgw._log_budget import LogBudget
 
 #: LogRecord attributes that are not user fields.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -65,6 +68,26 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+#: The process's budget for lines a call can cause (a storm of failing calls).
+STORMS = LogBudget()
+
+
+def log_limited(
+    logger: logging.Logger, level: int, event: str, extra: Mapping[str, Any], kind: Hashable = ()
+) -> None:
+    """Log `event` unless its kind (the event plus `kind`) is over its budget.
+
+    For lines a single call can cause: past 10 of a kind in 10 s they are held
+    back, and the next one let through carries `suppressed`, how many were.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    suppressed = STORMS.take((event, kind), time.monotonic())
+    if suppressed is None:
+        return
+    logger.log(level, event, extra={**extra, "suppressed": suppressed} if suppressed else extra)
 
 
 LEVELS = ("debug", "info", "warning", "error")

@@ -128,7 +128,12 @@ _GRPC_CHECKS: Mapping[str, Check] = {
         check_int, lambda n: n >= 0, "non-negative (0 = uncapped)"
     ),
 }
-_LOGGING_CHECKS: Mapping[str, Check] = {"level": words(LOG_LEVELS), "format": words(LOG_FORMATS)}
+_LOGGING_CHECKS: Mapping[str, Check] = {
+    "level": words(LOG_LEVELS),
+    "format": words(LOG_FORMATS),
+    "access_log_sample_rate": ranged(check_float, lambda x: 0 <= x <= 1, "between 0 and 1"),
+    "access_log_max_per_second": _positive_int,
+}
 _SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
 _SHUTDOWN_CHECKS: Mapping[str, Check] = {"grace_seconds": _non_negative}
 _CONNECTIONS_CHECKS: Mapping[str, Check] = {
@@ -195,10 +200,16 @@ class GrpcLimits:
 
 @dataclass(frozen=True, slots=True)
 class LoggingConfig:
-    """Log level (debug|info|warning|error) and format (json|text), both honoured."""
+    """Log level (debug|info|warning|error) and format (json|text), and the access log.
+
+    `access_log_sample_rate`: the share of inference calls that get an `access` line
+    (0 = none, 1 = every call), at most `access_log_max_per_second` lines a second.
+    """
 
     level: str = DEFAULT_LOG_LEVEL
     format: str = DEFAULT_LOG_FORMAT
+    access_log_sample_rate: float = 0.0
+    access_log_max_per_second: int = 100
 
     def __post_init__(self) -> None:
         check_fields(self, "logging.", _LOGGING_CHECKS)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -153,13 +154,16 @@ class FleetCalls:
         code = StatusCode.FAILED_PRECONDITION
         if not succeeded:
             code = _common_code([results[url] for url in failed]) or code
-        logger.warning(
+        log_limited(
+            logger,
+            logging.WARNING,
             "fan-out failed; undone where it succeeded",
-            extra={
+            {
                 "rpc": method.rpc,
                 "failed": [self.pool.label(u) for u in failed],
                 "undone": len(succeeded),
             },
+            method.rpc,
         )
         raise GrpcError(
             code,
@@ -179,9 +183,12 @@ class FleetCalls:
                 code, f"{method.rpc} failed on every worker ({self._why(failed, results)})"
             )
         if failed:
-            logger.warning(
+            log_limited(
+                logger,
+                logging.WARNING,
                 "fan-out failed on some workers",
-                extra={"rpc": method.rpc, "failed": [self.pool.label(u) for u in failed]},
+                {"rpc": method.rpc, "failed": [self.pool.label(u) for u in failed]},
+                method.rpc,
             )
         return _first_reply(results)
 

@@ -28,6 +28,7 @@ from rsgw._exposition import (
     relabel_exposition,
 )
 from rsgw._net import TCP, Network, split_host_port
+from rsgw.gateway._access import AccessLog
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
@@ -220,6 +221,7 @@ async def serve_gateway(
             holders=None if packing is None else packing.holders,
             identity=config.server_metadata,
             max_message_bytes=limits.max_recv_msg_bytes,
+            access=_access_log(config, pool),
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)
@@ -328,6 +330,14 @@ async def open_gateway(
         finally:
             with trio.CancelScope(shield=True):
                 await gateway.aclose()
+
+
+def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
+    """The access log `logging:` asks for, or None (off, the default)."""
+    rate = config.logging.access_log_sample_rate
+    if rate <= 0:
+        return None
+    return AccessLog(rate, config.logging.access_log_max_per_second, pool.label)
 
 
 def _admin_app(

@@ -31,6 +31,7 @@ import trio
 
 from rsgw._config import ServerMetadataConfig
 from rsgw._errors import DecodeError, GrpcError, RsgwError
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
@@ -245,9 +246,10 @@ class ModelCalls:
         results = await fan_out(urls, one)
         for url, result in results.items():
             if isinstance(result, Exception):
-                logger.warning(
-                    "worker did not answer",
-                    extra={"rpc": method.rpc, "worker": self.pool.label(url), "error": str(result)},
+                worker = self.pool.label(url)
+                extra = {"rpc": method.rpc, "worker": worker, "error": str(result)}
+                log_limited(
+                    logger, logging.WARNING, "worker did not answer", extra, (method.rpc, worker)
                 )
         return results
 

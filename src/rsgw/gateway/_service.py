@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, NoReturn
 import trio
 
 from rsgw._errors import DecodeError, GrpcError, RsgwError
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
+from rsgw.gateway._access import REQUEST_ID, AccessLog, request_id
 from rsgw.gateway._admission import AdmissionQueue
 from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
@@ -38,6 +40,7 @@ from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._compression import inflate_prefix
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._metering import Meter, metered
 from rsgw.scheduling._budget import RetryBudget
 from rsgw.scheduling._ledger import Ledger, Ticket
@@ -86,8 +89,11 @@ class GatewayService:
         holders: Callable[[str], tuple[str, ...]] | None = None,
         identity: ServerMetadataConfig | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        access: AccessLog | None = None,
     ) -> None:
         self.pool = pool
+        #: The access log, when `logging.access_log_sample_rate` is above 0.
+        self.access = access
         self.prober = prober
         self.metrics = metrics
         self.request_timeout = request_timeout
@@ -183,12 +189,19 @@ class GatewayService:
             ticket = await self._queue_for_slot(call)
         self.retries.deposit()
         started = trio.current_time()
+        access = self.access
+        logged = access is not None and access.sampled()
+        meter = metered(call, self._observe_infer)
         try:
-            with metered(call, self._observe_infer) as meter:
+            with meter:
                 return await self._infer(body, call, ticket, meter)
         finally:
-            self.queue.observe(trio.current_time() - started)
+            elapsed = trio.current_time() - started
+            self.queue.observe(elapsed)
             self.release(ticket)
+            if logged:
+                assert access is not None
+                access.write(call, meter, Method.MODEL_INFER.rpc, elapsed)
 
     async def _infer(
         self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter
@@ -238,12 +251,17 @@ class GatewayService:
         meter.timed = True
         walk = RouteWalk(model, order, replicas, ledger.max_per_worker)
         deadline = min(call.deadline, trio.current_time() + self.request_timeout)
+        # The client's request id goes on to the worker (its logs can name the call).
+        rid = request_id(call.metadata) if call.metadata else None
+        metadata = () if rid is None else ((REQUEST_ID, rid),)
         with trio.move_on_at(deadline):
             try:
-                response = await self._forward(body, walk, ticket, deadline)
+                response = await self._forward(body, walk, ticket, deadline, metadata)
             except Shed:
                 meter.timed = False  # the replicas filled up meanwhile: still a refusal
                 raise
+            finally:
+                meter.upstream = walk.answered or ""
             if sequence is not None:
                 self._sequence_answered(model, sequence, walk.answered)
             return response
@@ -271,7 +289,12 @@ class GatewayService:
             self.sequences.started(model, sequence.id, url, trio.current_time())
 
     async def _forward(
-        self, body: bytes, walk: RouteWalk, ticket: Ticket[AnyReservation], deadline: float
+        self,
+        body: bytes,
+        walk: RouteWalk,
+        ticket: Ticket[AnyReservation],
+        deadline: float,
+        metadata: HeaderBlock = (),
     ) -> bytes:
         """Send to the replicas the walk names until one answers (`RouteWalk` decides)."""
         pool = self.pool
@@ -288,6 +311,7 @@ class GatewayService:
                     Method.MODEL_INFER.wire,
                     body,
                     deadline=deadline,
+                    metadata=metadata,
                     enforce_deadline=False,
                     raw=True,
                 )
@@ -311,10 +335,8 @@ class GatewayService:
         if walk.last is None:
             self.metrics.shed.inc()
         else:
-            logger.warning(
-                "every replica failed",
-                extra={"model": walk.model, "replicas": walk.tried, "status": outcome.code.name},
-            )
+            extra = {"model": walk.model, "replicas": walk.tried, "status": outcome.code.name}
+            log_limited(logger, logging.WARNING, "every replica failed", extra, walk.model)
         raise outcome
 
     def _log_worker_error(self, model: str, url: str, code: StatusCode) -> None:
@@ -324,7 +346,7 @@ class GatewayService:
         if logger.isEnabledFor(level):
             worker = self.pool.label(url)
             extra = {"model": model, "worker": worker, "status": code.name}
-            logger.log(level, "worker error", extra=extra)
+            log_limited(logger, level, "worker error", extra, (worker, code))
 
 
 def _malformed(exc: DecodeError) -> GrpcError:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from rsgw._errors import DecodeError, GrpcError, RsgwError, WorkerUnavailable
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
 from rsgw.grpc._metering import metered
@@ -154,9 +155,8 @@ class StreamProxy:
         """How a worker's failure reads to the client: named, never addressed."""
         name = self.pool.public_name(url)
         if isinstance(error, WorkerUnavailable):
-            logger.warning(
-                "worker lost under a stream",
-                extra={"worker": self.pool.label(url), "error": str(error)},
-            )
+            worker = self.pool.label(url)
+            extra = {"worker": worker, "error": str(error)}
+            log_limited(logger, logging.WARNING, "worker lost under a stream", extra, worker)
             return GrpcError(StatusCode.UNAVAILABLE, f"{name} is unavailable")
         return GrpcError(error.code, f"{name}: {error.message}", error.trailers)

@@ -28,7 +28,7 @@ class Meter:
     observes no latency, so refusals cannot drag the latency histogram down.
     """
 
-    __slots__ = ("_call", "_observe", "_started", "label", "timed")
+    __slots__ = ("_call", "_observe", "_started", "code", "label", "timed", "upstream")
 
     def __init__(
         self,
@@ -41,6 +41,10 @@ class Meter:
         self.label = label
         self.timed = True
         self._started = 0.0
+        #: The status the call ended with, once it has (for an access log).
+        self.code = StatusCode.OK
+        #: Who answered it, where a handler passes calls on (the gateway: a worker).
+        self.upstream = ""
 
     def __enter__(self) -> Meter:
         self._started = time.perf_counter()
@@ -52,7 +56,7 @@ class Meter:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        code = StatusCode.OK if exc is None else self._call.status_for(exc)
+        code = self.code = StatusCode.OK if exc is None else self._call.status_for(exc)
         seconds = time.perf_counter() - self._started if self.timed else None
         self._observe(code, self.label, seconds)
 
