@@ -10,6 +10,7 @@ tests.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
+from trio.testing import MockClock
 
 from rsgw._cli import main as rsgw_main
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -37,7 +40,7 @@ from rsgw.ctl._commands import (
     UsageError,
     call_for,
 )
-from rsgw.ctl._main import CallFailed, call_gateway
+from rsgw.ctl._main import CallFailed, call_gateway, exit_status, progress, render
 from rsgw.ctl._render import (
     NOT_PERSISTED_NOTE,
     format_replicas,
@@ -97,10 +100,32 @@ def test_repack_wait(argv: tuple[str, ...], wait: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "wire"),
-    [("3", 3), ("all", -1), ("ALL", -1), ("-1", -1), ("default", 0), ("-", 0), ("0", 0)],
+    [("3", 3), ("all", -1), ("ALL", -1), ("-1", -1), ("default", 0), ("-", 0)],
 )
 def test_set_replicas_counts(text: str, wire: int) -> None:
     assert command("set-replicas", "resnet", text) == SetReplicas("resnet", wire)
+
+
+def test_set_replicas_zero_is_refused_not_read_as_default() -> None:
+    with pytest.raises(UsageError, match="0 is not a replica count; say default"):
+        command("set-replicas", "resnet", "0")
+
+
+def test_json_flag_before_or_after_the_command() -> None:
+    assert parse_args(["--json", "status"]) == Invocation(DEFAULT_GATEWAY, Status(), True)
+    assert parse_args(["status", "--json"]) == Invocation(DEFAULT_GATEWAY, Status(), True)
+    assert parse_args(["status"]) == Invocation(DEFAULT_GATEWAY, Status(), False)
+
+
+def test_a_repack_that_did_not_run_in_time_exits_3_and_json_is_protobufs_mapping() -> None:
+    late = cpb.RepackResponse(sequence=2, completed=False, waited_seconds=5.0)
+    assert exit_status(Repack(wait_seconds=5.0), late) == 3
+    assert exit_status(Repack(wait_seconds=0.0), late) == 0  # not waited for: as asked
+    assert exit_status(Repack(wait_seconds=5.0), cpb.RepackResponse(completed=True)) == 0
+    fields = json.loads(render(Repack(), late, as_json=True))
+    assert fields["sequence"] == "2" and fields["completed"] is False
+    assert call_for(Repack(wait_seconds=5.0)).progress == "the repack (up to 5 s)"
+    assert call_for(Repack(wait_seconds=0.0)).progress == ""
 
 
 def test_set_replicas_flags() -> None:
@@ -473,3 +498,14 @@ def test_program_exit_statuses(program: str, closed_port: int) -> None:
 def test_set_policy_accepts_exactly_the_gateways_runtime_knobs() -> None:
     """The CLI's own table of value readers must not drift from the gateway's."""
     assert set(POLICY_KEYS) == RUNTIME_KNOBS
+
+
+async def test_a_long_wait_says_so_every_few_seconds(
+    autojump_clock: MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with trio.move_on_after(11.0):
+        await progress("the repack (up to 30 s)")
+    assert capsys.readouterr().err.splitlines() == [
+        "still waiting for the repack (up to 30 s): 5 s",
+        "still waiting for the repack (up to 30 s): 10 s",
+    ]

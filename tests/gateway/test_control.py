@@ -196,6 +196,10 @@ async def test_ctl_repack_waits_for_the_repack_right_after_startup() -> None:
         out = done.stdout.decode()
         assert out.startswith("repack 1 completed in "), out
         assert "last trigger 'operator'" in out
+        assert done.stderr == b""  # done within the first progress interval
+        status = await ctl(fleet, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["mode"] == "lpt_packing"
 
 
 async def test_ctl_set_replicas_then_repack_spreads_a_model_over_two_workers(

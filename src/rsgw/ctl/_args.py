@@ -44,7 +44,8 @@ changes apply at once but are not saved: a restart goes back to gateway.yml.
 
 commands:
   status                     knobs, repack counters, models and workers
-  repack [--wait S]          repack now; wait up to S seconds for it (default 30)
+  repack [--wait S]          repack now; wait up to S seconds for it (default 30;
+                             exit 3 if it did not run in time)
   set-replicas MODEL N|all|default|- [--fill-mode M] [--fill-factor F] [--allow-unknown]
                              one model's replica count and fill override
   set-policy KEY=VALUE ...   change scheduling knobs at runtime
@@ -113,7 +114,7 @@ def _non_negative(what: str, hint: str = "") -> Callable[[str], object]:
     return _argtype(parse, what)
 
 
-def _add_gateway(parser: argparse.ArgumentParser, default: object) -> None:
+def _add_gateway(parser: argparse.ArgumentParser, default: object, json: object) -> None:
     parser.add_argument(
         "--gateway",
         type=_gateway,
@@ -121,12 +122,18 @@ def _add_gateway(parser: argparse.ArgumentParser, default: object) -> None:
         metavar="HOST:PORT",
         help=f"the gateway's gRPC address (default {DEFAULT_GATEWAY})",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=json,
+        help="print the gateway's reply as JSON (protobuf field names) instead of text",
+    )
 
 
 def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
     def sub(name: str, description: str) -> _Parser:
         parser = _Parser(output, prog=f"{prog} {name}", description=description)
-        _add_gateway(parser, argparse.SUPPRESS)
+        _add_gateway(parser, argparse.SUPPRESS, argparse.SUPPRESS)
         return parser
 
     status = sub("status", "Print the scheduler's knobs, repack state, models and workers.")
@@ -138,7 +145,7 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
         default=DEFAULT_REPACK_WAIT_SECONDS,
         metavar="S",
         help="seconds to wait for the repack; 0 returns at once (default 30; "
-        "the gateway caps it at 120)",
+        "the gateway caps it at 120). Exit 3 if it did not run within them",
     )
 
     replicas = sub(
@@ -150,7 +157,7 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
         "replicas",
         type=_argtype(parse_replicas, "replicas"),
         metavar="N|all|default|-",
-        help="workers to place it on: a count, all, or default/- to inherit default_replicas",
+        help="workers to place it on: a count >= 1, all, or default/- to inherit default_replicas",
     )
     replicas.add_argument(
         "--fill-mode",
@@ -220,7 +227,7 @@ def parse_args(argv: Sequence[str], *, prog: str = DEFAULT_PROG) -> Invocation |
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_gateway(top, DEFAULT_GATEWAY)
+    _add_gateway(top, DEFAULT_GATEWAY, False)
     top.add_argument("command", nargs="?", metavar="COMMAND", help=argparse.SUPPRESS)
     top.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     commands = _command_parsers(prog, output)
@@ -235,4 +242,5 @@ def parse_args(argv: Sequence[str], *, prog: str = DEFAULT_PROG) -> Invocation |
     except _Exit:
         return ShowHelp("".join(output))
     gateway: str = getattr(args, "gateway", head.gateway)
-    return Invocation(gateway, _command(head.command, args, parser.format_usage()))
+    as_json = bool(getattr(args, "json", head.json))
+    return Invocation(gateway, _command(head.command, args, parser.format_usage()), as_json)

@@ -15,6 +15,7 @@ number that does not parse, an unknown knob name, a knob given twice.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -104,6 +105,8 @@ class Invocation:
 
     gateway: str
     command: Command
+    #: Print the reply as JSON (protobuf's JSON mapping, proto field names).
+    json: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +153,19 @@ def parse_bool(text: str, what: str) -> bool:
 
 
 def parse_replicas(text: str, what: str = "replicas") -> int:
-    """A model's replica count in wire form: N > 0, `all`/-1 -> -1, `default`/`-`/0 -> 0."""
+    """A model's replica count in wire form: N > 0, `all`/-1 -> -1, `default`/`-` -> 0."""
     lowered = text.strip().lower()
     if lowered in ("all", "-1"):
         return -1
     if lowered in ("default", "-"):
         return 0
     value = _whole_number(text)
+    if value == 0:
+        # 0 is the wire's "inherit": say so rather than read it silently as that.
+        raise UsageError(
+            f"{what}: 0 is not a replica count; say default (or -) to inherit "
+            "default_replicas, or a count >= 1"
+        )
     if value is None or value < 0:
         raise UsageError(f"{what}: expected a count >= 1, all or default, got {text!r}")
     return value
@@ -255,6 +264,8 @@ class Call:
     request: Message
     response_type: type[Message]
     deadline_seconds: float
+    #: What the operator waits for, when the call may take a while ("" : say nothing).
+    progress: str = ""
 
 
 def call_for(command: Command) -> Call:
@@ -269,7 +280,11 @@ def call_for(command: Command) -> Call:
         # The gateway may wait up to wait_seconds before it answers; give it that plus slack.
         deadline = math.ceil(command.wait_seconds) + REPACK_DEADLINE_SLACK_SECONDS
         request = cpb.RepackRequest(wait_seconds=command.wait_seconds)
-        return _call("Repack", request, cpb.RepackResponse, deadline)
+        call = _call("Repack", request, cpb.RepackResponse, deadline)
+        if command.wait_seconds > 0:
+            wait = f"{command.wait_seconds:g}"
+            call = dataclasses.replace(call, progress=f"the repack (up to {wait} s)")
+        return call
     if isinstance(command, SetReplicas):
         placement = cpb.SetModelPlacementRequest(
             name=command.model,

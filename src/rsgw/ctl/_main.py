@@ -2,7 +2,8 @@
 
 Exit statuses (docs/original.md §7, docs/product.md §2): 0 done (and `--help`); 1 the
 call failed, with one stderr line naming the status code, the message and the
-gateway; 2 a command line we cannot run, with the error and the usage. The
+gateway; 2 a command line we cannot run, with the error and the usage; 3 a
+`repack --wait S` (S > 0) whose repack did not run within S seconds. The
 operator never sees a traceback: this is a tool for people, so anything we did
 not expect still becomes one line and exit 1.
 
@@ -12,17 +13,20 @@ needs only rsgw's runtime dependencies on the gateway host.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 
 import trio
+from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError, Message
 
 from rsgw._errors import RsgwError
+from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.ctl._args import DEFAULT_PROG, parse_args
-from rsgw.ctl._commands import Call, ShowHelp, UsageError, call_for
+from rsgw.ctl._commands import Call, Command, Repack, ShowHelp, UsageError, call_for
 from rsgw.ctl._render import format_error, render_reply
 from rsgw.grpc._client import Channel
 
@@ -30,6 +34,9 @@ from rsgw.grpc._client import Channel
 EXIT_OK = 0
 EXIT_CALL_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_IN_TIME = 3
+#: How often a long `repack --wait` says it is still waiting (on stderr).
+PROGRESS_SECONDS = 5.0
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
@@ -57,6 +64,8 @@ async def call_gateway(target: str, call: Call) -> Message:
     reply = b""
     async with trio.open_nursery() as nursery:
         channel = Channel(target, nursery)
+        if call.progress:
+            nursery.start_soon(progress, call.progress)
         try:
             deadline = trio.current_time() + call.deadline_seconds
             reply = await channel.unary(
@@ -79,6 +88,36 @@ async def call_gateway(target: str, call: Call) -> Message:
         ) from exc
 
 
+async def progress(what: str) -> None:
+    """Say on stderr every few seconds that we are still waiting for `what`.
+
+    Nothing for a call that is over sooner: its answer stays the only line.
+    """
+    started = trio.current_time()
+    while True:
+        await trio.sleep(PROGRESS_SECONDS)
+        waited = trio.current_time() - started
+        print(f"still waiting for {what}: {waited:.0f} s", file=sys.stderr, flush=True)
+
+
+def render(command: Command, reply: Message, as_json: bool) -> str:
+    """The reply as the operator asked: text, or protobuf's JSON mapping."""
+    if not as_json:
+        return render_reply(command, reply)
+    fields = MessageToDict(
+        reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return json.dumps(fields, indent=2, sort_keys=True)
+
+
+def exit_status(command: Command, reply: Message) -> int:
+    """0, or 3 for a repack that was waited for and did not run in time."""
+    waited = isinstance(command, Repack) and command.wait_seconds > 0
+    if waited and isinstance(reply, cpb.RepackResponse) and not reply.completed:
+        return EXIT_NOT_IN_TIME
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
     """Run `rsgw ctl` with `argv` (default `sys.argv[1:]`); return the exit status.
 
@@ -97,7 +136,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
     target = parsed.gateway
     try:
         reply = trio.run(call_gateway, target, call_for(parsed.command))
-        text = render_reply(parsed.command, reply)
+        text = render(parsed.command, reply, parsed.json)
     except CallFailed as exc:
         print(format_error(exc.code, exc.message, target), file=sys.stderr)
         return EXIT_CALL_FAILED
@@ -112,7 +151,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
         print(format_error("UNKNOWN", f"unexpected failure: {exc!r}", target), file=sys.stderr)
         return EXIT_CALL_FAILED
     _write(text)
-    return EXIT_OK
+    return exit_status(parsed.command, reply)
 
 
 def _write(text: str) -> None:

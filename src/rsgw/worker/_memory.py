@@ -22,6 +22,7 @@ import trio
 
 from rsgw._errors import ConfigError, FailedPrecondition, GrpcError, shown
 from rsgw._status import StatusCode
+from rsgw._values import human_bytes
 from rsgw.worker._weights import Load, Residency, ResidencyMode, WeightCache
 
 if TYPE_CHECKING:
@@ -305,6 +306,8 @@ class DeviceMemory:
                     "model": spec.name,
                     "weight_bytes": load.nbytes,
                     "weight_cache_bytes": self.cache.max_bytes,
+                    "weight": human_bytes(load.nbytes),
+                    "weight_cache": human_bytes(self.cache.max_bytes),
                 },
             )
         base = spec.load_seconds
