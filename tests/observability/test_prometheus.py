@@ -71,6 +71,9 @@ class Prometheus:
         self.port = free_port()
         self.targets = work / "targets.json"
         self.targets.write_text("[]")
+        #: The workers scraped directly too, as docs/operations.md "Scraping" says.
+        self.direct = work / "direct.json"
+        self.direct.write_text("[]")
         rules = GRAFANA.joinpath("alerts.yml").read_text()
         (work / "alerts.yml").write_text(re.sub(r"(?m)^(\s+for:) \S+$", r"\1 1s", rules))
         config = {
@@ -81,7 +84,12 @@ class Prometheus:
                     "job_name": "rsgw",
                     "scrape_timeout": "2s",
                     "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}],
-                }
+                },
+                {
+                    "job_name": "direct",
+                    "scrape_timeout": "2s",
+                    "file_sd_configs": [{"files": [str(self.direct)], "refresh_interval": "1s"}],
+                },
             ],
         }
         (work / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -109,8 +117,19 @@ class Prometheus:
         except OSError:
             return False
 
-    def scrape(self, metrics_port: int) -> None:
-        self.targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{metrics_port}"]}]))
+    def scrape(self, node: WorkerProcess) -> None:
+        """The node's gateway; and its workers directly, labelled as the docs say."""
+        gateway = f"127.0.0.1:{node.metrics_port}"
+        self.targets.write_text(json.dumps([{"targets": [gateway]}]))
+        workers = serving_line(node)["workers"]
+        direct = [
+            {
+                "targets": [f"127.0.0.1:{worker['metrics_port']}"],
+                "labels": {"worker": name, "instance": gateway},
+            }
+            for name, worker in workers.items()
+        ]
+        self.direct.write_text(json.dumps(direct))
 
     def api(self, path: str, **params: str | float) -> Any:
         query = urllib.parse.urlencode(params)
@@ -199,12 +218,17 @@ def start_node(work: Path, mode: str) -> WorkerProcess:
     return start_rsgw_process("node", str(node_file), event="node serving", env=env, timeout=60)
 
 
-def worker_pid(node: WorkerProcess, name: str) -> int:
-    """The pid of worker `name`, from the node's "node serving" line."""
+def serving_line(node: WorkerProcess) -> dict[str, Any]:
+    """The node's "node serving" log entry: its ports and its workers'."""
     for line in node.log().splitlines():
         if line.startswith("{") and '"node serving"' in line:
-            return int(json.loads(line)["workers"][name]["pid"])
+            entry: dict[str, Any] = json.loads(line)
+            return entry
     raise AssertionError("no node serving line")
+
+
+def worker_pid(node: WorkerProcess, name: str) -> int:
+    return int(serving_line(node)["workers"][name]["pid"])
 
 
 def grafana_expressions() -> tuple[list[str], list[str]]:
@@ -237,7 +261,7 @@ def test_dashboards_and_alerts_against_a_real_prometheus(
         node = start_node(tmp_path, mode)
         try:
             assert node.metrics_port is not None
-            prometheus.scrape(node.metrics_port)
+            prometheus.scrape(node)
             prometheus.wait_for(
                 f"a scrape of the {mode} gateway",
                 lambda m=mode: prometheus.api(
@@ -260,6 +284,7 @@ def test_dashboards_and_alerts_against_a_real_prometheus(
                     assert ctl.returncode == 0, ctl.stderr
                 time.sleep(LOAD_SECONDS / 2)
                 if mode == MODES[-1]:
+                    assert_direct_scrapes_have_the_same_labels(prometheus)
                     scrapes = stop_a_worker(prometheus, node)
             finally:
                 load.close()
@@ -296,6 +321,19 @@ def test_dashboards_and_alerts_against_a_real_prometheus(
         prometheus.api("query_range", query=rule["expr"], start=started, end=end, step=5)
 
 
+def assert_direct_scrapes_have_the_same_labels(prometheus: Prometheus) -> None:
+    """A worker's series read through the gateway and scraped directly: the same labels."""
+
+    def label_sets(job: str) -> set[tuple[tuple[str, str], ...]]:
+        result = prometheus.api("query", query=f'worker_dispatch_total{{job="{job}"}}')["result"]
+        return {tuple(sorted(r["metric"].items() - {("job", job)})) for r in result}
+
+    prometheus.wait_for("direct scrapes", lambda: label_sets("direct"))
+    assert label_sets("direct") == label_sets("rsgw")
+    (one, *_) = label_sets("rsgw")
+    assert {"worker", "exported_worker", "gpu", "model", "instance"} <= dict(one).keys()
+
+
 def stop_a_worker(prometheus: Prometheus, node: WorkerProcess) -> list[float]:
     """SIGSTOP worker1 until RsgwWorkerNotReady fires; the scrape durations meanwhile."""
     pid = worker_pid(node, "worker1")
@@ -320,9 +358,11 @@ def stop_a_worker(prometheus: Prometheus, node: WorkerProcess) -> list[float]:
             raise AssertionError(f"no alert; ready={ready}; rules={rules}") from None
         time.sleep(3)  # a few more scrapes with the worker still stopped
         window = f"[{int(time.time() - stopped) + 1}s]"
-        up = prometheus.api("query", query=f"min_over_time(up{window})")["result"]
+        gateway = '{job="rsgw"}'
+        up = prometheus.api("query", query=f"min_over_time(up{gateway}{window})")["result"]
         assert up and all(float(r["value"][1]) == 1 for r in up), up
-        durations = prometheus.api("query", query=f"scrape_duration_seconds{window}")["result"]
+        query = f"scrape_duration_seconds{gateway}{window}"
+        durations = prometheus.api("query", query=query)["result"]
         return [float(value) for series in durations for _, value in series["values"]]
     finally:
         os.kill(pid, signal.SIGCONT)
