@@ -284,6 +284,7 @@ def test_dashboards_and_alerts_against_a_real_prometheus(
                     assert ctl.returncode == 0, ctl.stderr
                 time.sleep(LOAD_SECONDS / 2)
                 if mode == MODES[-1]:
+                    assert_promtool_accepts_the_exposition(node)
                     assert_direct_scrapes_have_the_same_labels(prometheus)
                     scrapes = stop_a_worker(prometheus, node)
             finally:
@@ -319,6 +320,16 @@ def test_dashboards_and_alerts_against_a_real_prometheus(
     rules = yaml.safe_load(GRAFANA.joinpath("alerts.yml").read_text())
     for rule in rules["groups"][0]["rules"]:
         prometheus.api("query_range", query=rule["expr"], start=started, end=end, step=5)
+
+
+def assert_promtool_accepts_the_exposition(node: WorkerProcess) -> None:
+    """`promtool check metrics` on the gateway's merged /metrics and on a worker's own."""
+    workers = serving_line(node)["workers"]
+    for port in (node.metrics_port, workers["worker0"]["metrics_port"]):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read()
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+        assert check.returncode == 0, (port, check.stdout, check.stderr)
 
 
 def assert_direct_scrapes_have_the_same_labels(prometheus: Prometheus) -> None:
