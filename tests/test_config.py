@@ -45,6 +45,11 @@ def parse(raw: Mapping[Any, Any] | None = None, /, **env: str) -> GatewayConfig:
     return parse_config({**BASE, **(raw or {})}, env)
 
 
+def risks(cfg: GatewayConfig) -> list[str]:
+    """`cfg.warnings` but the one every unauthenticated 0.0.0.0 listener gets."""
+    return [w for w in cfg.warnings if not w.startswith("SERVING WITHOUT AUTHENTICATION")]
+
+
 def get(cfg: GatewayConfig, path: str) -> Any:
     value: Any = cfg
     for part in path.split("."):
@@ -79,6 +84,9 @@ DEFAULTS: list[tuple[str, object]] = [
     ("worker_names", ()),
     ("worker_client.request_timeout_seconds", 60),
     ("worker_client.max_concurrent_streams", 32),
+    ("worker_client.tls_ca_file", ""),
+    ("worker_client.tls_cert_file", ""),
+    ("worker_client.tls_key_file", ""),
     ("grpc.max_recv_msg_bytes", 536870912),
     ("grpc.max_send_msg_bytes", 536870912),
     ("grpc.max_concurrent_requests_per_worker", 64),
@@ -89,6 +97,12 @@ DEFAULTS: list[tuple[str, object]] = [
     ("tls.cert_file", ""),
     ("tls.key_file", ""),
     ("tls.client_ca_file", ""),
+    ("auth.tokens_file", ""),
+    ("auth.identities", {}),
+    ("shm.max_regions_per_client", 64),
+    ("shm.max_bytes_per_client", 0),
+    ("shm.allow_remote_clients", False),
+    ("shm.key_prefix", ""),
     ("server_metadata.name", ""),
     ("server_metadata.version", ""),
     ("shutdown.grace_seconds", 20.0),
@@ -136,11 +150,48 @@ def test_defaults_of_a_hand_built_config_match_the_parsed_ones() -> None:
     assert GatewayConfig(endpoints=("10.0.0.1:8080",)) == parse()
 
 
-def test_defaults_carry_no_warnings_or_overrides() -> None:
+def test_defaults_carry_no_overrides_and_only_the_unauthenticated_warning() -> None:
     cfg = parse()
-    assert cfg.warnings == ()
+    (warning,) = cfg.warnings
+    assert warning.startswith("SERVING WITHOUT AUTHENTICATION on 0.0.0.0:8001")
     assert cfg.env_overrides == ()
     assert cfg.source is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "localhost"])
+def test_no_unauthenticated_warning_on_loopback(host: str) -> None:
+    assert parse({"listen": {"grpc": f"{host}:8001"}}).warnings == ()
+
+
+def test_no_unauthenticated_warning_with_auth() -> None:
+    assert parse({"auth": {"tokens_file": "/etc/rsgw/tokens.yml"}}).warnings == ()
+
+
+def test_identities_need_a_client_ca() -> None:
+    with pytest.raises(ConfigError, match=r"auth\.identities needs tls\.client_ca_file"):
+        parse({"auth": {"identities": {"ops.example": ["operator"]}}})
+
+
+@pytest.mark.parametrize(
+    ("block", "fragment"),
+    [
+        ({"identities": {"ops": ["admin"]}}, "auth.identities.ops: unknown role 'admin'"),
+        ({"identities": {"ops": []}}, "auth.identities.ops must be a non-empty list"),
+        ({"identities": ["ops"]}, "auth.identities must map"),
+        ({"tokens_file": 3}, "auth.tokens_file"),
+    ],
+)
+def test_bad_auth_blocks_name_the_key(block: dict[str, object], fragment: str) -> None:
+    tls = {"cert_file": "c.pem", "key_file": "k.pem", "client_ca_file": "ca.pem"}
+    with pytest.raises(ConfigError) as caught:
+        parse({"auth": block, "tls": tls})
+    assert fragment in str(caught.value)
+
+
+def test_shm_quotas_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"shm\.max_regions_per_client"):
+        parse({"shm": {"max_regions_per_client": -1}})
+    assert parse({"shm": {"max_bytes_per_client": 2**30}}).shm.max_bytes_per_client == 2**30
 
 
 def test_every_yaml_key_has_a_default_test() -> None:
@@ -474,10 +525,14 @@ def test_ipv6_endpoints_split_at_the_last_colon() -> None:
 # -- warnings -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["cert_file", "key_file"])
-def test_tls_files_warn_that_tls_is_not_enforced(key: str) -> None:
-    (warning,) = parse({"tls": {key: "/etc/tls/x.pem"}}).warnings
-    assert "not yet enforced; serving cleartext h2c" in warning
+@pytest.mark.parametrize(("key", "missing"), [("cert_file", "key_file"), ("key_file", "cert_file")])
+def test_tls_needs_both_files(key: str, missing: str) -> None:
+    with pytest.raises(ConfigError, match=rf"tls\.{missing} is required"):
+        parse({"tls": {key: "/etc/tls/x.pem"}})
+    with pytest.raises(ConfigError, match=r"tls\.client_ca_file needs tls\.cert_file"):
+        parse({"tls": {"client_ca_file": "/etc/tls/ca.pem"}})
+    tls = parse({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}).tls
+    assert tls.enabled and not parse().tls.enabled
 
 
 def test_inbound_cap_not_above_outbound_streams_warns() -> None:
@@ -488,16 +543,16 @@ def test_inbound_cap_not_above_outbound_streams_warns() -> None:
                 "worker_client": {"max_concurrent_streams": streams},
             }
         )
-        (warning,) = cfg.warnings
+        (warning,) = risks(cfg)
         assert f"max_concurrent_requests_per_worker ({cap})" in warning
         assert f"max_concurrent_streams ({streams})" in warning
-    assert parse({"grpc": {"max_concurrent_requests_per_worker": 0}}).warnings == ()
+    assert risks(parse({"grpc": {"max_concurrent_requests_per_worker": 0}})) == []
 
 
 def test_unknown_keys_are_ignored_with_a_note() -> None:
     cfg = parse({"bogus": 1, "scheduling": {"rebalance": 5, "models": {"m": {"replica": 2}}}, 3: 4})
     assert cfg == parse({"scheduling": {"models": {"m": {}}}})
-    assert set(cfg.warnings) == {
+    assert set(risks(cfg)) == {
         "unknown gateway config key 'bogus' ignored",
         "unknown gateway config key 'scheduling.rebalance' ignored",
         "unknown gateway config key 'scheduling.models.m.replica' ignored",
@@ -506,7 +561,7 @@ def test_unknown_keys_are_ignored_with_a_note() -> None:
 
 
 def test_name_count_mismatch_warns() -> None:
-    (warning,) = parse({"endpoints": ["a:1", "b:2"], "worker_names": ["w0"]}).warnings
+    (warning,) = risks(parse({"endpoints": ["a:1", "b:2"], "worker_names": ["w0"]}))
     assert "worker_names has 1 names for 2 endpoints" in warning
 
 
@@ -524,6 +579,9 @@ def test_environment_variable_names() -> None:
             "WORKER_NAMES",
             "WORKER_CLIENT_REQUEST_TIMEOUT_SECONDS",
             "WORKER_CLIENT_MAX_CONCURRENT_STREAMS",
+            "WORKER_CLIENT_TLS_CA_FILE",
+            "WORKER_CLIENT_TLS_CERT_FILE",
+            "WORKER_CLIENT_TLS_KEY_FILE",
             "GRPC_MAX_RECV_MSG_BYTES",
             "GRPC_MAX_SEND_MSG_BYTES",
             "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER",
@@ -534,6 +592,11 @@ def test_environment_variable_names() -> None:
             "TLS_CERT_FILE",
             "TLS_KEY_FILE",
             "TLS_CLIENT_CA_FILE",
+            "AUTH_TOKENS_FILE",
+            "SHM_MAX_REGIONS_PER_CLIENT",
+            "SHM_MAX_BYTES_PER_CLIENT",
+            "SHM_ALLOW_REMOTE_CLIENTS",
+            "SHM_KEY_PREFIX",
             "SERVER_METADATA_NAME",
             "SERVER_METADATA_VERSION",
             "SHUTDOWN_GRACE_SECONDS",
@@ -572,7 +635,7 @@ ENV_BEATS_YAML: list[tuple[str, object, str, object]] = [
     ("worker_client.request_timeout_seconds", 5, "7", 7),
     ("grpc.max_concurrent_requests_per_worker", 5, "0", 0),
     ("logging.format", "json", "text", "text"),
-    ("tls.client_ca_file", "ca.pem", "other.pem", "other.pem"),
+    ("worker_client.tls_ca_file", "ca.pem", "other.pem", "other.pem"),
     ("scheduling.mode", "round_robin", "lpt_packing", SchedulingMode.LPT_PACKING),
     ("scheduling.hysteresis", 0.5, "0.25", 0.25),
     ("scheduling.default_replicas", 2, "all", "all"),
@@ -950,9 +1013,12 @@ valid_configs = st.fixed_dictionaries(
                 "format": words("json", "text"),
             },
         ),
-        "tls": st.fixed_dictionaries(
-            {},
-            optional={k: st.text(max_size=10) for k in ("cert_file", "key_file", "client_ca_file")},
+        "tls": st.one_of(
+            st.just({}),
+            st.fixed_dictionaries(
+                {"cert_file": st.text(min_size=1, max_size=10), "key_file": st.text(max_size=10)},
+                optional={"client_ca_file": st.text(max_size=10)},
+            ).filter(lambda tls: bool(tls["key_file"])),
         ),
         "scheduling": valid_scheduling,
     },

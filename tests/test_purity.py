@@ -25,7 +25,19 @@ PURE_PACKAGES = {"scheduling"}
 SHELL_PACKAGES = {"gateway"}
 #: In mixed packages ("" is the top level): the modules that do I/O.
 SHELL_MODULES = {
-    "": {"__init__", "__main__", "_cli", "_logging", "_admin", "_net", "_exposition", "_process"},
+    "": {
+        "__init__",
+        "__main__",
+        "_cli",
+        "_logging",
+        "_admin",
+        "_net",
+        "_exposition",
+        "_process",
+        "_tls",
+        "_peer",
+        "_shm_access",
+    },
     "grpc": {
         "__init__",
         "_transport",

@@ -9,6 +9,7 @@ reports the port it got. Hypercorn's own logs go to rsgw's logger.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +21,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from rsgw._net import bind_tcp, bound_port
+from rsgw._tls import ServerTls
 
 logger = logging.getLogger(__name__)
 
@@ -71,24 +73,52 @@ class AdminApp:
         await send({"type": "http.response.body", "body": reply.body})
 
 
+class _CurrentContext:
+    """What hypercorn's TLS listener wraps streams with: the `ServerTls` context in force.
+
+    trio's `SSLListener` only calls `wrap_bio` on its context, once per connection,
+    so handing it this instead lets a reloaded certificate reach the admin port too.
+    """
+
+    def __init__(self, tls: ServerTls) -> None:
+        self._tls = tls
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        self._tls.reload_if_changed()  # a stat or three per admin connection: scrapes are rare
+        return self._tls.context.wrap_bio(*args, **kwargs)
+
+
+class _Config(Config):
+    tls: ServerTls | None = None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else _CurrentContext(self.tls)  # type: ignore[return-value]  # duck-typed: wrap_bio only
+
+
 async def serve_admin(
     app: AdminApp,
     host: str,
     port: int,
     *,
+    tls: ServerTls | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `host:port` until cancelled; reports the bound port.
+
+    With `tls`, HTTPS only (build it with `rsgw._tls.ADMIN_ALPN`); a changed
+    certificate is picked up at the next connection.
 
     Raises:
         ListenError: the address is busy or cannot be bound.
     """
     sock = bind_tcp(host, port)
-    config = Config()
+    config = _Config()
+    config.tls = tls
     config.accesslog = None
     config.errorlog = logger
     config.graceful_timeout = 1.0
-    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    secure, insecure = ([sock], []) if tls is not None else ([], [sock])
+    sockets = Sockets(secure_sockets=secure, insecure_sockets=insecure, quic_sockets=[])
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]  # an ASGI callable
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(worker_serve, wrapped, config, sockets=sockets))

@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long calls in flight get to finish (default 20)",
     )
+    worker.add_argument("--tls-cert", metavar="PEM", default="", help="serve TLS: certificate")
+    worker.add_argument("--tls-key", metavar="PEM", default="", help="serve TLS: its key")
+    worker.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        default="",
+        help="require client certificates signed by this CA (mTLS)",
+    )
     worker.add_argument(
         "--weight-cache-bytes",
         type=_byte_size,
@@ -282,6 +290,9 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         pinned=frozenset(args.pin),
         response_compression=args.response_compression,
         shutdown_grace=args.shutdown_grace,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        tls_client_ca_file=args.tls_client_ca,
     )
 
 
@@ -418,9 +429,10 @@ async def _until_terminated(
 
     The first signal starts a graceful stop (`aclose()` of what `serve` started:
     readiness off, GOAWAY, calls in flight get their grace); a second one, or one
-    that arrives while still starting, stops at once.
+    that arrives while still starting, stops at once. SIGHUP calls its `reload()`
+    (certificates, tokens), if it has one, and serving goes on.
     """
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             started: list[_Drainable] = []
 
@@ -429,7 +441,15 @@ async def _until_terminated(
                 nursery.cancel_scope.cancel()
 
             async def on_signals() -> None:
-                async for _ in signals:
+                async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        reload = getattr(started[0], "reload", None) if started else None
+                        logger.info(
+                            "SIGHUP: reloading certificates and tokens", extra={"what": what}
+                        )
+                        if reload is not None:
+                            reload()
+                        continue
                     if started:
                         nursery.start_soon(drain, started.pop())
                         continue

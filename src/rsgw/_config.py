@@ -45,6 +45,7 @@ from rsgw._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
     check_target,
 )
+from rsgw._schema import AuthConfig as AuthConfig
 from rsgw._schema import ConnectionsConfig as ConnectionsConfig
 from rsgw._schema import GatewayConfig as GatewayConfig
 from rsgw._schema import GrpcLimits as GrpcLimits
@@ -53,6 +54,7 @@ from rsgw._schema import LoggingConfig as LoggingConfig
 from rsgw._schema import MetricsConfig as MetricsConfig
 from rsgw._schema import OutlierConfig as OutlierConfig
 from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
+from rsgw._schema import ShmConfig as ShmConfig
 from rsgw._schema import ShutdownConfig as ShutdownConfig
 from rsgw._schema import TlsConfig as TlsConfig
 from rsgw._schema import WorkerClientConfig as WorkerClientConfig
@@ -91,6 +93,9 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "worker_names": "names",
         "worker_client.request_timeout_seconds": "int",
         "worker_client.max_concurrent_streams": "int",
+        "worker_client.tls_ca_file": "str",
+        "worker_client.tls_cert_file": "str",
+        "worker_client.tls_key_file": "str",
         "grpc.max_recv_msg_bytes": "int",
         "grpc.max_send_msg_bytes": "int",
         "grpc.max_concurrent_requests_per_worker": "int",
@@ -101,6 +106,11 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "tls.cert_file": "str",
         "tls.key_file": "str",
         "tls.client_ca_file": "str",
+        "auth.tokens_file": "str",
+        "shm.max_regions_per_client": "int",
+        "shm.max_bytes_per_client": "int",
+        "shm.allow_remote_clients": "bool",
+        "shm.key_prefix": "str",
         "server_metadata.name": "str",
         "server_metadata.version": "str",
         "shutdown.grace_seconds": "float",
@@ -226,6 +236,8 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "grpc": GrpcLimits,
         "logging": LoggingConfig,
         "tls": TlsConfig,
+        "auth": AuthConfig,
+        "shm": ShmConfig,
         "server_metadata": ServerMetadataConfig,
         "shutdown": ShutdownConfig,
         "outlier_detection": OutlierConfig,

@@ -14,15 +14,18 @@ bad value. Where the values come from (files, variables, precedence) is
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rsgw._auth import parse_identities
 from rsgw._errors import ConfigError
 from rsgw._values import (
     Check,
+    check_bool,
     check_fields,
     check_float,
     check_int,
@@ -66,6 +69,8 @@ DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
 _LIMITS = ConnectionLimits()
 # nginx's http2_max_concurrent_streams is 128, Go's HTTP/2 server's 250.
 DEFAULT_CLIENT_STREAMS = 256
+# rsgw's own: shared memory regions one client may hold (each costs every worker a mapping).
+DEFAULT_SHM_REGIONS_PER_CLIENT = 64
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -114,12 +119,51 @@ def check_targets(value: object, key: str) -> tuple[str, ...]:
 
 _positive_int = ranged(check_int, lambda n: n > 0, "positive")
 _non_negative = ranged(check_float, lambda x: x >= 0, "non-negative")
+_non_negative_int = ranged(check_int, lambda n: n >= 0, "non-negative (0: no cap)")
+
+
+class RoleTable(Mapping[str, tuple[str, ...]]):
+    """`auth.identities` as checked: identity -> sorted role names; immutable and hashable."""
+
+    def __init__(self, entries: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._entries = dict(entries or {})
+
+    def __getitem__(self, key: str) -> tuple[str, ...]:
+        return self._entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._entries.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return repr(self._entries)
+
+
+def _check_identities(value: object, key: str) -> RoleTable:
+    """`auth.identities`: certificate identity -> role names (checked, sorted)."""
+    parsed = parse_identities(value, key)
+    return RoleTable(
+        {name: tuple(sorted(r.value for r in roles)) for name, roles in parsed.items()}
+    )
+
+
 _message_bytes = ranged(check_int, lambda n: 0 < n <= MAX_MESSAGE_BYTES, "in 1..4294967295")
 # The checks of the other blocks, by field (the dataclass adds the block's key prefix).
 _LISTEN_CHECKS: Mapping[str, Check] = {"grpc": check_listen, "metrics": check_listen}
 _WORKER_CLIENT_CHECKS: Mapping[str, Check] = {
     "request_timeout_seconds": _positive_int,
     "max_concurrent_streams": _positive_int,
+    "tls_ca_file": check_str,
+    "tls_cert_file": check_str,
+    "tls_key_file": check_str,
 }
 _GRPC_CHECKS: Mapping[str, Check] = {
     "max_recv_msg_bytes": _message_bytes,
@@ -154,6 +198,13 @@ _OUTLIER_CHECKS: Mapping[str, Check] = {
 _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
+_AUTH_CHECKS: Mapping[str, Check] = {"tokens_file": check_str, "identities": _check_identities}
+_SHM_CHECKS: Mapping[str, Check] = {
+    "max_regions_per_client": _non_negative_int,
+    "max_bytes_per_client": _non_negative_int,
+    "allow_remote_clients": check_bool,
+    "key_prefix": check_str,
+}
 
 
 def _frozen_fields(obj: Any) -> dict[str, Any]:
@@ -177,10 +228,18 @@ class ListenConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerClientConfig:
-    """The gateway's client side: per-call timeout and streams per worker connection."""
+    """The gateway's client side: per-call timeout, streams per worker connection, TLS.
+
+    With `tls_ca_file`, the gateway speaks TLS to every worker and checks each
+    worker's certificate against that CA and the endpoint's host name; with
+    `tls_cert_file` / `tls_key_file` too, it presents its own certificate (mTLS).
+    """
 
     request_timeout_seconds: int = DEFAULT_REQUEST_TIMEOUT_SECONDS
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
 
     def __post_init__(self) -> None:
         check_fields(self, "worker_client.", _WORKER_CLIENT_CHECKS)
@@ -217,7 +276,12 @@ class LoggingConfig:
 
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
-    """TLS files. Parsed but not yet enforced: the gateway serves cleartext h2c."""
+    """TLS on the gateway's listeners (gRPC and admin): PEM certificate chain and key.
+
+    With both set the gateway serves TLS only (TLS 1.2+, ALPN h2; the certificate is
+    reloaded when the files change or on SIGHUP); `client_ca_file` also asks every
+    client for a certificate signed by that CA (mTLS), whose name is its identity.
+    """
 
     cert_file: str = ""
     key_file: str = ""
@@ -225,6 +289,56 @@ class TlsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "tls.", _TLS_CHECKS)
+        if bool(self.cert_file) != bool(self.key_file):
+            missing = "tls.key_file" if self.cert_file else "tls.cert_file"
+            raise ConfigError(f"{missing} is required when the other of the pair is set")
+        if self.client_ca_file and not self.cert_file:
+            raise ConfigError("tls.client_ca_file needs tls.cert_file and tls.key_file")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Who may call what (docs/security.md): bearer tokens and mTLS identities, by role.
+
+    Authentication is on when either is set: `tokens_file` (YAML, re-read when it
+    changes or on SIGHUP; `rsgw._auth.parse_tokens`) or `identities` (a client
+    certificate's identity -> roles; needs `tls.client_ca_file`). Off, every client
+    may call everything, as on the original; the gateway then warns at start-up
+    when it listens on anything but loopback.
+    """
+
+    tokens_file: str = ""
+    identities: Mapping[str, tuple[str, ...]] = field(default_factory=RoleTable)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "auth.", _AUTH_CHECKS)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens_file or self.identities)
+
+
+@dataclass(frozen=True, slots=True)
+class ShmConfig:
+    """Shared memory registered through the gateway (docs/security.md).
+
+    Per client (its token, certificate identity, or local user): at most
+    `max_regions_per_client` regions and `max_bytes_per_client` bytes (0: no cap).
+    `allow_remote_clients` lets clients that are not on loopback register (pods
+    sharing the node's /dev/shm); a registered key must start with `key_prefix`.
+    """
+
+    max_regions_per_client: int = DEFAULT_SHM_REGIONS_PER_CLIENT
+    max_bytes_per_client: int = 0
+    allow_remote_clients: bool = False
+    key_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "shm.", _SHM_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +446,8 @@ class GatewayConfig:
     grpc: GrpcLimits = field(default_factory=GrpcLimits)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    shm: ShmConfig = field(default_factory=ShmConfig)
     server_metadata: ServerMetadataConfig = field(default_factory=ServerMetadataConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     outlier_detection: OutlierConfig = field(default_factory=OutlierConfig)
@@ -362,6 +478,11 @@ class GatewayConfig:
             "wedge_exit_rounds": ranged(check_int, lambda n: n >= 0, "non-negative (0 disables)"),
         }
         check_fields(self, "", checks)
+        if self.auth.identities and not self.tls.client_ca_file:
+            raise ConfigError(
+                "auth.identities needs tls.client_ca_file: without it no client "
+                "certificate is asked for, so no identity can be proven"
+            )
         if not self.endpoints:
             raise ConfigError(
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
@@ -398,10 +519,6 @@ class GatewayConfig:
     def warnings(self) -> tuple[str, ...]:
         """What the caller should log at warning level: parse notes, then risky values."""
         found = list(self.notes)
-        if self.tls.cert_file or self.tls.key_file or self.tls.client_ca_file:
-            found.append(
-                "tls files are configured but TLS is not yet enforced; serving cleartext h2c"
-            )
         cap = self.grpc.max_concurrent_requests_per_worker
         streams = self.worker_client.max_concurrent_streams
         if 0 < cap <= streams:
@@ -409,6 +526,14 @@ class GatewayConfig:
                 f"grpc.max_concurrent_requests_per_worker ({cap}) is not above "
                 f"worker_client.max_concurrent_streams ({streams}): the gateway sheds "
                 "(RESOURCE_EXHAUSTED) before any request can queue for a worker stream"
+            )
+        grpc_host = self.listen.grpc.rpartition(":")[0].strip("[]")
+        if not self.auth.enabled and not _loopback_host(grpc_host):
+            found.append(
+                f"SERVING WITHOUT AUTHENTICATION on {self.listen.grpc}: any client that can "
+                "reach it may change placement and scheduling, load and unload models, compact "
+                "memory and register shared memory. Set auth.tokens_file or auth.identities, "
+                "or listen on 127.0.0.1 (docs/security.md)"
             )
         if self.worker_names and len(self.worker_names) != len(self.endpoints):
             found.append(
@@ -432,6 +557,8 @@ class GatewayConfig:
                 "grpc",
                 "logging",
                 "tls",
+                "auth",
+                "shm",
                 "server_metadata",
                 "shutdown",
                 "outlier_detection",
@@ -456,5 +583,18 @@ class GatewayConfig:
         }
 
 
+def _loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return str(value) if isinstance(value, enum.Enum) else value

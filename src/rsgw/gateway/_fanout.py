@@ -35,13 +35,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
+from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable, shown
 from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._shm_access import check_access, may_see, not_yours
 from rsgw._status import StatusCode
 from rsgw.gateway._pool import fan_out
+from rsgw.gateway._regions import UNREGISTER_OF
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._merge import ShmStatus, merge_shm_status
@@ -49,6 +51,7 @@ from rsgw.scheduling._merge import ShmStatus, merge_shm_status
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
+    from rsgw._schema import ShmConfig
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
@@ -83,8 +86,10 @@ class FleetCalls:
         holders: Callable[[str], tuple[str, ...]],
         *,
         request_timeout: float,
+        shm: ShmConfig,
     ) -> None:
         self.pool = pool
+        self.shm = shm
         self.prober = prober
         self.metrics = metrics
         self._admitted = admitted
@@ -236,33 +241,99 @@ class FleetCalls:
 
         async def handler(body: bytes, call: ServerCall) -> bytes:
             with self._admitted(method.rpc), metered(call, observe):
-                name = _region_name(request, body)
-                urls = self.pool.urls
-                deadline = self._deadline(call)
-                regions = self.pool.regions
+                message = _parsed(request, body)
+                name: str = message.name  # type: ignore[attr-defined]  # every SHM request has one
                 if undo_with is None:
-                    reply = await self.any_succeeds(method, body, urls, deadline, gated=True)
-                    regions.unregistered(method, name)
-                    return reply
+                    return await self._unregister(method, name, call)
                 if not name:
                     raise GrpcError(
                         StatusCode.INVALID_ARGUMENT, f"{request.DESCRIPTOR.name}.name is empty"
                     )
+                self._may_register(method, message, call)
                 undo = self._undoer(undo_with, _named(undo_with, name))
                 reply = await self.all_or_nothing(
-                    method, body, urls, deadline, undo, gated=True, unreachable_later=True
+                    method,
+                    body,
+                    self.pool.urls,
+                    self._deadline(call),
+                    undo,
+                    gated=True,
+                    unreachable_later=True,
                 )
-                regions.registered(method, name, body)
+                byte_size: int = message.byte_size  # type: ignore[attr-defined]
+                self.pool.regions.registered(method, name, body, call.owner, byte_size)
                 return reply
 
         return handler
 
+    def _may_register(self, method: Method, message: Message, call: ServerCall) -> None:
+        """Ownership, access to the object, and the client's quota (docs/security.md)."""
+        name: str = message.name  # type: ignore[attr-defined]
+        regions, owner = self.pool.regions, call.owner
+        held_by = regions.owner(method, name)
+        if held_by is not None and held_by != owner:
+            raise not_yours(name)
+        if method is Method.SHM_REGISTER:
+            key: str = message.key  # type: ignore[attr-defined]
+            check_access(
+                call.client,
+                key,
+                allow_remote=self.shm.allow_remote_clients,
+                key_prefix=self.shm.key_prefix,
+            )
+        if held_by is not None:
+            return  # the workers answer ALREADY_EXISTS, as Triton does
+        count, held = regions.held_by(owner)
+        cap, byte_cap = self.shm.max_regions_per_client, self.shm.max_bytes_per_client
+        if cap and count + 1 > cap:
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"this client already holds {count} shared memory regions, its limit "
+                "(shm.max_regions_per_client); unregister some first",
+            )
+        size: int = message.byte_size  # type: ignore[attr-defined]
+        if byte_cap and held + size > byte_cap:
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"this client holds {held} bytes of shared memory regions; {size} more would "
+                f"pass its limit of {byte_cap} (shm.max_bytes_per_client)",
+            )
+
+    async def _unregister(self, method: Method, name: str, call: ServerCall) -> bytes:
+        """Unregister the caller's region `name`, or all the caller's regions for ""."""
+        regions = self.pool.regions
+        register = next(r for r, u in UNREGISTER_OF.items() if u is method)
+        if name:
+            held_by = regions.owner(register, name)
+            if held_by is not None and held_by != call.owner:
+                raise not_yours(name)
+            names = [name]
+        elif len(regions.names(register)) == len(regions.names(register, call.owner)):
+            names = [""]  # every region is the caller's: one call clears the workers too
+        else:
+            names = regions.names(register, call.owner)
+        reply = b""
+        for each in names:
+            body = _named(method, each)
+            reply = await self.any_succeeds(
+                method, body, self.pool.urls, self._deadline(call), gated=True
+            )
+            regions.unregistered(method, each)
+        return reply
+
     def _status(self, method: Method, response: type[ShmStatus]) -> UnaryHandler:
-        """A status: the regions every worker reports alike."""
+        """A status: the caller's regions, as every worker reports them alike."""
         observe = self.metrics.observer(method.rpc)
+        register = Method.SHM_REGISTER if method is Method.SHM_STATUS else Method.CUDA_SHM_REGISTER
 
         async def handler(body: bytes, call: ServerCall) -> bytes:
             with metered(call, observe):
+                name: str = _parsed(_STATUS_REQUEST[method], body).name  # type: ignore[attr-defined]
+                held_by = self.pool.regions.owner(register, name) if name else None
+                if held_by is not None and held_by != call.owner:
+                    raise GrpcError(
+                        StatusCode.NOT_FOUND, f"unregistered shared memory region: {shown(name)}"
+                    )
                 urls = self.pool.urls
                 results = await self._ask(method, body, urls, self._deadline(call), gated=False)
                 answers = [
@@ -271,8 +342,14 @@ class FleetCalls:
                     if isinstance(reply := results[url], bytes)
                 ]
                 if answers:
-                    merged: bytes = merge_shm_status(answers).SerializeToString()
-                    return merged
+                    merged = merge_shm_status(answers)
+                    others = set(self.pool.regions.names(register)) - set(
+                        self.pool.regions.names(register, call.owner)
+                    )
+                    for other in others & set(merged.regions):
+                        del merged.regions[other]
+                    serialized: bytes = merged.SerializeToString()
+                    return serialized
                 first = results[urls[0]]
                 if isinstance(first, GrpcError):  # every worker said the same: no such region
                     raise GrpcError(first.code, first.message)
@@ -338,6 +415,14 @@ class FleetCalls:
         """True only if every worker sees the client's region (any may serve it later)."""
         method = Method.IPC_NAMESPACE
         with metered(call, self.metrics.observer(method.rpc)):
+            shm = self.shm
+            if not may_see(
+                call.client,
+                request.name,
+                allow_remote=shm.allow_remote_clients,
+                key_prefix=shm.key_prefix,
+            ):
+                return pb.IsSameIPCNamespaceResponse(same=False)  # nothing about others' objects
             deadline = min(call.deadline, trio.current_time() + IPC_DEADLINE)
             urls = self.pool.urls
             results = await self._ask(
@@ -394,16 +479,19 @@ def _first_reply(results: Results) -> bytes:
     return next((r for r in results.values() if isinstance(r, bytes)), b"")
 
 
-def _region_name(message: type[Message], body: bytes) -> str:
+def _parsed(message: type[Message], body: bytes) -> Message:
     try:
-        name: str = message.FromString(body).name  # type: ignore[attr-defined]  # every SHM request has one
-    except RsgwError:
-        raise
+        return message.FromString(body)
     except Exception as exc:  # protobuf's DecodeError
         raise GrpcError(
             StatusCode.INVALID_ARGUMENT, f"malformed {message.DESCRIPTOR.name}: {exc}"
         ) from exc
-    return name
+
+
+_STATUS_REQUEST: dict[Method, type[Message]] = {
+    Method.SHM_STATUS: pb.SystemSharedMemoryStatusRequest,
+    Method.CUDA_SHM_STATUS: pb.CudaSharedMemoryStatusRequest,
+}
 
 
 def _named(unregister: Method, name: str) -> bytes:

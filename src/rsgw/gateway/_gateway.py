@@ -12,15 +12,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import trio
 
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
+from rsgw._errors import ConfigError
 from rsgw._exposition import (
     CONTENT_TYPE,
     add_runtime_series,
@@ -28,8 +31,10 @@ from rsgw._exposition import (
     relabel_exposition,
 )
 from rsgw._net import TCP, Network, split_host_port
+from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._control import GatewayControl
+from rsgw.gateway._guard import Guard
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
@@ -75,6 +80,10 @@ class GatewayStatus:
     placement: dict[str, tuple[str, ...]]
 
 
+class Reloadable(Protocol):
+    def reload(self) -> bool: ...
+
+
 class RunningGateway:
     """A live gateway: its bound ports, a status snapshot, and a graceful stop."""
 
@@ -87,14 +96,25 @@ class RunningGateway:
         service: GatewayService,
         packing: Packing | None,
         cancel_scope: trio.CancelScope,
+        *,
+        reloadables: tuple[Reloadable, ...] = (),
     ) -> None:
         self.config = config
+        self._reloadables = reloadables
         self.grpc_port = grpc_port
         self.admin_port = admin_port
         self._server = server
         self._service = service
         self._packing = packing
         self._cancel_scope = cancel_scope
+
+    def reload(self) -> None:
+        """Read the certificate and tokens files again now (what SIGHUP does).
+
+        Each keeps what is in force if its files do not load, and says so in the log.
+        """
+        for reloadable in self._reloadables:
+            reloadable.reload()
 
     def statistics(self) -> GatewayStatus:
         """A frozen snapshot of the gateway's state (see `GatewayStatus`)."""
@@ -176,8 +196,12 @@ async def serve_gateway(
     limits = config.grpc
     async with (
         trio.open_nursery() as nursery,
-        httpx.AsyncClient(timeout=config.metrics.scrape_timeout_seconds) as http,
+        httpx.AsyncClient(
+            timeout=config.metrics.scrape_timeout_seconds,
+            verify=_worker_tls(config, ["http/1.1"]) or True,
+        ) as http,
     ):
+        worker_tls = _worker_tls(config)
 
         def channel(url: str) -> Channel:
             return Channel(
@@ -187,6 +211,7 @@ async def serve_gateway(
                 max_concurrent_streams=config.worker_client.max_concurrent_streams,
                 max_receive_message_bytes=limits.max_recv_msg_bytes,
                 max_send_message_bytes=limits.max_send_msg_bytes,
+                ssl_context=worker_tls,
             )
 
         names = {url: config.worker_label(url) for url in config.endpoints}
@@ -222,10 +247,19 @@ async def serve_gateway(
             identity=config.server_metadata,
             max_message_bytes=limits.max_recv_msg_bytes,
             access=_access_log(config, pool),
+            shm=config.shm,
         )
         prober.on_swap = service.on_table_swap
         app = _admin_app(config, metrics, prober, http)
-        bound_admin = await nursery.start(serve_admin, app, admin_host, admin_port)
+        tls, admin_tls = _server_tls(config, ALPN), _server_tls(config, ADMIN_ALPN)
+        guard = Guard(config.auth)  # a tokens file that does not load stops the start here
+        await nursery.start(guard.watch)
+        bound_admin = await nursery.start(
+            functools.partial(serve_admin, tls=admin_tls),
+            app,
+            admin_host,
+            admin_port,
+        )
         if packing is not None:
             await packing.start()  # waits for the fleet; the first placement is in force
             await nursery.start(packing.serve)
@@ -250,8 +284,8 @@ async def serve_gateway(
         )
         standard, streams = standard_services(handlers, lambda: prober.serving)
         server = GrpcServer(
-            handlers | standard,
-            stream_handlers=service.stream_handlers() | streams,
+            guard.wrap(handlers | standard),
+            stream_handlers=guard.wrap_streams(service.stream_handlers() | streams),
             on_refused=metrics.refused,
             raw_paths=service.raw_paths,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
@@ -259,6 +293,7 @@ async def serve_gateway(
             limits=config.connections.limits(),
             max_running_calls=config.max_concurrent_requests,
             max_concurrent_streams=config.connections.max_concurrent_streams,
+            tls=tls,
         )
         bound_grpc = await nursery.start(
             functools.partial(server.serve, network=network), grpc_host, grpc_port
@@ -278,7 +313,14 @@ async def serve_gateway(
         )
         task_status.started(
             RunningGateway(
-                config, bound_grpc, bound_admin, server, service, packing, nursery.cancel_scope
+                config,
+                bound_grpc,
+                bound_admin,
+                server,
+                service,
+                packing,
+                nursery.cancel_scope,
+                reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
             )
         )
         await trio.sleep_forever()
@@ -332,6 +374,29 @@ async def open_gateway(
                 await gateway.aclose()
 
 
+def _server_tls(config: GatewayConfig, alpn: list[str]) -> ServerTls | None:
+    """A listener's TLS, or None (cleartext); files that do not load are a ConfigError."""
+    if not config.tls.enabled:
+        return None
+    files = TlsFiles(config.tls.cert_file, config.tls.key_file, config.tls.client_ca_file)
+    try:
+        return ServerTls(files, alpn)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls: cannot load {config.tls.cert_file}: {exc}") from None
+
+
+def _worker_tls(config: GatewayConfig, alpn: list[str] = ALPN) -> ssl.SSLContext | None:
+    """The context for TLS to the workers, or None (cleartext)."""
+    client = config.worker_client
+    if not client.tls_ca_file:
+        return None
+    try:
+        files = (client.tls_ca_file, client.tls_cert_file, client.tls_key_file)
+        return client_context(*files, alpn=alpn)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"worker_client.tls_ca_file: cannot load it: {exc}") from None
+
+
 def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
     """The access log `logging:` asks for, or None (off, the default)."""
     rate = config.logging.access_log_sample_rate
@@ -346,10 +411,11 @@ def _admin_app(
     """`/metrics` merges every worker's scrape into ours; `/readyz` follows the prober."""
 
     timeout = config.metrics.scrape_timeout_seconds
+    scheme = "https" if config.worker_client.tls_ca_file else "http"
 
     async def scrape(url: str) -> str:
         with trio.fail_after(timeout):
-            response = await http.get(f"http://{url}/metrics")
+            response = await http.get(f"{scheme}://{url}/metrics")
         response.raise_for_status()
         return relabel_exposition(response.text, "worker", config.metrics_label(url))
 

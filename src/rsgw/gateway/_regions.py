@@ -6,17 +6,20 @@ request naming one would fail there. The original left it so; here every
 connection to a worker first registers the regions again, before any call may use
 it (`Channel(on_connect=...)` runs this before the connection is handed out).
 
-The book keeps each region's register request as the client sent it, in order;
-an unregister removes it (an empty name: every region of that kind).
+The book keeps each region's register request as the client sent it, in order,
+with who registered it (docs/security.md): only that client may use the region in
+ModelInfer, unregister it or see it in a status; an unregister removes it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._methods import Method
+from rsgw._shm_access import not_yours
 from rsgw._status import StatusCode
 
 logger = logging.getLogger(__name__)
@@ -30,19 +33,55 @@ UNREGISTER_OF = {
 Send = Callable[[bytes, bytes], Awaitable[bytes]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Region:
+    body: bytes
+    #: Who registered it (`ServerCall.owner`): only they may use or unregister it.
+    owner: str
+    byte_size: int
+
+
 class RegionBook:
-    """The regions registered through the gateway, to register again on a new connection."""
+    """The regions registered through the gateway: who owns each, to register again later."""
 
     def __init__(self) -> None:
-        self._regions: dict[tuple[Method, str], bytes] = {}
+        self._regions: dict[tuple[Method, str], _Region] = {}
 
     def __len__(self) -> int:
         return len(self._regions)
 
-    def registered(self, method: Method, name: str, body: bytes) -> None:
+    def owner(self, method: Method, name: str) -> str | None:
+        """Who registered region `name` with `method`, or None."""
+        region = self._regions.get((method, name))
+        return None if region is None else region.owner
+
+    def held_by(self, owner: str) -> tuple[int, int]:
+        """(regions, bytes) `owner` holds, of every kind: what its quota counts."""
+        mine = [r for r in self._regions.values() if r.owner == owner]
+        return len(mine), sum(r.byte_size for r in mine)
+
+    def names(self, method: Method, owner: str | None = None) -> list[str]:
+        """The regions of kind `method` (a register method), or only `owner`'s."""
+        return [
+            name
+            for (kind, name), region in self._regions.items()
+            if kind is method and (owner is None or region.owner == owner)
+        ]
+
+    def check_use(self, names: Iterable[str], owner: str) -> None:
+        """PERMISSION_DENIED if any of `names` is another's region (ModelInfer's check)."""
+        for name in names:
+            for method in UNREGISTER_OF:
+                region = self._regions.get((method, name))
+                if region is not None and region.owner != owner:
+                    raise not_yours(name)
+
+    def registered(
+        self, method: Method, name: str, body: bytes, owner: str = "", byte_size: int = 0
+    ) -> None:
         """A register call (`method`) of region `name` succeeded with request `body`."""
         self._regions.pop((method, name), None)
-        self._regions[(method, name)] = body
+        self._regions[(method, name)] = _Region(body, owner, byte_size)
 
     def unregistered(self, method: Method, name: str) -> None:
         """An unregister call succeeded somewhere: region `name` (or all, for "") is gone."""
@@ -57,9 +96,9 @@ class RegionBook:
         (its object is gone, say) is logged and skipped: the others still serve,
         and a request naming that region fails there as it would anywhere.
         """
-        for (method, name), body in list(self._regions.items()):
+        for (method, name), region in list(self._regions.items()):
             try:
-                await send(method.wire, body)
+                await send(method.wire, region.body)
             except GrpcError as exc:
                 if exc.code is not StatusCode.ALREADY_EXISTS:
                     _refused(worker, name, exc)

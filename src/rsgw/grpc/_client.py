@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ import trio
 from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
+from rsgw._tls import connect as tls_connect
 from rsgw.grpc._calls import (
     CallEnded,
     ConnectionTerminated,
@@ -107,6 +109,8 @@ class Channel:
         on_connect: run on every new connection before any call may use it, with a
             way to make calls on it (`send(path, request) -> reply`): what a peer
             must be told first (the gateway registers shared memory again).
+        ssl_context: speak TLS (`rsgw._tls.client_context`), checking the peer's
+            certificate against the target's host name.
     """
 
     def __init__(
@@ -120,8 +124,10 @@ class Channel:
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         on_connect: Callable[[Send], Awaitable[None]] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.target = target
+        self._ssl_context = ssl_context
         self.on_connect = on_connect
         self._nursery = nursery
         self._network = network
@@ -134,7 +140,7 @@ class Channel:
         self._closed = False
         self._request_prefix: HeaderBlock = (
             (b":method", b"POST"),
-            (b":scheme", b"http"),
+            (b":scheme", b"http" if ssl_context is None else b"https"),
             (b":authority", target.encode()),
         )
         self._request_suffix: HeaderBlock = (
@@ -280,12 +286,7 @@ class Channel:
                 raise WorkerUnavailable(f"channel to {self.target} is closed")
             stream: trio.abc.Stream | None = None
             with trio.move_on_after(self.connect_timeout):
-                try:
-                    stream = await self._network.connect(self.target)
-                except OSError as exc:
-                    raise WorkerUnavailable(
-                        f"cannot connect to {self.target}: {exc.strerror or exc}"
-                    ) from exc
+                stream = await self._open_stream()
             if stream is None:
                 raise WorkerUnavailable(
                     f"cannot connect to {self.target}: no answer within {self.connect_timeout}s"
@@ -303,6 +304,28 @@ class Channel:
                 await self.on_connect(partial(self._first_call, connection))
             self._connection = connection
             return connection
+
+    async def _open_stream(self) -> trio.abc.Stream:
+        """A connected stream to the target, through the TLS handshake if TLS is on.
+
+        A failed or cancelled handshake closes the socket: never a cleartext stream
+        where TLS was asked for.
+        """
+        try:
+            stream = await self._network.connect(self.target)
+        except OSError as exc:
+            raise WorkerUnavailable(
+                f"cannot connect to {self.target}: {exc.strerror or exc}"
+            ) from exc
+        if self._ssl_context is None:
+            return stream
+        host = self.target.rsplit(":", 1)[0].strip("[]")
+        try:
+            return await tls_connect(stream, self._ssl_context, host)
+        except trio.BrokenResourceError as exc:
+            raise WorkerUnavailable(
+                f"TLS handshake with {self.target} failed: {exc.__cause__ or exc}"
+            ) from exc
 
     async def _first_call(
         self, connection: _ClientConnection, path: bytes, request: bytes

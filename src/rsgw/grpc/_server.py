@@ -35,10 +35,13 @@ from functools import partial
 
 import trio
 
+from rsgw._auth import Principal
 from rsgw._errors import GrpcError, RsgwError, shown
 from rsgw._net import TCP, Network
+from rsgw._peer import IN_PROCESS, Peer, peer_of
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
+from rsgw._tls import ServerTls, peer_identity
 from rsgw.grpc._calls import (
     CallEnded,
     CallStarted,
@@ -77,6 +80,9 @@ SWEEP_SECONDS = 1.0
 SLOW_BYTES_PER_SECOND = 1024
 
 
+_IN_PROCESS: Peer = Peer(IN_PROCESS, "in-process")
+
+
 @dataclass(slots=True)
 class ServerCall:
     """What a handler may know about its call besides the request bytes."""
@@ -91,6 +97,15 @@ class ServerCall:
     trailers: HeaderBlock = ()
     #: The encodings the client accepts for the response.
     accept: frozenset[bytes] = IDENTITY_ONLY
+    #: The connection's client: certificate identity, loopback user (`rsgw._peer`).
+    client: Peer = field(default_factory=lambda: _IN_PROCESS)
+    #: Who the call proved to be, once the gateway's guard checked it (auth on).
+    principal: Principal | None = None
+
+    @property
+    def owner(self) -> str:
+        """Who owns the shared memory this call registers (docs/security.md)."""
+        return f"token:{self.principal.name}" if self.principal else self.client.owner
 
     def status_for(self, exc: BaseException) -> StatusCode:
         """The status this call ends with when its handler raises `exc` (for metrics)."""
@@ -171,6 +186,7 @@ class GrpcServer:
         response_encoding: type[Compressed] | None = None,
         limits: ConnectionLimits | None = None,
         max_running_calls: int = 0,
+        tls: ServerTls | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._raw_paths = frozenset(path.encode() for path in raw_paths)
@@ -197,6 +213,7 @@ class GrpcServer:
         self._connection_slots = trio.Semaphore(cap) if cap > 0 else None
         self._sweeping = False
         self.intake = Intake(max_running_calls)
+        self.tls = tls
         self._share: StreamShare | None = None
         if max_running_calls:
             self._share = StreamShare(max_running_calls, max_concurrent_streams)
@@ -284,6 +301,8 @@ class GrpcServer:
             first = b""
             with trio.move_on_after(self.limits.header_seconds):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    if self.tls is not None:
+                        stream = await self.tls.accept(stream)
                     first = bytes(await stream.receive_some(RECEIVE_BYTES))
             if first:
                 await self._serve_client(stream, first)
@@ -312,6 +331,8 @@ class GrpcServer:
             now = trio.current_time()
             for connection in list(self._connections):
                 connection.sweep(now)
+            if self.tls is not None:
+                self.tls.reload_if_changed()
             if self._share is not None:
                 limit = self._share.sample(now, self.intake.running, self._busy_connections())
                 if limit is not None:
@@ -436,6 +457,7 @@ class _ServerConnection:
         if server.intake.limit:
             self.transport.intake = server.intake
         self._peer = peer_address(stream)
+        self._client = peer_of(stream, peer_identity(stream))
         self._calls: dict[int, _Pending] = {}
         self._nursery: trio.Nursery | None = None
         #: Set once GOAWAY has left and no call is in flight.
@@ -559,7 +581,12 @@ class _ServerConnection:
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
         call = ServerCall(
-            head.path.decode(), deadline, head.metadata, self._peer, accept=head.accept
+            head.path.decode(),
+            deadline,
+            head.metadata,
+            self._peer,
+            accept=head.accept,
+            client=self._client,
         )
         if stream_handler is None:
             raw = head.path in self._server._raw_paths

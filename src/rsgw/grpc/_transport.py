@@ -40,6 +40,8 @@ CLOSE_SECONDS = 1.0
 
 def peer_address(stream: trio.abc.Stream) -> str:
     """`host:port` of a socket stream's peer, for logs; what else it is, otherwise."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     if isinstance(stream, trio.SocketStream):
         try:
             host, port, *_ = stream.socket.getpeername()

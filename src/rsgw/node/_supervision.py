@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
@@ -148,7 +149,17 @@ def sole_worker(node: NodeConfig, env: Mapping[str, str]) -> WorkerSpec:
     grpc, metrics = public_addresses(env)
     host, grpc_port = split_host_port(grpc)
     _, metrics_port = split_host_port(metrics)
-    return dataclasses.replace(worker, host=host, port=grpc_port, metrics_port=metrics_port)
+    settings = worker.settings
+    public_tls = {
+        key: env[env_name(f"tls.{key}")]
+        for key in _WORKER_TLS_FLAGS
+        if env.get(env_name(f"tls.{key}"), "").strip()
+    }
+    if public_tls:  # the worker is the public endpoint: it serves the gateway's TLS
+        settings = MappingProxyType({**settings, "tls": public_tls})
+    return dataclasses.replace(
+        worker, host=host, port=grpc_port, metrics_port=metrics_port, settings=settings
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -206,6 +217,21 @@ def gateway_environment(
             _dial(w, w.metrics_port, "metrics") for w in specs
         )
     out[env_name("worker_names")] = ",".join(w.name for w in specs)
+    tls = _tls_settings(node.global_settings)
+    if tls.get("cert_file"):  # the workers serve TLS: the gateway must speak it to them
+        if not tls.get("ca_file"):
+            raise ConfigError(
+                f"{node.source}: global.tls.ca_file is required with global.tls.cert_file "
+                "(the CA the gateway checks the workers' certificates against)"
+            )
+        if tls.get("client_ca_file") and not tls.get("client_cert_file"):
+            raise ConfigError(
+                f"{node.source}: global.tls.client_cert_file and client_key_file are required "
+                "with global.tls.client_ca_file (the gateway's certificate for the workers)"
+            )
+        for key, path in _GATEWAY_TLS_KEYS.items():
+            if tls.get(key) and unset(env_name(path)):
+                out[env_name(path)] = tls[key]
     grpc = node.global_settings.get("grpc")
     for key in MIRRORED_LIMITS:
         limit = grpc.get(key) if isinstance(grpc, Mapping) else None
@@ -279,7 +305,33 @@ def worker_command(
     # The node file's `models:` residency `device` is a pin on these workers.
     for model in node.models_on(spec.name):
         argv += ["--pin", model]
+    tls = _tls_settings(spec.settings)
+    for key, flag in _WORKER_TLS_FLAGS.items():
+        if tls.get(key):
+            argv += [flag, tls[key]]
     return argv + list(logging_flags)
+
+
+#: `tls:` keys of a worker's node-file settings -> the `rsgw worker` flags.
+_WORKER_TLS_FLAGS = {
+    "cert_file": "--tls-cert",
+    "key_file": "--tls-key",
+    "client_ca_file": "--tls-client-ca",
+}
+#: `global.tls:` keys for the embedded gateway's side -> its `worker_client.` keys.
+_GATEWAY_TLS_KEYS = {
+    "ca_file": "worker_client.tls_ca_file",
+    "client_cert_file": "worker_client.tls_cert_file",
+    "client_key_file": "worker_client.tls_key_file",
+}
+
+
+def _tls_settings(settings: Mapping[str, object]) -> dict[str, str]:
+    """The `tls:` block of node-file settings, its string values only."""
+    block = settings.get("tls")
+    if not isinstance(block, Mapping):
+        return {}
+    return {str(k): v for k, v in block.items() if isinstance(v, str) and v}
 
 
 def gateway_command(executable: str) -> list[str]:

@@ -47,10 +47,12 @@ the supervisor is PID 1 and its children die with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -339,6 +341,13 @@ class RunningNode:
             for name, child in self._children.items()
             if name != GATEWAY
         }
+
+    def reload(self) -> None:
+        """Pass SIGHUP on to every child: each reads its certificates (and tokens) again."""
+        for child in self._children.values():
+            if child.process is not None and child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGHUP)
 
     async def aclose(self) -> None:
         """Drain, then stop the node; returns once every child is gone.

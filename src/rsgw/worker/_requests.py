@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.worker._classification import classify, requested_classes
+from rsgw.worker._shm import REGION_PARAMETER
 from rsgw.worker._tensors import Tensor, check_input, tensor_from_contents, tensor_from_raw
 from rsgw.worker._triton import batches_first
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._shm import ShmRegistry
 
-_SHM_REGION = "shared_memory_region"
+_SHM_REGION = REGION_PARAMETER
 _SHM_OFFSET = "shared_memory_offset"
 _SHM_SIZE = "shared_memory_byte_size"
 #: Triton's parameter on every streamed response: true on the one completing its request.

@@ -31,6 +31,7 @@ from rsgw._errors import (
 )
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._shm_access import check_access, may_see
 from rsgw._status import StatusCode
 from rsgw._version import __version__
 from rsgw.grpc._metering import metered
@@ -40,7 +41,7 @@ from rsgw.worker._compute import repeat_responses
 from rsgw.worker._control import ModelControl
 from rsgw.worker._memory import not_resident
 from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_request
-from rsgw.worker._shm import ShmRegistry, same_ipc_namespace
+from rsgw.worker._shm import ShmRegistry, regions_named, same_ipc_namespace
 from rsgw.worker._stateful import StatefulModels
 from rsgw.worker._tensors import Tensor, rows
 from rsgw.worker._triton import batches_first, model_config, model_statistics
@@ -285,6 +286,9 @@ class WorkerService:
         meter.label = spec.name
         if not self.device.memory.is_servable(spec.name):
             raise not_resident(spec.name)
+        if self.shm:
+            for region in regions_named(request):
+                self.shm.check_owner(region, call.owner)
         inputs, variant = self.codec.decode_inputs(spec, request)
         self.codec.check_requested_outputs(spec, request)
         batch_rows = 1
@@ -399,22 +403,24 @@ class WorkerService:
     # -- shared memory ------------------------------------------------------------------
 
     async def shm_register(
-        self, request: pb.SystemSharedMemoryRegisterRequest, _: ServerCall
+        self, request: pb.SystemSharedMemoryRegisterRequest, call: ServerCall
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        self.shm.check_owner(request.name, call.owner)
+        check_access(call.client, request.key)
+        self.shm.register(request.name, request.key, request.offset, request.byte_size, call.owner)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def shm_unregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, _: ServerCall
+        self, request: pb.SystemSharedMemoryUnregisterRequest, call: ServerCall
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.shm.unregister(request.name)
+        self.shm.unregister(request.name, call.owner)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def shm_status(
-        self, request: pb.SystemSharedMemoryStatusRequest, _: ServerCall
+        self, request: pb.SystemSharedMemoryStatusRequest, call: ServerCall
     ) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self.shm.status(request.name):
+        for region in self.shm.status(request.name, call.owner):
             entry = response.regions[region.name]
             entry.name = region.name
             entry.key = region.key
@@ -445,9 +451,11 @@ class WorkerService:
         return pb.CudaSharedMemoryStatusResponse()
 
     async def is_same_ipc_namespace(
-        self, request: pb.IsSameIPCNamespaceRequest, _: ServerCall
+        self, request: pb.IsSameIPCNamespaceRequest, call: ServerCall
     ) -> pb.IsSameIPCNamespaceResponse:
-        return pb.IsSameIPCNamespaceResponse(same=same_ipc_namespace(request.name))
+        # Only about objects the client could register: no probing of what others have.
+        same = may_see(call.client, request.name) and same_ipc_namespace(request.name)
+        return pb.IsSameIPCNamespaceResponse(same=same)
 
 
 def _sequence_key(body: bytes) -> tuple[str, int | str] | None:

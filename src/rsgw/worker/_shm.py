@@ -34,6 +34,7 @@ servers have the same exposure; detecting it would cost an `fstat` per access.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import mmap
 import os
@@ -44,10 +45,12 @@ import threading
 from dataclasses import dataclass
 
 from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, shown
+from rsgw._shm_access import REGION_PARAMETER as REGION_PARAMETER
+from rsgw._shm_access import SHM_ROOT as SHM_ROOT
+from rsgw._shm_access import not_yours as not_yours
+from rsgw._shm_access import object_path
+from rsgw._shm_access import regions_named as regions_named
 from rsgw._status import StatusCode
-
-#: Where Linux (glibc's `shm_open`) keeps POSIX shared-memory objects.
-SHM_ROOT = "/dev/shm/"
 
 #: `mmap` offsets must be multiples of this (the page size on Linux).
 _GRANULARITY = mmap.ALLOCATIONGRANULARITY
@@ -78,20 +81,8 @@ class _Mapping:
     status: RegionStatus
     mm: mmap.mmap
     delta: int
-
-
-def _shm_path(key: str) -> str | None:
-    """Return the file behind POSIX shm object `key`, or None if `key` is not a valid name.
-
-    We follow glibc's `shm_open`: leading slashes are dropped (tritonclient sends
-    "/input_simple"), and what remains must be non-empty, contain no further slash
-    and not be "." or "..". Besides matching what a C worker accepts, this keeps a
-    client-chosen key from naming a path outside `/dev/shm`.
-    """
-    name = key.lstrip("/")
-    if not name or "/" in name or "\0" in name or name in (".", ".."):
-        return None
-    return SHM_ROOT + name
+    #: Who registered it (`ServerCall.owner`): only they may use or unregister it.
+    owner: str = ""
 
 
 def _unregistered(name: str) -> FailedPrecondition:
@@ -113,7 +104,7 @@ def same_ipc_namespace(key: str) -> bool:
         True iff `key` names a regular shm object we could open; False for "",
         invalid names, missing objects and permission errors.
     """
-    path = _shm_path(key)
+    path = object_path(key)
     if path is None:
         return False
     try:
@@ -137,7 +128,7 @@ def _map_object(name: str, key: str, offset: int, byte_size: int) -> _Mapping:
         InvalidRequest: the key is invalid or missing, cannot be opened or mapped,
             or the window does not fit inside the object.
     """
-    path = _shm_path(key)
+    path = object_path(key)
     if path is None:
         raise InvalidRequest(
             f"unable to open shared memory object '{key}' for region '{name}': invalid name"
@@ -242,7 +233,10 @@ class ShmRegistry:
         #: RESOURCE_EXHAUSTED while connections and the rest still have room.
         self.max_regions = default_max_regions() if max_regions is None else max_regions
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int, owner: str = "") -> None:
         """Attach `[offset, offset + byte_size)` of POSIX object `key` as region `name`.
 
         A name that is already registered is ALREADY_EXISTS, in Triton's words,
@@ -256,6 +250,8 @@ class ShmRegistry:
             offset: where the region starts inside the object; need not be
                 page-aligned.
             byte_size: the region's length, > 0.
+            owner: who registers it; only they may use and unregister it (the
+                caller has checked they may map `key`: `rsgw._shm_access`).
 
         Raises:
             InvalidRequest: empty name or key, a negative offset, a byte_size
@@ -285,40 +281,54 @@ class ShmRegistry:
                 f"holds {len(self._regions)} regions, its limit; unregister some first",
             )
         mapping = _map_object(name, key, offset, byte_size)
+        mapping = dataclasses.replace(mapping, owner=owner)
         with self._lock:
             if name in self._regions:  # registered meanwhile (the registry is thread-safe)
                 mapping.mm.close()
                 raise already_registered(name)
             self._regions[name] = mapping
 
-    def unregister(self, name: str) -> None:
-        """Detach region `name`, or every region if `name` is "".
+    def unregister(self, name: str, owner: str = "") -> None:
+        """Detach `owner`'s region `name`, or every region of `owner`'s if `name` is "".
 
         Idempotent: an unknown name is not an error, so a client can clean up
         without first asking what is registered.
+
+        Raises:
+            GrpcError: PERMISSION_DENIED, region `name` is someone else's.
         """
         with self._lock:
             if name:
-                mapping = self._regions.pop(name, None)
-                dropped = [] if mapping is None else [mapping]
+                mapping = self._regions.get(name)
+                if mapping is not None and mapping.owner != owner:
+                    raise not_yours(name)
+                dropped = [] if mapping is None else [self._regions.pop(name)]
             else:
-                dropped = list(self._regions.values())
-                self._regions.clear()
+                dropped = [m for m in self._regions.values() if m.owner == owner]
+                for mapping in dropped:
+                    del self._regions[mapping.status.name]
             for mapping in dropped:
                 mapping.mm.close()
 
-    def status(self, name: str = "") -> list[RegionStatus]:
-        """Describe every region (sorted by name), or only region `name`.
+    def check_owner(self, region: str, owner: str) -> None:
+        """PERMISSION_DENIED if `region` is registered by another than `owner`."""
+        mapping = self._regions.get(region)
+        if mapping is not None and mapping.owner != owner:
+            raise not_yours(region)
+
+    def status(self, name: str = "", owner: str = "") -> list[RegionStatus]:
+        """Describe `owner`'s regions (sorted by name), or only region `name`.
 
         Raises:
-            NotFound: `name` is not registered (Triton answers NOT_FOUND here).
+            NotFound: `name` is not registered by `owner` (Triton answers NOT_FOUND here;
+                another's region is not admitted to exist).
         """
         if not name:
             with self._lock:  # iterating while another thread registers would raise
-                regions = list(self._regions.values())
+                regions = [m for m in self._regions.values() if m.owner == owner]
             return sorted((m.status for m in regions), key=lambda s: s.name)
         mapping = self._regions.get(name)
-        if mapping is None:
+        if mapping is None or mapping.owner != owner:
             raise NotFound(f"unregistered shared memory region: {name}")
         return [mapping.status]
 

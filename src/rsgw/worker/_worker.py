@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import ssl
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
 from rsgw._net import TCP, Network
+from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles
 from rsgw.grpc._compression import codec
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
@@ -75,6 +77,11 @@ class WorkerConfig:
     response_compression: str = "none"
     #: Seconds a stopping worker lets calls in flight (and queued) finish.
     shutdown_grace: float = 20.0
+    #: TLS on the worker's listeners (gRPC and admin): PEM certificate and key, and
+    #: a client CA to require client certificates (the gateway's, for mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
 
     def __post_init__(self) -> None:
         if self.weight_cache_bytes < 0:
@@ -93,6 +100,20 @@ class WorkerConfig:
             raise ConfigError(
                 f"max_concurrent_requests must be >= 0, got {self.max_concurrent_requests}"
             )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+
+    def server_tls(self, alpn: list[str] = ALPN) -> ServerTls | None:
+        """A listener's TLS, or None; files that do not load are a ConfigError."""
+        if not self.tls_cert_file:
+            return None
+        files = TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        try:
+            return ServerTls(files, alpn)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--tls-cert: cannot load {self.tls_cert_file}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +126,13 @@ class RunningWorker:
     service: WorkerService
     cancel_scope: trio.CancelScope
     server: GrpcServer
+    admin_tls: ServerTls | None = None
+
+    def reload(self) -> None:
+        """Read the certificate files again now (SIGHUP); what fails to load is not used."""
+        for tls in (self.server.tls, self.admin_tls):
+            if tls is not None:
+                tls.reload()
 
     def kill(self) -> None:
         """Stop now, as SIGKILL would: connections drop, nothing drains."""
@@ -167,12 +195,14 @@ async def serve_worker(
     metrics.admission = service
     handlers = service.handlers()
     standard, streams = standard_services(handlers, lambda: service.ready)
+    tls, admin_tls = config.server_tls(), config.server_tls(ADMIN_ALPN)
     server = GrpcServer(
         handlers | standard,
         stream_handlers=service.stream_handlers() | streams,
         max_receive_message_bytes=config.max_message_bytes,
         max_send_message_bytes=config.max_message_bytes,
         response_encoding=codec(config.response_compression),
+        tls=tls,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -184,7 +214,10 @@ async def serve_worker(
             if config.metrics_port >= 0:
                 app = _admin_app(service, metrics)
                 metrics_port = await nursery.start(
-                    serve_admin, app, config.host, config.metrics_port
+                    functools.partial(serve_admin, tls=admin_tls),
+                    app,
+                    config.host,
+                    config.metrics_port,
                 )
             logger.info(
                 "worker serving",
@@ -202,7 +235,13 @@ async def serve_worker(
             )
             task_status.started(
                 RunningWorker(
-                    config, grpc_port, metrics_port, service, nursery.cancel_scope, server
+                    config,
+                    grpc_port,
+                    metrics_port,
+                    service,
+                    nursery.cancel_scope,
+                    server,
+                    admin_tls,
                 )
             )
     finally:
