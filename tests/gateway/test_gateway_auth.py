@@ -73,7 +73,7 @@ def code_of(target: str, method: Method, body: bytes = b"", **kwargs: object) ->
     try:
         call(target, method, body, **kwargs)  # type: ignore[arg-type]
     except grpc.RpcError as exc:
-        return exc.code()  # type: ignore[no-any-return]
+        return exc.code()
     return grpc.StatusCode.OK
 
 
@@ -117,12 +117,10 @@ async def test_refusals_say_what_is_missing(tmp_path: Path) -> None:
     async with open_fleet(1, auth=AuthConfig(tokens_file=tokens)) as fleet:
         with pytest.raises(grpc.RpcError) as caught:
             await in_thread(lambda: call(fleet.target, Method.REPACK, b"", token=ALICE))
-        assert caught.value.details() == (  # type: ignore[attr-defined]
-            "alice may not call Repack: it needs the 'operator' role"
-        )
+        assert caught.value.details() == ("alice may not call Repack: it needs the 'operator' role")
         with pytest.raises(grpc.RpcError) as caught:
             await in_thread(lambda: call(fleet.target, Method.MODEL_INFER, INFER_BODY))
-        details = caught.value.details()  # type: ignore[attr-defined]
+        details = caught.value.details()
         assert "needs the 'infer' role" in details and "authorization: Bearer" in details
 
 
@@ -161,10 +159,8 @@ async def test_a_rotated_tokens_file_takes_effect_without_restart(tmp_path: Path
         write_tokens(path, [{"name": "alice", "token": fresh, "roles": ["infer"]}])
 
         def old_refused() -> bool:
-            return (
-                code_of(fleet.target, Method.MODEL_INFER, INFER_BODY, token=ALICE)
-                == grpc.StatusCode.UNAUTHENTICATED
-            )
+            code = code_of(fleet.target, Method.MODEL_INFER, INFER_BODY, token=ALICE)
+            return bool(code == grpc.StatusCode.UNAUTHENTICATED)
 
         await in_thread(lambda: wait_until(old_refused, what="the old token refused"))
         await in_thread(lambda: call(fleet.target, Method.MODEL_INFER, INFER_BODY, token=fresh))
@@ -252,3 +248,27 @@ def test_a_bad_tokens_file_stops_the_start(tmp_path: Path) -> None:
         error = error.exceptions[0]
     assert isinstance(error, ConfigError)
     assert "tokens[0].token must be printable and at least 16 characters" in str(error)
+
+
+async def test_rsgw_ctl_sends_a_token_and_speaks_tls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rsgw.ctl import main as ctl
+
+    pki = Pki(tmp_path)
+    tokens = standard_tokens(tmp_path / "tokens.yml")
+    token_file = tmp_path / "ops.token"
+    token_file.write_text(OPS + "\n")
+    tls = TlsConfig(pki.server.cert, pki.server.key)
+    async with open_fleet(1, auth=AuthConfig(tokens_file=tokens), tls=tls) as fleet:
+        base = ["--gateway", fleet.target, "--tls-ca", pki.ca_file]
+        assert await in_thread(lambda: ctl([*base, "status"])) == 1
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        assert await in_thread(lambda: ctl([*base, "--token-file", str(token_file), "status"])) == 0
+        assert "mode: round_robin" in capsys.readouterr().out
+        monkeypatch.setenv("RSGW_TOKEN", ALICE)
+        assert await in_thread(lambda: ctl([*base, "status"])) == 1
+        assert "alice may not call GetSchedulingStatus" in capsys.readouterr().err
+        # Cleartext to a TLS gateway fails in one line.
+        assert await in_thread(lambda: ctl(["--gateway", fleet.target, "status"])) == 1
+        assert "UNAVAILABLE" in capsys.readouterr().err

@@ -6,6 +6,7 @@ The processes themselves are tested end to end in tests/node/test_supervisor.py.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -296,3 +297,49 @@ def test_parse_serving_reads_json_and_text_lines(
     line: str, ports: tuple[int, int | None] | None
 ) -> None:
     assert parse_serving(line, "worker serving") == ports
+
+
+# ---------------------------------------------------------------------------
+# TLS through the node file (docs/security.md).
+
+NODE_TLS = {
+    "cert_file": "/pki/worker.pem",
+    "key_file": "/pki/worker.key",
+    "client_ca_file": "/pki/ca.pem",
+    "ca_file": "/pki/ca.pem",
+    "client_cert_file": "/pki/gateway.pem",
+    "client_key_file": "/pki/gateway.key",
+}
+
+
+def test_node_tls_reaches_the_workers_flags_and_the_gateways_client() -> None:
+    n = node(gpus=2, **{"global": {"tls": NODE_TLS}})
+    argv = worker_command(n.workers[0], n, device="0", logging_flags=[], executable="python3")
+    flags = dict(itertools.pairwise(argv))
+    assert flags["--tls-cert"] == "/pki/worker.pem"
+    assert flags["--tls-key"] == "/pki/worker.key"
+    assert flags["--tls-client-ca"] == "/pki/ca.pem"
+    env = gateway_environment(n, {}, gateway_yml_mounted=False)
+    assert env[W + "WORKER_CLIENT_TLS_CA_FILE"] == "/pki/ca.pem"
+    assert env[W + "WORKER_CLIENT_TLS_CERT_FILE"] == "/pki/gateway.pem"
+    assert env[W + "WORKER_CLIENT_TLS_KEY_FILE"] == "/pki/gateway.key"
+    assert parse_config({}, env).worker_client.tls_ca_file == "/pki/ca.pem"
+
+
+@pytest.mark.parametrize(
+    ("missing", "fragment"),
+    [("ca_file", "global.tls.ca_file is required"), ("client_cert_file", "client_cert_file")],
+)
+def test_node_tls_without_the_gateways_side_is_an_error(missing: str, fragment: str) -> None:
+    tls = {k: v for k, v in NODE_TLS.items() if k != missing}
+    n = node(gpus=2, **{"global": {"tls": tls}})
+    with pytest.raises(ConfigError, match=fragment):
+        gateway_environment(n, {}, gateway_yml_mounted=False)
+
+
+def test_a_sole_public_worker_serves_the_gateways_tls() -> None:
+    n = node(gpus=1)
+    env = {W + "TLS_CERT_FILE": "/pki/public.pem", W + "TLS_KEY_FILE": "/pki/public.key"}
+    argv = worker_command(sole_worker(n, env), n, device="0", logging_flags=[], executable="p")
+    assert argv[argv.index("--tls-cert") + 1] == "/pki/public.pem"
+    assert argv[argv.index("--tls-key") + 1] == "/pki/public.key"

@@ -14,6 +14,7 @@ since operators append it to a line they already typed.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -22,6 +23,7 @@ from rsgw.ctl._commands import (
     DEFAULT_GATEWAY,
     DEFAULT_REPACK_WAIT_SECONDS,
     POLICY_KEYS,
+    Access,
     Command,
     Invocation,
     Repack,
@@ -36,6 +38,8 @@ from rsgw.ctl._commands import (
 )
 
 DEFAULT_PROG = "rsgw ctl"
+#: Where `rsgw ctl` takes its bearer token from when no --token-file is given.
+TOKEN_VARIABLE = "RSGW_TOKEN"
 FILL_MODES = ("run", "spread", "inflight", "inherit")
 
 _DESCRIPTION = """\
@@ -128,6 +132,42 @@ def _add_gateway(parser: argparse.ArgumentParser, default: object, json: object)
         default=json,
         help="print the gateway's reply as JSON (protobuf field names) instead of text",
     )
+    quiet = default is argparse.SUPPRESS
+    for flag, meta, text in _ACCESS_FLAGS:
+        parser.add_argument(
+            flag, metavar=meta, default=argparse.SUPPRESS if quiet else "", help=text
+        )
+
+
+#: The flags that reach a gateway with auth or TLS on (docs/security.md).
+_ACCESS_FLAGS = (
+    ("--token-file", "FILE", "send the bearer token in FILE (default: $RSGW_TOKEN)"),
+    ("--tls-ca", "PEM", "speak TLS to the gateway, trusting this CA"),
+    ("--tls-cert", "PEM", "client certificate for mTLS (with --tls-key)"),
+    ("--tls-key", "PEM", "the client certificate's key"),
+)
+
+
+def _access(args: argparse.Namespace, head: argparse.Namespace) -> Access:
+    """The token and TLS files of the command line (a subcommand's flags win)."""
+
+    def value(name: str) -> str:
+        return str(getattr(args, name, getattr(head, name)))
+
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    token_file = value("token_file")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--token-file: cannot read {token_file}: {exc}") from None
+        if not token:
+            raise UsageError(f"--token-file: {token_file} is empty")
+    access = Access(token, value("tls_ca"), value("tls_cert"), value("tls_key"))
+    if access.tls_cert and not (access.tls_key and access.tls_ca):
+        raise UsageError("--tls-cert needs --tls-key and --tls-ca")
+    return access
 
 
 def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
@@ -243,4 +283,5 @@ def parse_args(argv: Sequence[str], *, prog: str = DEFAULT_PROG) -> Invocation |
         return ShowHelp("".join(output))
     gateway: str = getattr(args, "gateway", head.gateway)
     as_json = bool(getattr(args, "json", head.json))
-    return Invocation(gateway, _command(head.command, args, parser.format_usage()), as_json)
+    command = _command(head.command, args, parser.format_usage())
+    return Invocation(gateway, command, as_json, _access(args, head))

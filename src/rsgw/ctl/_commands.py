@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeAlias
 
@@ -100,13 +100,27 @@ Command: TypeAlias = Status | Repack | SetReplicas | SetPolicy
 
 
 @dataclass(frozen=True, slots=True)
+class Access:
+    """How to reach a gateway that asks for TLS or a token (docs/security.md)."""
+
+    #: The bearer token (from --token-file or RSGW_TOKEN), or "".
+    token: str = ""
+    #: Speak TLS, trusting this CA (PEM); "" = cleartext.
+    tls_ca: str = ""
+    #: A client certificate and its key, for mTLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Invocation:
-    """A parsed command line: which gateway to ask, and what."""
+    """A parsed command line: which gateway to ask, and what, and how to get in."""
 
     gateway: str
     command: Command
     #: Print the reply as JSON (protobuf's JSON mapping, proto field names).
     json: bool = False
+    access: Access = field(default_factory=Access)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -25,8 +26,9 @@ from google.protobuf.message import DecodeError, Message
 from rsgw._errors import RsgwError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw._tls import client_context
 from rsgw.ctl._args import DEFAULT_PROG, parse_args
-from rsgw.ctl._commands import Call, Command, Repack, ShowHelp, UsageError, call_for
+from rsgw.ctl._commands import Access, Call, Command, Repack, ShowHelp, UsageError, call_for
 from rsgw.ctl._render import format_error, render_reply
 from rsgw.grpc._client import Channel
 
@@ -49,7 +51,7 @@ class CallFailed(Exception):
         self.message = message
 
 
-async def call_gateway(target: str, call: Call) -> Message:
+async def call_gateway(target: str, call: Call, access: Access | None = None) -> Message:
     """Make `call` on the gateway at `target` and decode its reply.
 
     The channel's connection tasks live in a nursery of our own, which we cancel
@@ -62,14 +64,24 @@ async def call_gateway(target: str, call: Call) -> Message:
     """
     failure: CallFailed | None = None
     reply = b""
+    access = access or Access()
+    metadata = ((b"authorization", f"Bearer {access.token}".encode()),) if access.token else ()
+    try:
+        context = (
+            client_context(access.tls_ca, access.tls_cert, access.tls_key)
+            if access.tls_ca
+            else None
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise CallFailed("INVALID_ARGUMENT", f"cannot load the TLS files: {exc}") from None
     async with trio.open_nursery() as nursery:
-        channel = Channel(target, nursery)
+        channel = Channel(target, nursery, ssl_context=context)
         if call.progress:
             nursery.start_soon(progress, call.progress)
         try:
             deadline = trio.current_time() + call.deadline_seconds
             reply = await channel.unary(
-                call.path, call.request.SerializeToString(), deadline=deadline
+                call.path, call.request.SerializeToString(), deadline=deadline, metadata=metadata
             )
         except RsgwError as exc:  # the gateway's status, or no connection at all
             failure = CallFailed(exc.code.name, exc.message)
@@ -135,7 +147,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
         return EXIT_OK
     target = parsed.gateway
     try:
-        reply = trio.run(call_gateway, target, call_for(parsed.command))
+        reply = trio.run(call_gateway, target, call_for(parsed.command), parsed.access)
         text = render(parsed.command, reply, parsed.json)
     except CallFailed as exc:
         print(format_error(exc.code, exc.message, target), file=sys.stderr)

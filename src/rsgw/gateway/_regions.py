@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._methods import Method
-from rsgw._shm_access import not_yours
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._shm_access import REGION_PARAMETER, not_yours, regions_named
 from rsgw._status import StatusCode
+from rsgw.grpc._compression import decompress
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ UNREGISTER_OF = {
 }
 
 Send = Callable[[bytes, bytes], Awaitable[bytes]]
+
+#: What every request naming a shared memory region contains.
+REGION_MARK = REGION_PARAMETER.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,25 @@ class RegionBook:
                 region = self._regions.get((method, name))
                 if region is not None and region.owner != owner:
                     raise not_yours(name)
+
+    def check_request(self, body: bytes, owner: str, max_message_bytes: int) -> None:
+        """PERMISSION_DENIED if ModelInfer request `body` names another's region.
+
+        Called only while some region is registered; only a body that mentions a
+        region is decoded, so a request without shared memory pays one substring
+        search.
+        """
+        if type(body) is not bytes:  # Compressed: what it names is inside
+            body = decompress(body, max_message_bytes)  # type: ignore[arg-type]
+        if REGION_MARK not in body:
+            return
+        try:
+            request = pb.ModelInferRequest.FromString(body)
+        except Exception as exc:  # protobuf's DecodeError
+            raise GrpcError(
+                StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
+            ) from None
+        self.check_use(regions_named(request), owner)
 
     def registered(
         self, method: Method, name: str, body: bytes, owner: str = "", byte_size: int = 0

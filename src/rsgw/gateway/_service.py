@@ -31,9 +31,7 @@ import trio
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._logging import log_limited
 from rsgw._methods import Method
-from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._schema import ShmConfig
-from rsgw._shm_access import REGION_PARAMETER, regions_named
 from rsgw._status import StatusCode
 from rsgw.gateway._access import REQUEST_ID, AccessLog, request_id
 from rsgw.gateway._admission import AdmissionQueue
@@ -41,7 +39,7 @@ from rsgw.gateway._fanout import FleetCalls
 from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._streaming import StreamProxy
-from rsgw.grpc._compression import decompress, inflate_prefix
+from rsgw.grpc._compression import inflate_prefix
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._metering import Meter, metered
@@ -60,9 +58,6 @@ from rsgw.scheduling._plan import (
 from rsgw.scheduling._schedulers import AnyReservation, RoundRobinScheduler, Scheduler
 from rsgw.scheduling._sequences import SequenceTable, holder_lost
 from rsgw.scheduling._wire import SequenceFlags, head_length, peek_routing
-
-#: What every request naming a shared memory region contains.
-REGION_MARK = REGION_PARAMETER.encode()
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -211,24 +206,6 @@ class GatewayService:
                 assert access is not None
                 access.write(call, meter, Method.MODEL_INFER.rpc, elapsed)
 
-    def _check_regions(self, body: bytes, call: ServerCall) -> None:
-        """Another client's shared memory region may not be named (docs/security.md).
-
-        Only while some region is registered, and only bodies that mention one are
-        decoded: a request without shared memory pays one substring search.
-        """
-        if type(body) is not bytes:
-            body = decompress(body, self.max_message_bytes)  # type: ignore[arg-type]  # Compressed
-        if REGION_MARK not in body:
-            return
-        try:
-            request = pb.ModelInferRequest.FromString(body)
-        except Exception as exc:  # protobuf's DecodeError
-            raise GrpcError(
-                StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
-            ) from None
-        self.pool.regions.check_use(regions_named(request), call.owner)
-
     async def _infer(
         self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter
     ) -> bytes:
@@ -241,7 +218,7 @@ class GatewayService:
         except DecodeError as exc:
             raise _malformed(exc) from exc
         if len(self.pool.regions):
-            self._check_regions(body, call)
+            self.pool.regions.check_request(body, call.owner, self.max_message_bytes)
         if not model:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "ModelInferRequest.model_name is empty")
         replicas = self.prober.table.replicas(model)

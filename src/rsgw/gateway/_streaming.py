@@ -33,6 +33,7 @@ from rsgw._errors import DecodeError, GrpcError, RsgwError, WorkerUnavailable
 from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._metering import metered
 from rsgw.scheduling._plan import no_ready_replica, unknown_model
 from rsgw.scheduling._sequences import SequenceTable, holder_lost
@@ -98,6 +99,8 @@ class StreamProxy:
     async def _route(self, stream: ServerStream, body: bytes) -> str | None:
         """The worker for one request, or None after answering it with an error."""
         try:
+            if len(self.pool.regions):
+                self.pool.regions.check_request(body, stream.call.owner, DEFAULT_MAX_MESSAGE_BYTES)
             model, sequence = peek_routing(body)
             replicas = self.prober.table.replicas(model) if model else ()
             if not replicas and model:
