@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.worker._batching import Discipline, Pending, RequestQueues
+from rsgw.worker._batching import BatchPolicy, Discipline, Pending, RequestQueues
 
 
 def req(
@@ -309,3 +309,76 @@ def test_every_discipline_serves_each_request_exactly_once(
         assert all(p.deadline > now for p in batch.requests)
         now += 0.5
     assert sorted(seen) == sorted(id(p) for p in everything)
+
+
+# -- dynamic batching (Triton's max_queue_delay / preferred_batch_size) --------------------
+
+
+def test_a_held_model_waits_for_its_delay_then_takes_what_is_there() -> None:
+    queues: RequestQueues[str] = RequestQueues()
+    policies = {"m": BatchPolicy(max_queue_delay=0.010)}
+    queues.enqueue(req("m", 0.000))
+    queues.enqueue(req("m", 0.004))
+    assert queues.next_batch({"m": 8}, now=0.005, policies=policies) is None
+    assert queues.wake_at(policies) == pytest.approx(0.010)
+    batch = queues.next_batch({"m": 8}, now=0.010, policies=policies)
+    assert batch is not None and batch.rows == 2
+    assert queues.wake_at(policies) == math.inf
+
+
+def test_a_full_batch_leaves_at_once() -> None:
+    queues: RequestQueues[str] = RequestQueues()
+    policies = {"m": BatchPolicy(max_queue_delay=1.0)}
+    for t in range(10):
+        queues.enqueue(req("m", t * 0.001))
+    batch = queues.next_batch({"m": 8}, now=0.01, policies=policies)
+    assert batch is not None and batch.rows == 8
+    assert queues.next_batch({"m": 8}, now=0.01, policies=policies) is None  # 2 left: wait
+
+
+def test_the_largest_preferred_size_formed_leaves_at_once() -> None:
+    queues: RequestQueues[str] = RequestQueues()
+    policies = {"m": BatchPolicy(max_queue_delay=1.0, preferred_batch_size=(2, 4))}
+    for t in range(5):
+        queues.enqueue(req("m", t * 0.001))
+    batch = queues.next_batch({"m": 8}, now=0.01, policies=policies)
+    assert batch is not None and batch.rows == 4
+    assert queues.next_batch({"m": 8}, now=0.01, policies=policies) is None  # 1 < 2: wait
+
+
+def test_eager_models_are_not_held_behind_a_waiting_one() -> None:
+    queues: RequestQueues[str] = RequestQueues()
+    policies = {"held": BatchPolicy(max_queue_delay=1.0)}
+    queues.enqueue(req("held", 0.0))
+    queues.enqueue(req("eager", 0.5))
+    batch = queues.next_batch({"held": 8, "eager": 8}, now=0.6, policies=policies)
+    assert batch is not None and batch.model == "eager"
+
+
+@given(
+    arrivals=st.lists(
+        st.tuples(st.sampled_from("abc"), st.floats(0, 1), st.integers(1, 4)), max_size=20
+    ),
+    delays=st.fixed_dictionaries({m: st.sampled_from([0.0, 0.01, 0.1]) for m in "abc"}),
+    preferred=st.sampled_from([(), (2,), (3, 6)]),
+    now=st.floats(0, 1.2),
+)
+def test_nothing_ready_is_held_and_nothing_waits_past_its_delay(
+    arrivals: list[tuple[str, float, int]],
+    delays: dict[str, float],
+    preferred: tuple[int, ...],
+    now: float,
+) -> None:
+    caps = {"a": 8, "b": 6, "c": 1}
+    policies = {m: BatchPolicy(d, preferred if d else ()) for m, d in delays.items()}
+    queues: RequestQueues[str] = RequestQueues()
+    for model, t, rows in sorted(arrivals, key=lambda a: a[1]):
+        if t <= now:
+            queues.enqueue(req(model, t, rows))
+    while (batch := queues.next_batch(caps, now, policies)) is not None:
+        assert batch.rows <= max(caps[batch.model], batch.requests[0].rows)
+    # Nothing left is ready: its delay has not run out, and wake_at says when it will.
+    assert queues.wake_at(policies) > now or len(queues) == 0
+    for model in "abc":
+        if queues.depth(model):
+            assert delays[model] > 0

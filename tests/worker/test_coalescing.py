@@ -21,7 +21,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from rsgw._errors import ConfigError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.worker._triton import model_config
 from rsgw.worker._worker import WorkerConfig
 from tests.helpers import catalogue_from_yaml, infer_request, output_array
 from tests.worker.client import WorkerClient, open_memory_worker
@@ -55,6 +57,31 @@ CATALOGUE = catalogue_from_yaml(
             max_batch_size: 8
             launch_ms: 20
             item_ms: 5
+            compute: add_sub
+          - name: delayed
+            inputs:
+              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
+              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
+            outputs:
+              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
+              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
+            max_batch_size: 8
+            launch_ms: 20
+            item_ms: 1
+            max_queue_delay_microseconds: 50000
+            compute: add_sub
+          - name: preferred
+            inputs:
+              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
+              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
+            outputs:
+              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
+              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
+            max_batch_size: 8
+            launch_ms: 20
+            item_ms: 1
+            max_queue_delay_microseconds: 50000
+            preferred_batch_size: [2]
             compute: add_sub
         """
     ),
@@ -161,3 +188,66 @@ async def test_time_scale_multiplies_compute_time(autojump_clock: MockClock) -> 
     # The device really is busy that long: the call returns exactly when it is done.
     assert once_elapsed == pytest.approx(unscaled)
     assert twice_elapsed == pytest.approx(2 * unscaled)
+
+
+async def _staggered(client: WorkerClient, model: str, gap: float) -> list[float]:
+    """Two calls `gap` seconds apart; when each answered, from the first send."""
+    started = trio.current_time()
+    answered: list[float] = [0.0, 0.0]
+
+    async def infer(i: int) -> None:
+        await trio.sleep(i * gap)
+        _check_answer(await client.infer(_request(model, i)), i)
+        answered[i] = trio.current_time() - started
+
+    async with trio.open_nursery() as nursery:
+        for i in range(2):
+            nursery.start_soon(infer, i)
+    return answered
+
+
+async def test_max_queue_delay_holds_a_batch_until_it_fills_or_times_out(
+    autojump_clock: MockClock,
+) -> None:
+    async with open_memory_worker(_config()) as client:
+        # Held 50 ms from the first arrival: both leave together, in one dispatch.
+        answered = await _staggered(client, "delayed", gap=0.010)
+        assert answered == pytest.approx([0.050 + 0.022, 0.050 + 0.022])
+        status = await client.model_status("delayed")
+        assert (status.dispatch_count, status.rows_served) == (1, 2)
+        # A preferred size leaves as soon as it is formed: at the second arrival.
+        answered = await _staggered(client, "preferred", gap=0.010)
+        assert answered == pytest.approx([0.010 + 0.022, 0.010 + 0.022])
+        # Without a delay the first request leaves alone (eager, today's default).
+        answered = await _staggered(client, "scaled", gap=0.010)
+        assert answered[0] == pytest.approx(0.025)
+        assert (await client.model_status("scaled")).dispatch_count == 2
+
+
+def test_model_config_reports_the_dynamic_batcher() -> None:
+    preferred, eager = CATALOGUE.get("preferred"), CATALOGUE.get("scaled")
+    assert preferred is not None and eager is not None
+    config = model_config(preferred, "0")
+    assert list(config.dynamic_batching.preferred_batch_size) == [2]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 50000
+    assert model_config(eager, "0").dynamic_batching.max_queue_delay_microseconds == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("preferred_batch_size: [9]", "entries must be integers in 1..max_batch_size (8)"),
+        ("preferred_batch_size: [2]", "needs max_queue_delay_microseconds > 0"),
+        ("preferred_batch_size: 2\n    max_queue_delay_microseconds: 5", "must be a list"),
+        ("max_queue_delay_microseconds: -1", "max_queue_delay_microseconds must be an integer"),
+    ],
+)
+def test_bad_dynamic_batching_names_the_key(extra: str, fragment: str) -> None:
+    text = (
+        "models:\n  - name: m\n    inputs: [{name: INPUT0, datatype: FP32, shape: [-1, 4]}]\n"
+        "    outputs: [{name: OUTPUT0, datatype: FP32, shape: [-1, 4]}]\n"
+        f"    max_batch_size: 8\n    {extra}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        catalogue_from_yaml(text, with_builtin=False)
+    assert "models[0]." in str(caught.value) and fragment in str(caught.value)

@@ -17,6 +17,15 @@ Which model runs next depends on the discipline:
 The learned costs and the fair state are fed by the shell through `record`
 after each dispatch.
 
+A model may hold its requests back to batch them, as Triton's dynamic batcher does
+(`BatchPolicy`: `max_queue_delay` and `preferred_batch_size`). Such a model is not
+a candidate until its queue can fill a batch (its max batch size, or a preferred
+size) or its oldest request has waited `max_queue_delay`; `wake_at` says when the
+next held model becomes a candidate, so the shell sleeps until then or until a new
+request comes. With a preferred size formed, the batch is the largest preferred
+size the queue holds; once the delay is over, whatever is there, up to the max.
+A policy with no delay (the default) is today's eager dispatch.
+
 Invariants:
 - A request is in at most one queue, and leaves it exactly once: in a batch, as
   expired, or withdrawn by its caller.
@@ -38,7 +47,7 @@ from rsgw.worker._costs import LearnedCosts
 from rsgw.worker._fair import FairShare
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Iterable
+    from collections.abc import Hashable, Iterable, Mapping
 
 T = TypeVar("T")
 
@@ -64,6 +73,19 @@ class Pending(Generic[T]):
     payload: T | None = None
     seq: int = 0
     queued: bool = field(default=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """A model's dynamic batching (Triton's `dynamic_batching`); see the module docstring."""
+
+    #: Seconds the oldest request may wait for the batch to fill; 0 = dispatch at once.
+    max_queue_delay: float = 0.0
+    #: Batch sizes (rows) worth dispatching at once, without waiting longer.
+    preferred_batch_size: tuple[int, ...] = ()
+
+
+EAGER = BatchPolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +173,16 @@ class RequestQueues(Generic[T]):
                 fronts[model] = front
         return fronts
 
-    def _pick_model(self, max_batch_size: dict[str, int], now: float) -> str | None:
+    def _pick_model(
+        self, max_batch_size: dict[str, int], now: float, policies: Mapping[str, BatchPolicy]
+    ) -> str | None:
         fronts = self._fronts()
+        if policies:
+            fronts = {
+                m: f
+                for m, f in fronts.items()
+                if self._size(m, max_batch_size.get(m, 0), now, policies.get(m, EAGER)) is not None
+            }
         if not fronts:
             return None
         if self.discipline is Discipline.EDF:
@@ -183,25 +213,65 @@ class RequestQueues(Generic[T]):
         priority = self.fair.priorities(costs, now)
         return min(fronts, key=lambda m: (-priority[m], fronts[m].enqueued_at, fronts[m].seq, m))
 
-    def next_batch(self, max_batch_size: dict[str, int], now: float) -> Batch[T] | None:
-        """Choose the next batch, or None when nothing is queued.
+    def next_batch(
+        self,
+        max_batch_size: dict[str, int],
+        now: float,
+        policies: Mapping[str, BatchPolicy] | None = None,
+    ) -> Batch[T] | None:
+        """Choose the next batch, or None when nothing is queued or ready.
 
         Args:
             max_batch_size: per model; a model missing or at 0 takes one request
                 per dispatch (it does not coalesce).
             now: the shell's clock, to expire requests whose deadline passed
                 (and, under `edf`, those that could not finish in time).
+            policies: per model, how long it may hold requests to batch them
+                (missing: dispatch at once); see `wake_at`.
         """
+        policies = policies or {}
         expired: list[Pending[T]] = []
         while True:
-            model = self._pick_model(max_batch_size, now)
+            model = self._pick_model(max_batch_size, now, policies)
             if model is None:
                 return Batch("", (), tuple(expired)) if expired else None
-            batch = self._take(model, max_batch_size.get(model, 0), now, expired)
+            cap = max_batch_size.get(model, 0)
+            if policies:
+                cap = self._size(model, cap, now, policies.get(model, EAGER)) or cap
+            batch = self._take(model, cap, now, expired)
             if batch and self.discipline is Discipline.EDF:
                 batch = self._drop_late(model, batch, now, expired)
             if batch:
                 return Batch(model, tuple(batch), tuple(expired))
+
+    def _size(self, model: str, cap: int, now: float, policy: BatchPolicy) -> int | None:
+        """The rows `model` should dispatch now under `policy`; None while it holds back.
+
+        Eager (no delay), a timed-out oldest request, or a full batch: `cap`. A
+        preferred size the queue holds: the largest such.
+        """
+        if policy.max_queue_delay <= 0 or cap <= 0:
+            return cap
+        front = self._front(model)
+        if front is None:
+            return None
+        if now - front.enqueued_at >= policy.max_queue_delay:
+            return cap
+        rows, _ = self._plan(model, cap, now)
+        if rows >= cap:
+            return cap
+        formed = [size for size in policy.preferred_batch_size if size <= rows]
+        return max(formed) if formed else None
+
+    def wake_at(self, policies: Mapping[str, BatchPolicy]) -> float:
+        """When the first model held back by its policy may dispatch (inf: none is)."""
+        soonest = math.inf
+        for model, policy in policies.items():
+            if policy.max_queue_delay > 0 and model in self._queues:
+                front = self._front(model)
+                if front is not None:
+                    soonest = min(soonest, front.enqueued_at + policy.max_queue_delay)
+        return soonest
 
     def _drop_late(
         self, model: str, batch: list[Pending[T]], now: float, expired: list[Pending[T]]

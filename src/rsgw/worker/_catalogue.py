@@ -92,6 +92,8 @@ _MODEL_KEYS = (
     "compute",
     "sequence",
     "decoupled",
+    "max_queue_delay_microseconds",
+    "preferred_batch_size",
 )
 _SEQUENCE_KEYS = ("controls", "corrid_datatype", "idle_ms")
 # A meta has no cost or weights of its own (its sub-models carry them) and no
@@ -375,9 +377,28 @@ def _parse_model(value: object, where: str) -> ModelSpec:
         load_seconds=_ms(m, "load_ms", where, 0.0) if "load_ms" in m else None,
         sequence=_parse_sequence(m, where),
         decoupled=_bool(m, "decoupled", where),
+        max_queue_delay_seconds=_int(m, "max_queue_delay_microseconds", where, 0) / 1e6,
+        preferred_batch_size=_preferred(m, where, max_batch_size),
     )
     check_compute(spec, where)
     return spec
+
+
+def _preferred(m: Mapping[Hashable, Any], where: str, max_batch_size: int) -> tuple[int, ...]:
+    """`preferred_batch_size`: batch sizes in 1..max_batch_size, as Triton requires."""
+    value = m.get("preferred_batch_size", [])
+    key = f"{where}.preferred_batch_size"
+    if not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list of batch sizes, got {show(value)}")
+    for size in value:
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= max_batch_size:
+            raise ConfigError(
+                f"{key} entries must be integers in 1..max_batch_size ({max_batch_size}), "
+                f"got {show(size)}"
+            )
+    if value and not m.get("max_queue_delay_microseconds"):
+        raise ConfigError(f"{key} needs max_queue_delay_microseconds > 0 (else nothing waits)")
+    return tuple(sorted(set(value)))
 
 
 def _check_metas(models: list[ModelSpec]) -> None:

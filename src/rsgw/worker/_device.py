@@ -46,7 +46,7 @@ import trio
 
 from rsgw._errors import GrpcError, InvalidRequest, NotFound, RsgwError, shown
 from rsgw._status import StatusCode
-from rsgw.worker._batching import Batch, Discipline, Pending, RequestQueues
+from rsgw.worker._batching import Batch, BatchPolicy, Discipline, Pending, RequestQueues
 from rsgw.worker._compute import run_model
 from rsgw.worker._counters import ModelCounters as ModelCounters
 from rsgw.worker._memory import (
@@ -140,6 +140,10 @@ class Device:
             pinned=pinned,
         )
         self._max_batch = {m.name: m.max_batch_size for m in catalogue.models}
+        #: The models that hold requests back to batch them (Triton's dynamic batcher).
+        self._policies: dict[str, BatchPolicy] = {}
+        for spec in catalogue.models:
+            self._set_policy(spec)
         #: Models loaded with a configuration override (RepositoryModelLoad's `config`).
         self._overridden: dict[str, ModelSpec] = {}
         self._queues: RequestQueues[_Job] = RequestQueues(discipline)
@@ -287,6 +291,7 @@ class Device:
             else:
                 self._overridden[model] = spec = override
             self._max_batch[model] = spec.max_batch_size
+            self._set_policy(spec)
 
         await self._control(action)
 
@@ -317,11 +322,15 @@ class Device:
         try:
             while True:
                 await self._drain_commands()
-                batch = self._queues.next_batch(self._max_batch, trio.current_time())
+                policies = self._policies
+                batch = self._queues.next_batch(self._max_batch, trio.current_time(), policies)
                 if batch is None:
                     if not self._commands:
-                        await self._work.wait()
-                        self._work = trio.Event()
+                        # A new request, a command, or a held batch's delay running out.
+                        with trio.move_on_at(self._queues.wake_at(policies)):
+                            await self._work.wait()
+                        if self._work.is_set():
+                            self._work = trio.Event()
                     continue
                 for pending in batch.expired:
                     self._fail(pending, _expired(pending))
@@ -335,6 +344,15 @@ class Device:
                 command = self._commands.popleft()
                 command.error = shutting_down
                 command.done.set()
+
+    def _set_policy(self, spec: ModelSpec) -> None:
+        """`spec`'s dynamic batching in the device's time (delays scale as costs do)."""
+        if spec.max_queue_delay_seconds > 0 and spec.max_batch_size > 0:
+            self._policies[spec.name] = BatchPolicy(
+                spec.max_queue_delay_seconds * self.time_scale, spec.preferred_batch_size
+            )
+        else:
+            self._policies.pop(spec.name, None)
 
     async def _drain_commands(self) -> None:
         while self._commands:

@@ -106,6 +106,11 @@ class ModelSpec:
     # Decoupled (Triton's model_transaction_policy): zero or many responses per
     # request, so only ModelStreamInfer can call it.
     decoupled: bool = False
+    # Triton's dynamic batcher: how long (seconds, before --time-scale) the oldest
+    # request may wait for its batch to fill; 0 = dispatch at once (eager).
+    max_queue_delay_seconds: float = 0.0
+    # Batch sizes worth dispatching at once, without waiting out the delay.
+    preferred_batch_size: tuple[int, ...] = ()
 
     @property
     def is_meta(self) -> bool:

@@ -83,6 +83,10 @@ def model_config(spec: ModelSpec, gpu: str) -> pb.ModelConfig:
         _sequence_batching(config.sequence_batching, spec.sequence)
     elif batched and spec.kind is not ModelKind.ENSEMBLE:
         config.dynamic_batching.SetInParent()
+        config.dynamic_batching.preferred_batch_size.extend(spec.preferred_batch_size)
+        config.dynamic_batching.max_queue_delay_microseconds = round(
+            spec.max_queue_delay_seconds * 1e6
+        )
     group = config.instance_group.add(
         name=f"{spec.name}_0", kind=pb.ModelInstanceGroup.KIND_GPU, count=1
     )
