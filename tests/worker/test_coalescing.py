@@ -14,8 +14,6 @@ time, so the timings below are exact, not lower bounds.
 
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pytest
 import trio
@@ -32,58 +30,32 @@ LAUNCH_SECONDS = 0.2
 ITEM_SECONDS = 0.001
 MAX_BATCH = 16
 
+
+def _add_sub(name: str, max_batch: int, launch_ms: float, item_ms: float, extra: str = "") -> str:
+    """One `add_sub` model of [-1, 4] INT32 tensors, as a catalogue YAML entry."""
+
+    def tensors(stem: str) -> str:
+        return ", ".join(f"{{name: {stem}{i}, datatype: INT32, shape: [-1, 4]}}" for i in (0, 1))
+
+    return (
+        f"  - name: {name}\n    inputs: [{tensors('INPUT')}]\n"
+        f"    outputs: [{tensors('OUTPUT')}]\n"
+        f"    max_batch_size: {max_batch}\n    launch_ms: {launch_ms}\n    item_ms: {item_ms}\n"
+        f"    compute: add_sub\n{extra}"
+    )
+
+
 CATALOGUE = catalogue_from_yaml(
-    textwrap.dedent(
-        f"""\
-        models:
-          - name: batched
-            inputs:
-              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
-            outputs:
-              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
-            max_batch_size: {MAX_BATCH}
-            launch_ms: {LAUNCH_SECONDS * 1000}
-            item_ms: {ITEM_SECONDS * 1000}
-            compute: add_sub
-          - name: scaled
-            inputs:
-              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
-            outputs:
-              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
-            max_batch_size: 8
-            launch_ms: 20
-            item_ms: 5
-            compute: add_sub
-          - name: delayed
-            inputs:
-              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
-            outputs:
-              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
-            max_batch_size: 8
-            launch_ms: 20
-            item_ms: 1
-            max_queue_delay_microseconds: 50000
-            compute: add_sub
-          - name: preferred
-            inputs:
-              - {{name: INPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: INPUT1, datatype: INT32, shape: [-1, 4]}}
-            outputs:
-              - {{name: OUTPUT0, datatype: INT32, shape: [-1, 4]}}
-              - {{name: OUTPUT1, datatype: INT32, shape: [-1, 4]}}
-            max_batch_size: 8
-            launch_ms: 20
-            item_ms: 1
-            max_queue_delay_microseconds: 50000
-            preferred_batch_size: [2]
-            compute: add_sub
-        """
+    "models:\n"
+    + _add_sub("batched", MAX_BATCH, LAUNCH_SECONDS * 1000, ITEM_SECONDS * 1000)
+    + _add_sub("scaled", 8, 20, 5)
+    + _add_sub("delayed", 8, 20, 1, "    max_queue_delay_microseconds: 50000\n")
+    + _add_sub(
+        "preferred",
+        8,
+        20,
+        1,
+        "    max_queue_delay_microseconds: 50000\n    preferred_batch_size: [2]\n",
     ),
     with_builtin=False,
 )
