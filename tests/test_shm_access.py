@@ -33,10 +33,18 @@ def test_key_prefix_applies_to_everyone() -> None:
     check_access(Peer(IN_PROCESS), "/rsgw-mine", key_prefix="rsgw-")
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shm on /dev/shm only")
 def test_a_loopback_client_of_unknown_user_cannot_prove_access() -> None:
-    peer = Peer(LOOPBACK, "127.0.0.1:1", ends=("127.0.0.1", 1, "127.0.0.1", 2))
-    with pytest.raises(GrpcError, match="cannot be told"):
-        check_access(peer, "/x")
+    key = f"/rsgw-access-{os.getpid()}"
+    fd = os.open("/dev/shm" + key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        peer = Peer(LOOPBACK, "127.0.0.1:1", ends=("127.0.0.1", 1, "127.0.0.1", 2))
+        with pytest.raises(GrpcError, match="cannot be told"):
+            check_access(peer, key)
+        assert may_see(peer, "/no-such-object")  # nothing to protect: the worker says no
+    finally:
+        os.close(fd)
+        os.unlink("/dev/shm" + key)
 
 
 @pytest.mark.parametrize(

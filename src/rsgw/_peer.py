@@ -9,13 +9,19 @@ has always answered. `Peer.uid()` finds the row whose local end is the client's
 address and whose remote end is ours, once per connection, on first need (a
 shared-memory registration; never a plain inference call).
 
+The same row gives the socket's inode, and the process that holds it is the one
+with `socket:[inode]` among its open files (`Peer.pids()`, a scan of /proc done
+only when a registration asks). `rsgw._shm_access` then asks whether that process
+has the shared memory object open or mapped.
+
 A peer that is not a socket (trio memory streams: an embedded, in-process client)
-is `IN_PROCESS` and trusted as the server's own user.
+is `IN_PROCESS` and trusted as the server itself.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -43,16 +49,31 @@ class Peer:
     certificate: str = ""
     #: (client host, client port, our host, our port) of a TCP connection.
     ends: tuple[str, int, str, int] | None = None
-    _uid: int | None = field(default=None, repr=False)
+    _socket: SocketRow | None = field(default=None, repr=False)
     _looked_up: bool = field(default=False, repr=False)
+    _pids: tuple[int, ...] | None = field(default=None, repr=False)
 
-    def uid(self) -> int | None:
-        """The uid of the process that opened a loopback connection (cached); else None."""
+    def _row(self) -> SocketRow | None:
         if not self._looked_up:
             self._looked_up = True
             if self.kind == LOOPBACK and self.ends is not None:
-                self._uid = socket_owner(*self.ends)
-        return self._uid
+                self._socket = socket_row(*self.ends)
+        return self._socket
+
+    def uid(self) -> int | None:
+        """The uid of the process that opened a loopback connection (cached); else None."""
+        row = self._row()
+        return None if row is None else row.uid
+
+    def pids(self) -> tuple[int, ...]:
+        """The processes holding the client's end of a loopback connection (cached).
+
+        Empty when they cannot be seen (another PID namespace, /proc hidden).
+        """
+        if self._pids is None:
+            row = self._row()
+            self._pids = () if row is None else socket_holders(row.inode, row.uid)
+        return self._pids
 
     @property
     def owner(self) -> str:
@@ -96,8 +117,24 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
+@dataclass(frozen=True, slots=True)
+class SocketRow:
+    """What /proc/net/tcp says of one socket: who created it, and its inode."""
+
+    uid: int
+    inode: int
+
+
 def socket_owner(client_host: str, client_port: int, our_host: str, our_port: int) -> int | None:
     """The uid owning the socket `client_host:client_port` -> `our_host:our_port`, or None."""
+    row = socket_row(client_host, client_port, our_host, our_port)
+    return None if row is None else row.uid
+
+
+def socket_row(
+    client_host: str, client_port: int, our_host: str, our_port: int
+) -> SocketRow | None:
+    """The /proc/net/tcp row of socket `client_host:client_port` -> `our_host:our_port`."""
     wanted = {
         (encoded, _hex_port(client_port), peer, _hex_port(our_port))
         for encoded in _proc_addresses(client_host)
@@ -108,9 +145,9 @@ def socket_owner(client_host: str, client_port: int, our_host: str, our_port: in
             with open(path, encoding="ascii", errors="replace") as table:
                 next(table, None)  # the header
                 for line in table:
-                    uid = owner_in_row(line, wanted)
-                    if uid is not None:
-                        return uid
+                    row = parse_row(line, wanted)
+                    if row is not None:
+                        return row
         except OSError:
             continue
     return None
@@ -118,8 +155,14 @@ def socket_owner(client_host: str, client_port: int, our_host: str, our_port: in
 
 def owner_in_row(line: str, wanted: set[tuple[str, str, str, str]]) -> int | None:
     """The uid of one `/proc/net/tcp` row if its (local, remote) ends are `wanted`."""
+    row = parse_row(line, wanted)
+    return None if row is None else row.uid
+
+
+def parse_row(line: str, wanted: set[tuple[str, str, str, str]]) -> SocketRow | None:
+    """One `/proc/net/tcp` row's uid and inode, if its (local, remote) ends are `wanted`."""
     fields = line.split()
-    if len(fields) < 8:
+    if len(fields) < 10:
         return None
     local, remote = fields[1].split(":"), fields[2].split(":")
     if len(local) != 2 or len(remote) != 2:
@@ -127,9 +170,55 @@ def owner_in_row(line: str, wanted: set[tuple[str, str, str, str]]) -> int | Non
     if (local[0], local[1], remote[0], remote[1]) not in wanted:
         return None
     try:
-        return int(fields[7])
+        return SocketRow(int(fields[7]), int(fields[9]))
     except ValueError:
         return None
+
+
+def socket_holders(inode: int, uid: int) -> tuple[int, ...]:
+    """The processes (of user `uid`, or any when we cannot tell) with socket `inode` open."""
+    target = f"socket:[{inode}]"
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return ()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == target:
+                    found.append(int(entry))
+                    break
+            except OSError:
+                continue
+    return tuple(found)
+
+
+def holds_file(pid: int, path: str) -> bool:
+    """Whether process `pid` has file `path` open or mapped."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                return True
+        except OSError:
+            continue
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return any(line.rstrip("\n").endswith(" " + path) for line in maps)
+    except OSError:
+        return False
 
 
 def _hex_port(port: int) -> str:

@@ -3,12 +3,14 @@
 Registering a region makes the server open `/dev/shm/<key>` read-write with its
 own rights, and then read it (inputs) and write it (outputs) for the client. A
 client must not get through the server what it could not open itself: another
-user's object, a database's shared buffers, another tenant's tensors. So the
-client proves it could: its connection is on loopback and the object belongs to
-the user the client runs as (`rsgw._peer.Peer.uid`), or to the server's own user
-(the gateway registering on its workers; a client of that user could read the
-server's memory anyway), or the client is root. Clients in the same process (an
-embedding application) are the server's own user.
+user's object, a database's shared buffers, another tenant's tensors, another
+process's of the same user. So the client proves it could: its connection is on
+loopback, and the process at the other end (`rsgw._peer.Peer.pids`) has the object
+open or mapped, as a client that created it or opened it to fill it does. The
+gateway proves it the same way to its workers: it holds the object open while it
+registers it there. Where the client's process cannot be seen (another PID
+namespace), the object must belong to the user the client runs as. Clients in the
+same process (an embedding application) are the server itself.
 
 A client on another host cannot share this host's /dev/shm at all, so its
 registrations are refused, unless `shm.allow_remote_clients` says that pods with
@@ -18,11 +20,13 @@ only name objects under `shm.key_prefix`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 
 from rsgw._errors import GrpcError, shown
-from rsgw._peer import IN_PROCESS, LOOPBACK, Peer
+from rsgw._peer import IN_PROCESS, LOOPBACK, Peer, holds_file
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 
@@ -60,9 +64,6 @@ def check_access(
             "system shared memory can only be registered by a client on this host "
             "(connect through 127.0.0.1 or ::1)",
         )
-    uid = client.uid()
-    if uid is None:
-        raise _denied(key, "the user of this client cannot be told, so it cannot prove access")
     path = object_path(key)
     if path is None:
         return
@@ -72,9 +73,39 @@ def check_access(
         return
     if not stat.S_ISREG(info.st_mode):
         return  # the worker refuses it with its own message
-    if uid in (0, info.st_uid, os.geteuid()):
-        return
-    raise _denied(key, "the object belongs to another user than this client's")
+    pids = client.pids()
+    if os.getpid() in pids:
+        return  # a client inside this very process (an embedding application, a test)
+    if pids:
+        if any(holds_file(pid, path) for pid in pids):
+            return
+        raise _denied(
+            key,
+            "this client does not have it open or mapped; a client registers only the "
+            "objects it created or opened itself (as tritonclient's shared memory helpers do)",
+        )
+    # The client's process cannot be seen (another PID namespace): its user must own it.
+    uid = client.uid()
+    if uid is None:
+        raise _denied(key, "the user of this client cannot be told, so it cannot prove access")
+    if uid != info.st_uid:
+        raise _denied(key, "the object belongs to another user than this client's")
+
+
+@contextlib.contextmanager
+def held_open(key: str) -> Iterator[None]:
+    """Hold POSIX object `key` open meanwhile (read-only), if it exists: the gateway's
+    proof to a worker that it may have the worker map it (see the module docstring)."""
+    path = object_path(key) if key else None
+    fd = -1
+    if path is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def may_see(client: Peer, key: str, *, allow_remote: bool = False, key_prefix: str = "") -> bool:

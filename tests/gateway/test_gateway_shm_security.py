@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -96,18 +96,22 @@ def shm_infer_body(region: str, output_region: str | None = None) -> bytes:
     return request.SerializeToString()
 
 
-def as_user(uid: int, target: str, calls: list[tuple[Method, bytes]]) -> list[tuple[str, str]]:
+def as_user(
+    uid: int, target: str, calls: list[tuple[Method, bytes]], holding: Sequence[str] = ()
+) -> list[tuple[str, str]]:
     """Each call's (status name, details), made by a process running as `uid`."""
-    return [(code, details) for code, details, _ in as_user_raw(uid, target, calls)]
+    return [(code, details) for code, details, _ in as_user_raw(uid, target, calls, holding)]
 
 
 def as_user_raw(
-    uid: int, target: str, calls: list[tuple[Method, bytes]]
+    uid: int, target: str, calls: list[tuple[Method, bytes]], holding: Sequence[str] = ()
 ) -> list[tuple[str, str, bytes]]:
-    """Each call's (status name, details, reply), made by a process running as `uid`."""
+    """Each call's (status, details, reply), made by a process running as `uid` that
+    holds the objects `holding` open."""
     wire = [[m.path, body.hex(), None] for m, body in calls]
+    argv = [str(uid), target, json.dumps(wire), json.dumps(list(holding))]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.as_user", str(uid), target, json.dumps(wire)],
+        [sys.executable, "-m", "tests.as_user", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -162,7 +166,7 @@ async def test_another_users_object_can_be_neither_read_nor_written() -> None:
                 )
                 (register, _), (infer, _) = results
                 assert register == "PERMISSION_DENIED", results
-                assert "belongs to another user" in results[0][1]
+                assert "does not have it open or mapped" in results[0][1]
                 assert infer != "OK"
             # The attacker's own object registers, computes and is written as usual.
             results = await in_thread(
@@ -174,6 +178,7 @@ async def test_another_users_object_can_be_neither_read_nor_written() -> None:
                         (Method.MODEL_INFER, shm_infer_body("mine", "mine")),
                         (Method.SHM_UNREGISTER, unregister_body("mine")),
                     ],
+                    holding=[own],
                 )
             )
             assert [code for code, _ in results] == ["OK"] * 3, results
@@ -188,7 +193,9 @@ async def test_is_same_ipc_namespace_answers_only_for_the_clients_own_objects() 
         with shm_object() as victim, shm_object(uid=NOBODY) as own:
             wire = [(Method.IPC_NAMESPACE, ipc_body(k)) for k in (victim, own)]
             for target in (fleet.target, fleet.worker_url(0)):
-                answers = await in_thread(lambda: as_user_raw(NOBODY, target, wire))  # noqa: B023
+                answers = await in_thread(
+                    lambda: as_user_raw(NOBODY, target, wire, holding=[own])  # noqa: B023
+                )
                 replies = [reply for _, _, reply in answers]
                 same = [pb.IsSameIPCNamespaceResponse.FromString(r).same for r in replies]
                 assert same == [False, True], target
@@ -291,3 +298,29 @@ async def test_key_prefix_policy(tmp_path: Path) -> None:
                 )
             assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "keys must start with 'rsgw-ok-'" in caught.value.details()
+
+
+@as_root
+async def test_a_process_of_the_same_user_cannot_register_anothers_object() -> None:
+    """Root, even: only a process that has the object open or mapped may register it."""
+    async with open_fleet(1) as fleet:
+        with shm_object() as victim:
+            for target in (fleet.target, fleet.worker_url(0)):
+                (result,) = await in_thread(
+                    lambda: as_user(
+                        0,
+                        target,  # noqa: B023
+                        [(Method.SHM_REGISTER, register_body("steal", victim))],
+                    )
+                )
+                assert result[0] == "PERMISSION_DENIED", result
+            # The same process holding it open may.
+            (result,) = await in_thread(
+                lambda: as_user(
+                    0,
+                    fleet.target,
+                    [(Method.SHM_REGISTER, register_body("ok", victim))],
+                    holding=[victim],
+                )
+            )
+            assert result[0] == "OK", result

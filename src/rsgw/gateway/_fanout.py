@@ -40,7 +40,7 @@ from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._shm_access import check_access, may_see, not_yours
+from rsgw._shm_access import check_access, held_open, may_see, not_yours
 from rsgw._status import StatusCode
 from rsgw.gateway._pool import fan_out
 from rsgw.gateway._regions import UNREGISTER_OF
@@ -251,17 +251,19 @@ class FleetCalls:
                     )
                 self._may_register(method, message, call)
                 undo = self._undoer(undo_with, _named(undo_with, name))
-                reply = await self.all_or_nothing(
-                    method,
-                    body,
-                    self.pool.urls,
-                    self._deadline(call),
-                    undo,
-                    gated=True,
-                    unreachable_later=True,
-                )
+                key: str = getattr(message, "key", "")  # system shared memory only
+                with held_open(key):  # what the workers check we may have them map
+                    reply = await self.all_or_nothing(
+                        method,
+                        body,
+                        self.pool.urls,
+                        self._deadline(call),
+                        undo,
+                        gated=True,
+                        unreachable_later=True,
+                    )
                 byte_size: int = message.byte_size  # type: ignore[attr-defined]
-                self.pool.regions.registered(method, name, body, call.owner, byte_size)
+                self.pool.regions.registered(method, name, body, call.owner, byte_size, key)
                 return reply
 
         return handler

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._shm_access import REGION_PARAMETER, not_yours, regions_named
+from rsgw._shm_access import REGION_PARAMETER, held_open, not_yours, regions_named
 from rsgw._status import StatusCode
 from rsgw.grpc._compression import decompress
 
@@ -44,6 +44,8 @@ class _Region:
     #: Who registered it (`ServerCall.owner`): only they may use or unregister it.
     owner: str
     byte_size: int
+    #: The POSIX object of a system shared memory region ("" for CUDA).
+    key: str = ""
 
 
 class RegionBook:
@@ -101,11 +103,17 @@ class RegionBook:
         self.check_use(regions_named(request), owner)
 
     def registered(
-        self, method: Method, name: str, body: bytes, owner: str = "", byte_size: int = 0
+        self,
+        method: Method,
+        name: str,
+        body: bytes,
+        owner: str = "",
+        byte_size: int = 0,
+        key: str = "",
     ) -> None:
         """A register call (`method`) of region `name` succeeded with request `body`."""
         self._regions.pop((method, name), None)
-        self._regions[(method, name)] = _Region(body, owner, byte_size)
+        self._regions[(method, name)] = _Region(body, owner, byte_size, key)
 
     def unregistered(self, method: Method, name: str) -> None:
         """An unregister call succeeded somewhere: region `name` (or all, for "") is gone."""
@@ -122,7 +130,8 @@ class RegionBook:
         """
         for (method, name), region in list(self._regions.items()):
             try:
-                await send(method.wire, region.body)
+                with held_open(region.key):  # the worker checks we may have it map it
+                    await send(method.wire, region.body)
             except GrpcError as exc:
                 if exc.code is not StatusCode.ALREADY_EXISTS:
                     _refused(worker, name, exc)
