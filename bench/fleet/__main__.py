@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Fleet benchmark (issue 10): does lpt_packing make the GPUs batch better?
+"""Fleet benchmark v2: does the scheduling make the GPUs batch better, across load?
 
-Runs the issue's fixed scenario (four simulated `fifo` workers, twelve Zipf-popular
-models whose weights fit the fleet only when packed three per worker, open-loop Poisson
-load at 70% of the one-GPU-per-model full-batch capacity) through `rsgw run` once per
-scheduling mode and repetition, each on a fresh fleet, and reports per mode the median
-and min-max over the runs of: achieved throughput, p50/p99 latency, rows per dispatch,
-weight loads and evictions, and how evenly compute fell on the GPUs; plus a plot of the
-latency CDFs.
+Runs a scenario (`scenarios/NAME.yaml`: the fleet, the models, the SLO; see
+`_scenario`) through `rsgw run` once per scheduling mode, offered load and repetition,
+each on a fresh fleet, with open-loop Poisson arrivals at a fraction of the scenario's
+capacity (derived from a simulation of the worker's cost model, printed with its
+derivation). Per mode and load it reports the median and min-max over the runs of:
+SLO goodput (requests answered within the SLO, from their scheduled send time), p50/p99,
+rows per dispatch weighted by rows, shed and failed fractions by status, weight loads
+and evictions, and how evenly compute fell on the GPUs; and plots goodput and p99
+against offered load, one line per mode.
 
 Run from the repository root, in the virtual environment of `pip install -e '.[test]'`:
 
-    python bench/fleet                 # full run: 3 modes x 3 runs x (20 s + 60 s)
-    python bench/fleet --quick         # smoke run: 1 run per mode, 10 s + 20 s
-    python bench/fleet --modes round_robin,least_outstanding --json out.json
+    python bench/fleet --scenario memory_bound             # its sweep, 3 runs each
+    python bench/fleet --scenario compute_bound --load 0.7 --repeat 3 --json out.json
+    python bench/fleet --scenario hot_replicas --load 0.7 --quick
+    python bench/fleet --scenario compute_bound --batcher-delay-us 2000   # dynamic batcher
 
 See docs/benchmarks.md.
 """
@@ -42,7 +45,7 @@ import _scenario as sc
 
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PLOT = REPO / "docs" / "fleet_latency_cdf.png"
+DOCS = REPO / "docs"
 # A call that has not answered within this many seconds counts as failed. It bounds how
 # long a run drains after its last send, and so the whole benchmark's length; it is
 # about 30 full-batch times at the chosen time scale, far beyond any healthy latency.
@@ -71,27 +74,43 @@ def positive(text: str) -> float:
     return value
 
 
+def loads_arg(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected fractions like 0.7 or 0.3,0.7, got {text!r}"
+        ) from None
+    if not loads or any(not 0 < x <= 3 for x in loads):
+        raise argparse.ArgumentTypeError(f"loads must be fractions in (0, 3], got {text!r}")
+    return loads
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python bench/fleet",
-        description="Issue 10's fleet scenario through rsgw, per scheduling mode: "
-        "throughput, latency, batch size, weight traffic and GPU balance. "
+        description="A fleet scenario through rsgw, per scheduling mode and offered load: "
+        "SLO goodput, latency, batch depth, weight traffic, sheds and GPU balance. "
         "See docs/benchmarks.md.",
     )
+    p.add_argument("--scenario", default="memory_bound", help="scenarios/NAME.yaml or a path")
+    p.add_argument("--load", type=loads_arg, help="fraction(s) of capacity (default: its sweep)")
     p.add_argument("--modes", type=modes_arg, default=list(MODES), help="default: all three")
     p.add_argument(
-        "--repeat", type=int, help=f"runs per mode (default {sc.REPEAT}; 1 with --quick)"
+        "--repeat", type=int, help=f"runs per mode and load (default {sc.REPEAT}; 1 with --quick)"
     )
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 run per mode, 10 s + 20 s")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 10 s + 20 s")
     p.add_argument("--warmup", type=positive, help=f"seconds before the window ({sc.WARMUP_S:g})")
     p.add_argument("--duration", type=positive, help=f"measured seconds ({sc.MEASURE_S:g})")
     p.add_argument(
-        "--plot",
-        type=Path,
-        help=f"latency CDF PNG (default {DEFAULT_PLOT.relative_to(REPO)} for a full run of "
-        "the scenario, a file in the temporary directory otherwise)",
+        "--batcher-delay-us",
+        type=int,
+        default=None,
+        help="give every model Triton's dynamic batcher with this max_queue_delay "
+        "(unscaled microseconds; 0: eager); default: as the scenario says",
     )
-    p.add_argument("--json", type=Path, help="also write every run's figures to this file")
+    p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
+    p.add_argument("--json", type=Path, help="write every run's row to this file (a JSON list)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
     args = p.parse_args(argv)
     if args.repeat is None:
@@ -101,17 +120,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.modes = [m for m in MODES if m in args.modes]  # tables and runs in one order
     args.warmup = args.warmup or (QUICK_WARMUP_S if args.quick else sc.WARMUP_S)
     args.duration = args.duration or (QUICK_MEASURE_S if args.quick else sc.MEASURE_S)
-    args.full = (
-        not args.quick
-        and args.repeat == sc.REPEAT
-        and args.warmup == sc.WARMUP_S
-        and args.duration == sc.MEASURE_S
-        and list(args.modes) == list(MODES)
-    )
-    if args.plot is None:
-        args.plot = (
-            DEFAULT_PLOT if args.full else Path(tempfile.gettempdir()) / "rsgw-fleet-cdf.png"
-        )
     return args
 
 
@@ -197,32 +205,47 @@ def repack_times(gateway: Any, started_wall: float) -> list[tuple[float, str]]:
     return sorted(times)
 
 
-def one_run(mode: str, rep: int, args: argparse.Namespace, load: sc.Load, workdir: Path) -> Any:
+def one_run(
+    scenario: sc.Scenario,
+    mode: str,
+    fraction: float,
+    rep: int,
+    args: argparse.Namespace,
+    load: sc.Load,
+    workdir: Path,
+) -> Any:
     """A fresh fleet, the load, the figures."""
     import _fleet
     import _load
     import _measure
 
-    rundir = workdir / f"{mode}-{rep}"
+    rundir = workdir / f"{mode}-{fraction:g}-{rep}"
     rundir.mkdir()
     catalogue = workdir / "models.yaml"
     seed = SEED + rep
-    schedule = _load.poisson_schedule(load.offered, args.warmup + args.duration, seed)
-    fleet = _fleet.start_fleet(mode, rundir, catalogue, load.time_scale, FIRST_REPACK_COMPUTE_S)
+    total = args.warmup + args.duration
+    schedule = _load.poisson_schedule(scenario, load.offered(fraction), total, seed)
+    fleet = _fleet.start_fleet(
+        scenario, mode, rundir, catalogue, load.time_scale, FIRST_REPACK_COMPUTE_S
+    )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731
+        deadline = max(DEADLINE_S, 3 * scenario.slo_ms * load.time_scale / 1000)
         outcome = _load.drive(
+            scenario.names,
             fleet.grpc_port,
             schedule,
-            DEADLINE_S,
-            DEADLINE_S + 1.0,
-            [("start", args.warmup, snap), ("end", args.warmup + args.duration, snap)],
+            deadline,
+            deadline + 1.0,
+            [("start", args.warmup, snap), ("end", total, snap)],
         )
         fleet.check_alive()
     finally:
         fleet.stop()
     repacks = repack_times(fleet.gateway, outcome.started_wall)
-    return _measure.summarise(mode, rep, seed, outcome, args.warmup, args.duration, repacks)
+    slo_ms = scenario.slo_ms * load.time_scale
+    run = (scenario.name, mode, fraction, rep, seed)
+    return _measure.summarise(run, slo_ms, outcome, args.warmup, args.duration, repacks)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -240,6 +263,14 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        scenario = sc.load_scenario(args.scenario)
+    except sc.ScenarioError as exc:
+        print(f"bench/fleet: {exc}", file=sys.stderr)
+        return 2
+    if args.batcher_delay_us is not None:
+        scenario = scenario.with_batcher(args.batcher_delay_us)
+    loads = args.load or list(scenario.loads)
     no_plot = ensure_matplotlib()
     if no_plot:
         print(f"bench/fleet: {no_plot}; no plot this time", file=sys.stderr)
@@ -247,45 +278,49 @@ def main(argv: Sequence[str]) -> int:
     import _fleet
     import _report
 
-    load = sc.offered_load()
+    load = sc.derive_load(scenario)
     print(machine())
-    print(sc.describe(load))
+    print(sc.describe(scenario, load))
     print(
-        f"runs: modes {', '.join(args.modes)}; {args.repeat} per mode; warm-up "
-        f"{args.warmup:g} s, measured {args.duration:g} s; call deadline {DEADLINE_S:g} s; "
-        f"prober every {_fleet.HEALTH_INTERVAL_S:g} s; lpt_packing first repack after "
-        f"{FIRST_REPACK_COMPUTE_S:g} GPU-s",
+        f"runs: loads {', '.join(f'{x:.0%}' for x in loads)}; modes {', '.join(args.modes)}; "
+        f"{args.repeat} per mode and load; warm-up {args.warmup:g} s, measured "
+        f"{args.duration:g} s; prober every {_fleet.HEALTH_INTERVAL_S:g} s; lpt_packing first "
+        f"repack after {FIRST_REPACK_COMPUTE_S:g} GPU-s",
         flush=True,
     )
     workdir = Path(tempfile.mkdtemp(prefix="rsgw-fleet-"))
-    (workdir / "models.yaml").write_text(sc.catalogue_yaml())
+    (workdir / "models.yaml").write_text(scenario.catalogue_yaml())
     print(f"work directory {workdir}\n", flush=True)
 
     runs = []
     failures: list[str] = []
     refused: set[str] = set()
     for rep in range(1, args.repeat + 1):
-        for mode in args.modes:  # every mode once per repetition: noise hits them alike
-            if mode in refused:
-                continue
-            t0 = time.monotonic()
-            try:
-                run = one_run(mode, rep, args, load, workdir)
-            except Exception as exc:  # one failed run must not lose the others' results
-                text = str(exc) if isinstance(exc, _fleet.FleetError) else repr(exc)
-                failures.append(f"rep {rep} {mode}: {text}")
-                print(f"rep {rep} {_report.label(mode)} FAILED: {text}", flush=True)
-                if "not available in this version" in text:
-                    refused.add(mode)  # the gateway refuses the mode: no use trying again
-                continue
-            runs.append(run)
-            print(_report.describe_run(run, time.monotonic() - t0), flush=True)
+        for fraction in loads:
+            for mode in args.modes:  # every mode once per repetition: noise hits them alike
+                if mode in refused:
+                    continue
+                t0 = time.monotonic()
+                try:
+                    run = one_run(scenario, mode, fraction, rep, args, load, workdir)
+                except Exception as exc:  # one failed run must not lose the others' results
+                    text = str(exc) if isinstance(exc, _fleet.FleetError) else repr(exc)
+                    failures.append(f"{fraction:.0%} rep {rep} {mode}: {text}")
+                    print(f"{fraction:.0%} rep {rep} {mode} FAILED: {text}", flush=True)
+                    if "not available in this version" in text:
+                        refused.add(mode)  # the gateway refuses the mode: no use again
+                    continue
+                runs.append(run)
+                print(_report.describe_run(run, time.monotonic() - t0), flush=True)
 
     total = time.monotonic() - started
     print()
     if runs:
         print("Results: median (min-max) over the runs; latency from the scheduled send time;")
-        print(f"a call failed or unanswered within {DEADLINE_S:g} s counts as slower than any\n")
+        print(
+            f"SLO {scenario.slo_ms * load.time_scale:g} ms; a call failed or unanswered counts "
+            "as slower than any\n"
+        )
         print(_report.results_table(runs, args.modes))
         print("\nContext (same format; CPUs are averages over the window):\n")
         print(_report.context_table(runs, args.modes))
@@ -300,47 +335,21 @@ def main(argv: Sequence[str]) -> int:
                 f"the load: {firsts}; repacks in the window: "
                 f"{', '.join(str(r.repacks_in_window) for r in lpt)}"
             )
-            late = [
-                r.rep for r in lpt if r.first_repack_s is None or r.first_repack_s >= args.warmup
-            ]
-            if late:
-                print(
-                    f"WARNING: in run(s) {', '.join(map(str, late))} lpt_packing did not repack "
-                    f"inside the {args.warmup:g} s warm-up: the window measured its startup "
-                    "placement (or both)"
-                )
         if not no_plot:
-            title = (
-                f"bench/fleet: {sc.WORKERS} workers, {sc.MODELS} models, "
-                f"{load.offered:.0f} req/s offered, time scale {load.time_scale:g}"
+            batcher = (
+                f", batcher {scenario.max_queue_delay_us} us" if scenario.max_queue_delay_us else ""
             )
-            _report.plot_cdf(runs, args.modes, args.plot, title)
-            print(f"latency CDF plot: {args.plot}")
+            plot = args.plot or Path(tempfile.gettempdir()) / f"rsgw-fleet-{scenario.name}.png"
+            title = (
+                f"bench/fleet {scenario.name}: {scenario.workers} workers, {scenario.count} "
+                f"models, capacity {load.capacity / load.time_scale:.0f} req/s at time scale "
+                f"{load.time_scale:g}{batcher}"
+            )
+            _report.plot_sweep(runs, args.modes, plot, title)
+            print(f"plot: {plot}")
     print(f"total time {total:.0f} s")
     if args.json:
-        data = {
-            "scenario": {
-                "workers": sc.WORKERS,
-                "models": sc.MODELS,
-                "weight_bytes": sc.weight_bytes(),
-                "budget_bytes": sc.BUDGET_BYTES,
-                "raw_capacity_rps": load.raw_capacity,
-                "capacity_rps": load.capacity,
-                "packing": [list(g) for g in load.packing.groups],
-                "time_scale": load.time_scale,
-                "offered_rps": load.offered,
-                "warmup_s": args.warmup,
-                "measure_s": args.duration,
-                "deadline_s": DEADLINE_S,
-                "first_rebalance_compute_seconds": FIRST_REPACK_COMPUTE_S,
-                "health_interval_seconds": _fleet.HEALTH_INTERVAL_S,
-            },
-            "rsgw": rsgw_source(),
-            "runs": [r.to_json() for r in runs],
-            "failures": failures,
-            "total_s": total,
-        }
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        args.json.write_text(json.dumps([r.to_json() for r in runs], indent=1) + "\n")
         print(f"JSON: {args.json}")
     if failures:
         for line in failures:

@@ -1,4 +1,4 @@
-"""Starting and stopping one fleet: four `rsgw worker` processes and `rsgw run` in front.
+"""Starting and stopping one fleet: the `rsgw worker` processes and `rsgw run` in front.
 
 Every run gets a fresh fleet, so no run inherits another's weight caches, counters or
 packer state. Ports are all picked by the processes themselves (port 0) and read back
@@ -20,10 +20,12 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import _scenario as sc
 import yaml
+
+if TYPE_CHECKING:
+    import _scenario as sc
 
 START_TIMEOUT = 60.0  # seconds for the whole fleet to come up (four workers share 2 cores)
 POLL_S = 0.05
@@ -178,7 +180,7 @@ def wait_for(what: str, procs: Sequence[Proc], ready: Any, deadline: float) -> N
         time.sleep(POLL_S)
 
 
-def routable(admin_port: int) -> bool:
+def routable(admin_port: int, models: int, workers: int) -> bool:
     """The gateway routes every model to every worker (its own /metrics says so)."""
     try:
         text = http_get(admin_port, "/metrics", timeout=2.0)
@@ -191,17 +193,22 @@ def routable(admin_port: int) -> bool:
             table = float(line.split()[-1])
         elif line.startswith("gateway_worker_ready{"):
             ready += float(line.split()[-1])
-    return table >= sc.MODELS and ready >= sc.WORKERS
+    return table >= models and ready >= workers
 
 
 def start_fleet(
-    mode: str, workdir: Path, catalogue: Path, time_scale: float, first_repack: float
+    scenario: sc.Scenario,
+    mode: str,
+    workdir: Path,
+    catalogue: Path,
+    time_scale: float,
+    first_repack: float,
 ) -> Fleet:
-    """Four workers, then the gateway; returns once every model is routable."""
+    """The scenario's workers, then the gateway; returns once every model is routable."""
     deadline = time.monotonic() + START_TIMEOUT
     env = clean_env()
     workers = []
-    for k in range(sc.WORKERS):
+    for k in range(scenario.workers):
         name = f"gpu{k}"
         argv = [
             sys.executable,
@@ -210,7 +217,8 @@ def start_fleet(
             "worker",
             *("--name", name, "--gpu", str(k), "--host", "127.0.0.1"),
             *("--port", "0", "--metrics-port", "0", "--models", str(catalogue)),
-            *("--discipline", "fifo", "--weight-cache-bytes", str(sc.BUDGET_BYTES)),
+            *("--discipline", scenario.discipline),
+            *("--weight-cache-bytes", str(scenario.budget_bytes)),
             *("--time-scale", f"{time_scale:g}", "--log-format", "json"),
         ]
         workers.append(spawn(name, argv, workdir / f"{name}.log", env))
@@ -243,7 +251,12 @@ def start_fleet(
         wait_for("gateway", fleet.procs, gateway_serving, deadline)
         fleet.grpc_port = int(gateway.info["grpc_port"])
         fleet.admin_port = int(gateway.info["metrics_port"])
-        wait_for("gateway routing table", fleet.procs, lambda: routable(fleet.admin_port), deadline)
+        wait_for(
+            "gateway routing table",
+            fleet.procs,
+            lambda: routable(fleet.admin_port, scenario.count, scenario.workers),
+            deadline,
+        )
         return fleet
     except BaseException:
         if gateway is not None:

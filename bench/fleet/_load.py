@@ -54,22 +54,25 @@ class Schedule:
     models: list[int]
 
 
-def poisson_schedule(rate: float, duration: float, seed: int) -> Schedule:
-    """Exponential gaps at `rate`/s for `duration` s; each request's model drawn by Zipf."""
+def poisson_schedule(scenario: sc.Scenario, rate: float, duration: float, seed: int) -> Schedule:
+    """Exponential gaps at `rate`/s for `duration` s; each request's model drawn by the
+    popularity in force at its time (the scenario's phases)."""
     rng = random.Random(seed)
-    shares = sc.popularity()
-    cumulative = []
-    total = 0.0
-    for share in shares:
-        total += share
-        cumulative.append(total)
     times: list[float] = []
     models: list[int] = []
     t = rng.expovariate(rate)
     while t < duration:
+        shares = scenario.shares_at(t / duration)
+        u = rng.random() * sum(shares)
+        acc = 0.0
+        pick = len(shares) - 1
+        for i, share in enumerate(shares):
+            acc += share
+            if u < acc:
+                pick = i
+                break
         times.append(t)
-        u = rng.random() * total
-        models.append(next(i for i, c in enumerate(cumulative) if u < c))
+        models.append(pick)
         t += rng.expovariate(rate)
     return Schedule(times, models)
 
@@ -88,6 +91,7 @@ class Outcome:
 
 
 async def _drive(
+    names: Sequence[str],
     port: int,
     schedule: Schedule,
     deadline: float,
@@ -95,7 +99,7 @@ async def _drive(
     marks: Sequence[tuple[str, float, Callable[[], Any]]],
 ) -> Outcome:
     loop = asyncio.get_running_loop()
-    bodies = [request_body(sc.model_name(i + 1)) for i in range(sc.MODELS)]
+    bodies = [request_body(name) for name in names]
     n = len(schedule.times)
     outcome = Outcome(schedule, [math.nan] * n, [math.nan] * n, [UNANSWERED] * n)
     options = [("grpc.max_concurrent_streams", 4096), ("grpc.enable_retries", 0)]
@@ -137,6 +141,7 @@ async def _drive(
 
 
 def drive(
+    names: Sequence[str],
     port: int,
     schedule: Schedule,
     deadline: float,
@@ -148,4 +153,4 @@ def drive(
     A call gets `deadline` seconds; after the last send, calls still in flight get up to
     `drain` seconds before they are given up (and counted UNANSWERED).
     """
-    return asyncio.run(_drive(port, schedule, deadline, drain, marks))
+    return asyncio.run(_drive(names, port, schedule, deadline, drain, marks))

@@ -16,7 +16,6 @@ from typing import Any
 
 import _fleet
 import _load
-import _scenario as sc
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Worker counters summed over models (and gpu labels), per worker.
@@ -32,8 +31,12 @@ COUNTERS = {
 }
 
 
+MODEL_LABEL = re.compile(r'model="([^"]*)"')
+
+
 def worker_counters(text: str) -> dict[str, float]:
-    """Sum each counter of interest over its label sets, from Prometheus text."""
+    """Sum each counter of interest over its label sets, from Prometheus text; and
+    `rows@MODEL` / `dispatches@MODEL` per model, for the rows-weighted batch depth."""
     sums = dict.fromkeys(COUNTERS.values(), 0.0)
     for line in text.splitlines():
         if not line.startswith("worker_"):
@@ -41,8 +44,30 @@ def worker_counters(text: str) -> dict[str, float]:
         name = line.split("{", 1)[0].split(" ", 1)[0]
         key = COUNTERS.get(name)
         if key is not None:
-            sums[key] += float(line.rsplit(" ", 1)[1])
+            value = float(line.rsplit(" ", 1)[1])
+            sums[key] += value
+            if key in ("rows", "dispatches"):
+                model = MODEL_LABEL.search(line)
+                if model:
+                    per = f"{key}@{model[1]}"
+                    sums[per] = sums.get(per, 0.0) + value
     return sums
+
+
+def rows_weighted_depth(deltas: Sequence[dict[str, float]]) -> float:
+    """The batch depth the average row saw: per (GPU, model) rows/dispatch, weighted by
+    rows. Unlike rows / dispatches, a light GPU's many one-row dispatches do not drag
+    it down, and a hot model's deep batches count for every row in them."""
+    total = 0.0
+    weighted = 0.0
+    for delta in deltas:
+        for key, rows in delta.items():
+            if key.startswith("rows@") and rows > 0:
+                dispatches = delta.get("dispatches@" + key[5:], 0.0)
+                if dispatches > 0:
+                    total += rows
+                    weighted += rows * rows / dispatches
+    return weighted / total if total else math.nan
 
 
 PLACEMENT_LINE = re.compile(
@@ -117,11 +142,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class RunResult:
-    """The figures of one run (one mode, one repetition)."""
+    """The figures of one run (one scenario, mode, load and repetition)."""
 
+    scenario: str
     mode: str
+    load: float  # the fraction of the scenario's capacity offered
     rep: int
     seed: int
+    slo_ms: float  # scaled: what the latencies are held to
+    goodput_rps: float  # requests answered OK within the SLO, per second of the window
+    shed_fraction: float  # RESOURCE_EXHAUSTED, of the requests sent in the window
+    failed_fraction: float  # any other failure or no answer, of the same
+    rows_weighted: float  # rows per dispatch, weighted by rows (see rows_weighted_depth)
     window_s: float
     sent: int  # requests scheduled inside the window
     ok: int
@@ -149,24 +181,34 @@ class RunResult:
     ok_latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        """One JSON row: the issue's keys first (`rows_per_dispatch` is the rows-weighted
+        depth; the plain mean is `rows_per_dispatch_mean`), then the context."""
         data = asdict(self)
         del data["ok_latencies_ms"]
-        for key in ("p50_ms", "p99_ms"):
-            if math.isinf(data[key]):
+        data["rows_per_dispatch_mean"] = data.pop("rows_per_dispatch")
+        data["rows_per_dispatch"] = data.pop("rows_weighted")
+        data["evictions"] = data.pop("evicts")
+        for key, value in data.items():
+            if isinstance(value, float) and not math.isfinite(value):
                 data[key] = None
-        return data
+        first = (
+            "scenario", "mode", "load", "offered_rps", "goodput_rps", "slo_ms", "p50_ms",
+            "p99_ms", "rows_per_dispatch", "shed_fraction", "failed_fraction", "evictions",
+        )  # fmt: skip
+        return {**{k: data[k] for k in first}, **data}
 
 
 def summarise(
-    mode: str,
-    rep: int,
-    seed: int,
+    run: tuple[str, str, float, int, int],
+    slo_ms: float,
     outcome: _load.Outcome,
     warmup: float,
     window: float,
     repacks: Sequence[tuple[float, str]],
 ) -> RunResult:
-    """Turn one run's requests and snapshots into its figures."""
+    """Turn one run's requests and snapshots into its figures; `run` is (scenario, mode,
+    load, repetition, seed)."""
+    scenario, mode, load, rep, seed = run
     sched = outcome.schedule
     inside = [i for i, t in enumerate(sched.times) if warmup <= t < warmup + window]
     ok_lat = sorted(
@@ -197,10 +239,19 @@ def summarise(
     in_window = (
         sum(1 for t in traffic if warmup <= t < warmup + window) if mode == "lpt_packing" else None
     )
+    sent = len(inside)
+    shed = errors.get("RESOURCE_EXHAUSTED", 0)
     return RunResult(
+        scenario=scenario,
         mode=mode,
+        load=load,
         rep=rep,
         seed=seed,
+        slo_ms=slo_ms,
+        goodput_rps=sum(1 for lat in ok_lat if lat <= slo_ms) / window,
+        shed_fraction=shed / sent if sent else math.nan,
+        failed_fraction=(sent - len(ok_lat) - shed) / sent if sent else math.nan,
+        rows_weighted=rows_weighted_depth(delta),
         window_s=window,
         sent=len(inside),
         ok=len(ok_lat),
@@ -213,7 +264,7 @@ def summarise(
         dispatches=int(dispatches),
         loads=int(sum(d["loads"] for d in delta)),
         evicts=int(sum(d["evicts"] for d in delta)),
-        load_share=sum(d["load_s"] for d in delta) / (sc.WORKERS * span),
+        load_share=sum(d["load_s"] for d in delta) / (len(delta) * span),
         worker_shed=int(sum(d["shed"] for d in delta)),
         compute_s=compute,
         gpu_rows_per_dispatch=[

@@ -1,4 +1,4 @@
-"""The tables (median and min-max per mode over the runs) and the latency CDF plot."""
+"""The tables (median and min-max per load and mode over the runs) and the sweep plot."""
 
 from __future__ import annotations
 
@@ -55,14 +55,29 @@ def by_mode(runs: Sequence[RunResult], modes: Sequence[str]) -> list[tuple[str, 
     return [(m, [r for r in runs if r.mode == m]) for m in modes if any(r.mode == m for r in runs)]
 
 
+def by_load_and_mode(
+    runs: Sequence[RunResult], modes: Sequence[str]
+) -> list[tuple[str, list[RunResult]]]:
+    """(row label, runs) per load (ascending) and mode."""
+    rows = []
+    for load in sorted({r.load for r in runs}):
+        for mode, group in by_mode([r for r in runs if r.load == load], modes):
+            rows.append((f"{load:.0%} {label(mode)}", group))
+    return rows
+
+
 def results_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
-    """The issue's figures, one row per mode."""
+    """The issue's figures, one row per load and mode."""
     columns: list[tuple[str, Callable[[RunResult], float]]] = [
         ("offered req/s", lambda r: r.offered_rps),
+        ("SLO goodput req/s", lambda r: r.goodput_rps),
         ("achieved req/s", lambda r: r.throughput_rps),
         ("p50 ms", lambda r: r.p50_ms),
         ("p99 ms", lambda r: r.p99_ms),
-        ("rows/dispatch", lambda r: r.rows_per_dispatch),
+        ("rows/dispatch (row-weighted)", lambda r: r.rows_weighted),
+        ("rows/dispatch (mean)", lambda r: r.rows_per_dispatch),
+        ("shed %", lambda r: 100 * r.shed_fraction),
+        ("failed %", lambda r: 100 * r.failed_fraction),
         ("weight loads", lambda r: r.loads),
         ("evictions", lambda r: r.evicts),
         ("GPU compute s min", lambda r: min(r.compute_s)),
@@ -70,16 +85,15 @@ def results_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
         ("compute spread", lambda r: r.compute_spread),
     ]
     rows = [
-        [label(mode), *(cell([get(r) for r in group]) for _, get in columns)]
-        for mode, group in by_mode(runs, modes)
+        [name, *(cell([get(r) for r in group]) for _, get in columns)]
+        for name, group in by_load_and_mode(runs, modes)
     ]
-    return table(["mode", *(name for name, _ in columns)], rows)
+    return table(["load, mode", *(name for name, _ in columns)], rows)
 
 
 def context_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
     """What explains the figures, and whether the machine kept up."""
     columns: list[tuple[str, Callable[[RunResult], float]]] = [
-        ("failed %", lambda r: 100 * (r.sent - r.ok) / r.sent if r.sent else math.nan),
         ("device time loading %", lambda r: 100 * r.load_share),
         ("dispatches", lambda r: r.dispatches),
         ("worker sheds", lambda r: r.worker_shed),
@@ -91,10 +105,10 @@ def context_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
         ("steal CPUs", lambda r: r.cpu["steal"]),
     ]
     rows = [
-        [label(mode), *(cell([get(r) for r in group]) for _, get in columns)]
-        for mode, group in by_mode(runs, modes)
+        [name, *(cell([get(r) for r in group]) for _, get in columns)]
+        for name, group in by_load_and_mode(runs, modes)
     ]
-    return table(["mode", *(name for name, _ in columns)], rows)
+    return table(["load, mode", *(name for name, _ in columns)], rows)
 
 
 def errors_line(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
@@ -121,39 +135,43 @@ def describe_run(r: RunResult, took: float) -> str:
         placed = " ".join(f"{w}:{','.join(ms)}" for w, ms in (r.placement or {}).items())
         repack = f"  first repack {first}, {r.repacks_in_window} in window; placement {placed}"
     return (
-        f"rep {r.rep} {label(r.mode):<27} {r.throughput_rps:6.1f}/{r.offered_rps:5.1f} req/s  "
+        f"{r.load:4.0%} rep {r.rep} {label(r.mode):<27} goodput {r.goodput_rps:6.1f} "
+        f"{r.throughput_rps:6.1f}/{r.offered_rps:5.1f} req/s  "
         f"p50 {fmt(r.p50_ms):>6} p99 {fmt(r.p99_ms):>6} ms  rows/dispatch "
-        f"{r.rows_per_dispatch:5.2f} (per GPU {rows}; served {served})  loads {r.loads} "
+        f"{r.rows_weighted:5.2f} weighted, {r.rows_per_dispatch:5.2f} mean (per GPU {rows}; "
+        f"served {served})  loads {r.loads} "
         f"evicts {r.evicts}  compute s {gpu}  "
         f"failed {r.sent - r.ok}  lag p99 {r.lag_p99_ms:.1f} ms{repack}  ({took:.0f}s)"
     )
 
 
-def plot_cdf(runs: Sequence[RunResult], modes: Sequence[str], path: Path, title: str) -> None:
-    """Latency CDF per mode, every run of the mode pooled; failures keep the curve below 1."""
+def plot_sweep(runs: Sequence[RunResult], modes: Sequence[str], path: Path, title: str) -> None:
+    """SLO goodput and p99 against offered load, one line per mode (medians over runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    fig, (good, tail) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     for mode, group in by_mode(runs, modes):
-        latencies = sorted(x for r in group for x in r.ok_latencies_ms)
-        sent = sum(r.sent for r in group)
-        if not latencies or not sent:
-            continue
-        ys = [(i + 1) / sent for i in range(len(latencies))]
-        ok = len(latencies) / sent
-        ax.step(latencies, ys, where="post", label=f"{label(mode)} ({ok:.1%} answered)")
-    ax.set_xscale("log")
-    ax.set_xlabel("latency, ms (wall clock, time-scaled workers)")
-    ax.set_ylabel("fraction of requests sent in the window")
-    ax.set_ylim(0, 1.0)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.axhline(0.5, color="grey", linewidth=0.6)
-    ax.axhline(0.99, color="grey", linewidth=0.6)
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left", fontsize=9)  # failing modes hug the bottom
+        loads = sorted({r.load for r in group})
+        goodput = [statistics.median(r.goodput_rps for r in group if r.load == x) for x in loads]
+        p99 = [statistics.median(r.p99_ms for r in group if r.load == x) for x in loads]
+        good.plot([100 * x for x in loads], goodput, marker="o", label=label(mode))
+        shown = [(100 * x, y) for x, y in zip(loads, p99, strict=True) if math.isfinite(y)]
+        if shown:
+            tail.plot(*zip(*shown, strict=True), marker="o", label=label(mode))
+    slo = runs[0].slo_ms if runs else math.nan
+    good.set_xlabel("offered load, % of capacity")
+    good.set_ylabel(f"SLO goodput, req/s answered within {fmt(slo)} ms")
+    tail.set_xlabel("offered load, % of capacity")
+    tail.set_ylabel("p99 latency, ms (failures count as slowest)")
+    tail.set_yscale("log")
+    tail.axhline(slo, color="grey", linewidth=0.8, linestyle="--", label="SLO")
+    for ax in (good, tail):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -1,31 +1,39 @@
-"""The fixed scenario of issue 10, and the cost-model arithmetic behind its load figure.
+"""Scenarios as data (`scenarios/NAME.yaml`), and the capacity each is offered a share of.
 
-Everything here is derived from the issue's numbers, never tuned against a result:
-four `fifo` workers, twelve models with Zipf(1.0) popularity, max batch 32, 10 ms per
-dispatch plus 0.5 ms per row, 300 ms to load a model, and weights such that all twelve
-take 0.9 of the four workers' combined weight budget. The offered load is 70% of the
-fleet's capacity "when every model is served by one GPU in full batches", and the time
-scale is the smallest whole factor that keeps that load at or below 400 requests/s.
+A scenario fixes the fleet (workers, discipline, weight budget), the models (count,
+popularity, max batch, launch and per-row cost, load time, weights as a fraction of the
+fleet's budget, optional dynamic batching), the SLO, and optional phases in which the
+popularity changes. Its capacity is derived, never tuned against a result:
+
+1. a reference placement: the models' traffic split into as few equal parts as keep
+   every part within one GPU's fair share (a hot model gets replicas), placed on the
+   GPUs within their weight budget so that the busiest GPU's share of the traffic is as
+   small as it can be (exhaustive search with symmetry breaking);
+2. the highest total rate at which, in that placement, a simulation of the worker's own
+   cost model (`_capacity`) keeps every GPU's p99 latency within the SLO. This counts
+   the launch each co-resident model pays per cycle, which "every GPU in full batches"
+   does not.
+
+The offered load is a fraction of that capacity, time-scaled (`--time-scale` of the
+workers, and the SLO with it) by the smallest whole factor that keeps the highest load
+of the sweep within what this machine's two cores can send and proxy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-WORKERS = 4
-MODELS = 12
-ZIPF_EXPONENT = 1.0
-MAX_BATCH = 32
-LAUNCH_MS = 10.0
-ITEM_MS = 0.5
-LOAD_MS = 300.0
-# Each worker's on-demand weight budget. Any value works: only the ratio to the weights
-# matters. 10^9 keeps the numbers readable in the workers' metrics.
-BUDGET_BYTES = 1_000_000_000
-WEIGHT_FRACTION = 0.9  # all twelve models' weights / the four budgets together
-LOAD_FRACTION = 0.7  # offered load / capacity
+import _capacity
+import yaml
+
+from rsgw.worker._batching import Discipline
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+DEFAULT_LOADS = (0.3, 0.5, 0.7, 0.9, 1.1)
 MAX_OFFERED_RPS = 400.0  # what the machine's 2 cores are asked to carry
 WARMUP_S = 20.0
 MEASURE_S = 60.0
@@ -35,36 +43,159 @@ REPEAT = 3
 ROW_ELEMENTS = 16
 
 
-def model_name(i: int) -> str:
-    """Model i (1-based) of the scenario; zero-padded so name order is popularity order."""
-    return f"m{i:02d}"
+class ScenarioError(Exception):
+    """A scenario file that cannot be used: names the file and the key."""
 
 
-def popularity() -> list[float]:
-    """Zipf shares p_i = i^-s / H, i = 1..12: model 1 gets 32% of the requests, model 12 2.7%."""
-    raw = [i**-ZIPF_EXPONENT for i in range(1, MODELS + 1)]
+@dataclass(frozen=True)
+class Phase:
+    """From `at` (fraction of the whole run) on, requests follow `shares`."""
+
+    at: float
+    shares: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    workers: int
+    discipline: str
+    budget_bytes: int
+    slo_ms: float  # unscaled
+    count: int
+    shares: tuple[float, ...]
+    max_batch: int
+    launch_ms: float
+    item_ms: float
+    load_ms: float
+    weight_bytes: int
+    max_queue_delay_us: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+    phases: tuple[Phase, ...] = ()
+    loads: tuple[float, ...] = DEFAULT_LOADS
+    source: str = field(default="", compare=False)
+
+    def model_name(self, i: int) -> str:
+        """Model i (1-based); zero-padded so name order is first-phase popularity order."""
+        return f"m{i:02d}"
+
+    @property
+    def names(self) -> list[str]:
+        return [self.model_name(i + 1) for i in range(self.count)]
+
+    def shares_at(self, fraction: float) -> tuple[float, ...]:
+        """The popularity in force at `fraction` of the run."""
+        shares = self.shares
+        for phase in self.phases:
+            if fraction >= phase.at:
+                shares = phase.shares
+        return shares
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return max(1, self.budget_bytes // self.weight_bytes) if self.weight_bytes else self.count
+
+    def catalogue_yaml(self) -> str:
+        """The workers' model catalogue: identical GPU-shaped models, synthetic compute."""
+        lines = [f"# bench/fleet scenario {self.name} (generated).", "models:"]
+        for name in self.names:
+            lines += [
+                f"  - name: {name}",
+                f"    inputs: [{{name: INPUT0, datatype: FP32, shape: [-1, {ROW_ELEMENTS}]}}]",
+                f"    outputs: [{{name: OUTPUT0, datatype: FP32, shape: [-1, {ROW_ELEMENTS}]}}]",
+                f"    max_batch_size: {self.max_batch}",
+                f"    launch_ms: {self.launch_ms}",
+                f"    item_ms: {self.item_ms}",
+                f"    weight_bytes: {self.weight_bytes}",
+                f"    load_ms: {self.load_ms}",
+            ]
+            if self.max_queue_delay_us:
+                lines.append(f"    max_queue_delay_microseconds: {self.max_queue_delay_us}")
+            if self.preferred_batch_size:
+                lines.append(f"    preferred_batch_size: {list(self.preferred_batch_size)}")
+        return "\n".join(lines) + "\n"
+
+    def with_batcher(self, delay_us: int, preferred: Sequence[int] = ()) -> Scenario:
+        """This scenario with every model's dynamic batcher set (0: eager)."""
+        from dataclasses import replace
+
+        return replace(self, max_queue_delay_us=delay_us, preferred_batch_size=tuple(preferred))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _shares(spec: object, count: int, where: str) -> tuple[float, ...]:
+    if not isinstance(spec, Mapping):
+        raise ScenarioError(f"{where} must be {{zipf: S}} or {{shares: [...]}}")
+    if "shares" in spec:
+        raw = [float(x) for x in spec["shares"]]
+        if len(raw) != count or min(raw) < 0 or sum(raw) <= 0:
+            raise ScenarioError(f"{where}.shares must be {count} non-negative numbers")
+    elif "zipf" in spec:
+        raw = [i ** -float(spec["zipf"]) for i in range(1, count + 1)]
+    else:
+        raise ScenarioError(f"{where} needs zipf or shares")
+    if spec.get("reverse"):
+        raw.reverse()
     total = sum(raw)
-    return [r / total for r in raw]
+    return tuple(r / total for r in raw)
 
 
-def weight_bytes() -> int:
-    """Equal weights, 0.9 x (4 x budget) / 12: three models fit a worker, four do not.
+def load_scenario(name_or_path: str) -> Scenario:
+    """`memory_bound` (from scenarios/) or a path to a YAML file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = SCENARIOS / f"{name_or_path}.yaml"
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        known = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
+        raise ScenarioError(f"{path}: {exc.strerror} (scenarios: {known})") from None
+    where = str(path)
+    try:
+        models = data["models"]
+        count = int(models["count"])
+        workers = int(data["workers"])
+        budget = int(data["budget_bytes"])
+        weight = int(float(models["weight_fraction"]) * workers * budget / count)
+        phases = tuple(
+            Phase(float(p["at"]), _shares(p["popularity"], count, f"{where}: phases[{i}]"))
+            for i, p in enumerate(data.get("phases") or [])
+        )
+        return Scenario(
+            name=path.stem,
+            description=str(data.get("description", path.stem)),
+            workers=workers,
+            discipline=str(data.get("discipline", "fifo")),
+            budget_bytes=budget,
+            slo_ms=float(data["slo_ms"]),
+            count=count,
+            shares=_shares(models["popularity"], count, f"{where}: models.popularity"),
+            max_batch=int(models["max_batch"]),
+            launch_ms=float(models["launch_ms"]),
+            item_ms=float(models["item_ms"]),
+            load_ms=float(models.get("load_ms", 0)),
+            weight_bytes=weight,
+            max_queue_delay_us=int(models.get("max_queue_delay_us", 0)),
+            preferred_batch_size=tuple(models.get("preferred_batch_size", ())),
+            phases=phases,
+            loads=tuple(float(x) for x in data.get("loads", DEFAULT_LOADS)),
+            source=where,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"{where}: missing or bad key: {exc}") from None
 
-    So every model fits alone, and the set fits the fleet only packed three per worker.
-    """
-    return int(WEIGHT_FRACTION * WORKERS * BUDGET_BYTES / MODELS)
 
-
-def full_batch_ms_per_item() -> float:
-    """GPU milliseconds per request when dispatched in full batches (before time scaling)."""
-    return (LAUNCH_MS + ITEM_MS * MAX_BATCH) / MAX_BATCH
+# --------------------------------------------------------------------------- capacity
 
 
 @dataclass(frozen=True)
 class Packing:
-    """The best placement with each model on exactly one GPU, under the weight budget."""
+    """A reference placement: per GPU, (model number 1-based, share of its traffic)."""
 
-    groups: tuple[tuple[int, ...], ...]  # model numbers (1-based) per GPU
+    groups: tuple[tuple[tuple[int, float], ...], ...]
     shares: tuple[float, ...]  # the share of all requests each GPU serves
 
     @property
@@ -72,121 +203,149 @@ class Packing:
         return max(self.shares)
 
 
-def best_packing(shares: Sequence[float] | None = None) -> Packing:
-    """Minimise the busiest GPU's share of requests, one GPU per model, within budget.
+def replicas_needed(shares: Sequence[float], workers: int, slots: int) -> list[int]:
+    """Parts per model: as few as keep each part within one GPU's fair share (1/workers),
+    as far as the GPUs' slots allow (the extra parts that help least go first)."""
+    parts = [min(workers, max(1, math.ceil(s * workers - 1e-9))) for s in shares]
+    while sum(parts) > workers * slots and max(parts) > 1:
+        split = [i for i, k in enumerate(parts) if k > 1]
+        i = min(split, key=lambda j: shares[j] / (parts[j] - 1))
+        parts[i] -= 1
+    return parts
 
-    Exhaustive (with symmetry breaking: a model goes to a used GPU or the first empty
-    one), which for 12 models in 4 GPUs of 3 is 15,400 placements: exact, instant.
-    """
-    shares = list(shares or popularity())
-    per_gpu = BUDGET_BYTES // weight_bytes()
-    best: tuple[float, list[list[int]]] = (math.inf, [])
-    groups: list[list[int]] = []
-    loads: list[float] = []
+
+def best_packing(shares: Sequence[float], workers: int, slots: int) -> Packing:
+    """Minimise the busiest GPU's share, with hot models split into equal parts on
+    different GPUs and at most `slots` models per GPU. Exhaustive, symmetry broken."""
+    parts = replicas_needed(shares, workers, slots)
+    items = sorted(
+        ((i + 1, shares[i] / k) for i, k in enumerate(parts) for _ in range(k)),
+        key=lambda item: -item[1],
+    )
+    best: tuple[float, list[list[tuple[int, float]]]] = (math.inf, [])
+    groups: list[list[tuple[int, float]]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
 
     def place(i: int) -> None:
         nonlocal best
-        if i == len(shares):
+        if i == len(items):
             worst = max(loads)
             if worst < best[0]:
                 best = (worst, [list(g) for g in groups])
             return
-        for g in range(min(len(groups) + 1, WORKERS)):
-            if g == len(groups):
-                groups.append([])
-                loads.append(0.0)
-            if len(groups[g]) < per_gpu and loads[g] + shares[i] < best[0]:
-                groups[g].append(i + 1)
-                loads[g] += shares[i]
-                place(i + 1)
-                groups[g].pop()
-                loads[g] -= shares[i]
+        model, share = items[i]
+        tried_empty = False
+        for g in range(workers):
             if not groups[g]:
-                groups.pop()
-                loads.pop()
+                if tried_empty:
+                    continue  # empty GPUs are interchangeable
+                tried_empty = True
+            if len(groups[g]) >= slots or any(m == model for m, _ in groups[g]):
+                continue
+            if loads[g] + share >= best[0]:
+                continue
+            groups[g].append((model, share))
+            loads[g] += share
+            place(i + 1)
+            groups[g].pop()
+            loads[g] -= share
 
     place(0)
-    chosen = best[1]
+    if not best[1]:
+        raise ScenarioError("no placement fits: more model parts than GPU slots")
+    chosen = [g for g in best[1] if g]
+    totals: dict[int, float] = {}
+    for group in chosen:
+        for model, share in group:
+            totals[model] = totals.get(model, 0.0) + share
     return Packing(
-        tuple(tuple(g) for g in chosen),
-        tuple(sum(shares[m - 1] for m in g) for g in chosen),
+        tuple(tuple((m, share / totals[m]) for m, share in g) for g in chosen),
+        tuple(sum(share for _, share in g) for g in chosen),
     )
 
 
 @dataclass(frozen=True)
 class Load:
-    """The offered load and the figures it is derived from."""
+    """The capacity, its derivation, and the time scale of a sweep."""
 
-    raw_capacity: float  # req/s of 4 GPUs in full batches, ignoring placement (time scale 1)
-    capacity: float  # req/s when each model is on one GPU, in full batches (time scale 1)
     packing: Packing
+    capacity: float  # req/s at time scale 1 within the SLO (simulated)
+    full_batch_capacity: float  # req/s if every GPU ran full batches of one model
     time_scale: float
-    offered: float  # req/s actually offered, after time scaling
+
+    def offered(self, fraction: float) -> float:
+        """Req/s actually sent at `fraction` of capacity, after time scaling."""
+        return fraction * self.capacity / self.time_scale
 
 
-def offered_load() -> Load:
-    """70% of the one-GPU-per-model full-batch capacity, at the smallest whole time scale
-    that keeps it at or below 400 req/s.
-
-    With every model on one GPU, a GPU serving a share q of the requests in full batches
-    saturates at 1 / (q x 0.8125 ms): the GPU with the hottest model (which must also hold
-    two more, since a GPU holds three models' weights) is the fleet's limit, well below
-    four GPUs' worth of full batches.
-    """
-    per_item_s = full_batch_ms_per_item() / 1000
-    packing = best_packing()
-    capacity = 1 / (per_item_s * packing.bottleneck)
-    unscaled = LOAD_FRACTION * capacity
-    scale = float(math.ceil(unscaled / MAX_OFFERED_RPS))
-    return Load(WORKERS / per_item_s, capacity, packing, scale, unscaled / scale)
-
-
-def catalogue_yaml() -> str:
-    """The workers' model catalogue: twelve identical GPU-shaped models, synthetic compute."""
-    lines = [
-        "# bench/fleet: the fixed scenario of issue 10 (generated).",
-        "models:",
-    ]
-    for i in range(1, MODELS + 1):
-        lines += [
-            f"  - name: {model_name(i)}",
-            f"    inputs: [{{name: INPUT0, datatype: FP32, shape: [-1, {ROW_ELEMENTS}]}}]",
-            f"    outputs: [{{name: OUTPUT0, datatype: FP32, shape: [-1, {ROW_ELEMENTS}]}}]",
-            f"    max_batch_size: {MAX_BATCH}",
-            f"    launch_ms: {LAUNCH_MS}",
-            f"    item_ms: {ITEM_MS}",
-            f"    weight_bytes: {weight_bytes()}",
-            f"    load_ms: {LOAD_MS}",
+def derive_load(scenario: Scenario) -> Load:
+    shares = scenario.shares
+    packing = best_packing(shares, scenario.workers, scenario.slots_per_gpu)
+    gpus = [
+        [
+            (
+                _capacity.SimModel(
+                    scenario.model_name(model),
+                    shares[model - 1],
+                    scenario.max_batch,
+                    scenario.launch_ms / 1000,
+                    scenario.item_ms / 1000,
+                    scenario.max_queue_delay_us / 1e6,
+                    scenario.preferred_batch_size,
+                ),
+                part,
+            )
+            for model, part in group
         ]
-    return "\n".join(lines) + "\n"
+        for group in packing.groups
+    ]
+    capacity = _capacity.capacity(gpus, scenario.slo_ms / 1000, Discipline(scenario.discipline))
+    per_item = (scenario.launch_ms + scenario.item_ms * scenario.max_batch) / scenario.max_batch
+    full = scenario.workers / (per_item / 1000)
+    scale = float(math.ceil(max(scenario.loads) * capacity / MAX_OFFERED_RPS))
+    return Load(packing, capacity, full, max(1.0, scale))
 
 
-def describe(load: Load) -> str:
-    """The scenario and the load figure, stated with their derivation."""
-    pct = ", ".join(f"{model_name(i + 1)} {p:.1%}" for i, p in enumerate(popularity()))
+def describe(scenario: Scenario, load: Load) -> str:
+    """The scenario and its load figures, stated with their derivation."""
+    pct = ", ".join(f"{n} {p:.1%}" for n, p in zip(scenario.names, scenario.shares, strict=True))
     groups = "; ".join(
-        "{" + ",".join(model_name(m) for m in g) + f"}} {s:.1%}"
+        "{"
+        + ",".join(scenario.model_name(m) + ("" if part == 1 else f"x{part:.2f}") for m, part in g)
+        + f"}} {s:.1%}"
         for g, s in zip(load.packing.groups, load.packing.shares, strict=True)
     )
-    per_item = full_batch_ms_per_item()
-    return "\n".join(
-        [
-            f"scenario: {WORKERS} workers (fifo), {MODELS} models, Zipf({ZIPF_EXPONENT:g}) "
-            f"popularity: {pct}",
-            f"  each model: max batch {MAX_BATCH}, {LAUNCH_MS:g} ms + {ITEM_MS:g} ms/row, "
-            f"load {LOAD_MS:g} ms, weights {weight_bytes():,} B; worker budget "
-            f"{BUDGET_BYTES:,} B ({BUDGET_BYTES // weight_bytes()} models fit, all twelve are "
-            f"{WEIGHT_FRACTION:g} of the four budgets)",
-            f"  full batch: {LAUNCH_MS + ITEM_MS * MAX_BATCH:g} ms for {MAX_BATCH} rows = "
-            f"{per_item:.4f} ms/request; four GPUs in full batches: "
-            f"{load.raw_capacity:,.0f} req/s (time scale 1)",
-            "  one GPU per model, a placement minimising the busiest GPU (exhaustive search): "
-            + groups,
-            f"  capacity = 1 / ({per_item:.4f} ms x {load.packing.bottleneck:.4f}) = "
-            f"{load.capacity:,.0f} req/s at time scale 1; {LOAD_FRACTION:.0%} of it = "
-            f"{LOAD_FRACTION * load.capacity:,.0f} req/s",
-            f"  --time-scale {load.time_scale:g} (smallest whole factor keeping the load <= "
-            f"{MAX_OFFERED_RPS:g} req/s): offered {load.offered:.1f} req/s, open-loop Poisson, "
-            f"one row per request",
-        ]
-    )
+    lines = [
+        f"scenario {scenario.name}: {scenario.description}",
+        f"  {scenario.workers} workers ({scenario.discipline}), {scenario.count} models: {pct}",
+        f"  each model: max batch {scenario.max_batch}, {scenario.launch_ms:g} ms + "
+        f"{scenario.item_ms:g} ms/row, load {scenario.load_ms:g} ms, weights "
+        f"{scenario.weight_bytes:,} B ({scenario.slots_per_gpu} fit a worker's "
+        f"{scenario.budget_bytes:,} B)"
+        + (
+            f"; dynamic batcher {scenario.max_queue_delay_us} us"
+            + (
+                f", preferred {list(scenario.preferred_batch_size)}"
+                if scenario.preferred_batch_size
+                else ""
+            )
+            if scenario.max_queue_delay_us
+            else ""
+        ),
+        f"  reference placement (hot models split, busiest GPU minimised, exhaustive): {groups}",
+        f"  capacity: {load.capacity:,.0f} req/s at time scale 1 = the highest rate at which a "
+        f"simulation of the worker's cost model keeps every GPU's p99 within the SLO "
+        f"({scenario.slo_ms:g} ms) in that placement (every GPU in full batches would be "
+        f"{load.full_batch_capacity:,.0f})",
+        f"  --time-scale {load.time_scale:g} (smallest whole factor keeping "
+        f"{max(scenario.loads):.0%} of capacity <= {MAX_OFFERED_RPS:g} req/s); SLO "
+        f"{scenario.slo_ms * load.time_scale:g} ms scaled; loads "
+        + ", ".join(f"{f:.0%} = {load.offered(f):.0f} req/s" for f in scenario.loads),
+    ]
+    for phase in scenario.phases:
+        top = max(range(scenario.count), key=lambda i: phase.shares[i])
+        lines.append(
+            f"  from {phase.at:.0%} of the run: popularity changes, most popular now "
+            f"{scenario.model_name(top + 1)} ({phase.shares[top]:.1%})"
+        )
+    return "\n".join(lines)
