@@ -14,6 +14,7 @@ from rsgw.scheduling._knobs import ALL, Replicas
 from rsgw.scheduling._placement import (
     AssignmentResult,
     Placement,
+    auto_replicas,
     compute_assignment,
     replica_count,
 )
@@ -34,6 +35,7 @@ def assign(
     previous: Mapping[str, Placement] | None = None,
     hysteresis: float = 0.0,
     forbid: bool = False,
+    max_share: float = 0.0,
 ) -> AssignmentResult:
     return compute_assignment(
         workers,
@@ -45,6 +47,7 @@ def assign(
         previous or {},
         hysteresis,
         forbid,
+        max_share=max_share,
     )
 
 
@@ -448,3 +451,43 @@ def test_single_replica_models_stay_within_the_hysteresis_band(
         for w in placement.urls:
             cload[w] += u / len(placement)
             mload[w] += wm
+
+
+# -- replicas for a model one worker cannot carry -------------------------------------------
+
+
+def test_a_model_above_the_max_share_gets_the_replicas_it_needs() -> None:
+    result = assign({"hot": 2.1, "a": 0.3, "b": 0.2}, max_share=0.8)
+    assert len(result.assignment["hot"]) == 3  # ceil(2.1 / 0.8)
+    assert len(result.assignment["a"]) == 1
+    assert max(result.compute_load.values()) <= 1.0
+
+
+def test_extra_replicas_only_where_memory_allows() -> None:
+    caps = dict.fromkeys(W, 100)
+    memory = {"hot": 60, "a": 60, "b": 60, "c": 60}
+    # Four workers of 100 bytes hold four 60-byte weight sets: no room for a second copy.
+    result = assign(
+        {"hot": 1.5, "a": 0.2, "b": 0.2, "c": 0.2},
+        memory=memory,
+        mem_cap=caps,
+        forbid=True,
+        max_share=0.8,
+    )
+    assert len(result.assignment["hot"]) == 1
+    assert not result.oversubscribed
+
+
+def test_an_operators_replica_count_is_kept() -> None:
+    result = assign({"hot": 2.5}, replicas={"hot": 1}, max_share=0.8)
+    assert len(result.assignment["hot"]) == 1
+
+
+def test_auto_replicas_drop_the_least_useful_extra_first() -> None:
+    demand = {"x": 3.0, "y": 1.7}
+    weights = {"x": 10, "y": 10}
+    # Wanted x: 4, y: 3 (70 bytes on distinct workers); four workers of 20 hold them.
+    assert auto_replicas({"x": 1, "y": 1}, demand, weights, [20] * 4, 0.8) == {"x": 4, "y": 3}
+    # Four workers of 10 hold four copies: y's third goes first (1.7/2 < 3.0/3), then x's
+    # fourth and third (3.0/3 and 3.0/2 < 1.7/1): the busiest replica carries 1.5, not 1.7.
+    assert auto_replicas({"x": 1, "y": 1}, demand, weights, [10] * 4, 0.8) == {"x": 2, "y": 2}

@@ -309,6 +309,7 @@ class Packer:
             previous,
             knobs.hysteresis,
             knobs.forbid_memory_oversubscription,
+            max_share=knobs.max_worker_share,
         )
         placed = {**result.assignment, **drifted}
         self._assignment = MappingProxyType(placed)

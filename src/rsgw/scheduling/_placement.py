@@ -124,6 +124,58 @@ def replica_count(replicas: Replicas, workers: int) -> int:
     return max(1, min(wanted, workers))
 
 
+def auto_replicas(
+    counts: Mapping[str, int],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    caps: Sequence[float],
+    max_share: float,
+    fixed: frozenset[str] = frozenset(),
+) -> dict[str, int]:
+    """Replica counts raised for models one worker cannot carry, as far as memory allows.
+
+    A model whose demand `u` is above `max_share` of one GPU gets `ceil(u / max_share)`
+    replicas (at most one per worker), unless its count is `fixed` (an operator's
+    override). Every replica must still find a worker with room for its weights
+    (`caps`: each worker's budget, inf when unlimited; checked by placing the heaviest
+    first on distinct workers); when they do not, the extra replica that relieves the
+    least (the smallest `u / (k - 1)`) goes first.
+    """
+    counts = dict(counts)
+    if max_share <= 0:
+        return counts
+    base = dict(counts)
+    for model, u in utilization.items():
+        if model not in fixed and u > max_share:
+            wanted = math.ceil(u / max_share - 1e-9)
+            counts[model] = max(counts[model], min(len(caps), wanted))
+    while not _replicas_fit(counts, memory, caps):
+        extra = [m for m, k in counts.items() if k > base[m]]
+        if not extra:
+            break
+        drop = min(extra, key=lambda m: (utilization[m] / (counts[m] - 1), m))
+        counts[drop] -= 1
+    return counts
+
+
+def _replicas_fit(
+    counts: Mapping[str, int], memory: Mapping[str, int], caps: Sequence[float]
+) -> bool:
+    """Whether every model's replicas fit on distinct workers (heaviest first, roomiest)."""
+    room = sorted(caps, reverse=True)
+    for model in sorted(counts, key=lambda m: (-memory.get(m, 0), m)):
+        need = memory.get(model, 0)
+        if not need:
+            continue
+        room.sort(reverse=True)
+        k = counts[model]
+        if k > len(room) or room[k - 1] < need:
+            return False
+        for i in range(k):
+            room[i] -= need
+    return True
+
+
 def improvement(previous: float, best: float) -> float:
     """How much better `best` is than `previous`, relatively (`previous/best - 1`)."""
     return previous / best - 1 if best > 0 else 0.0
@@ -139,6 +191,7 @@ def compute_assignment(
     previous: Mapping[str, Placement],
     hysteresis: float,
     forbid_memory_oversubscription: bool,
+    max_share: float = 0.0,
 ) -> AssignmentResult:
     """Place every model of `utilization` on its replica count of workers.
 
@@ -153,6 +206,8 @@ def compute_assignment(
         previous: the placement in force, for hysteresis and `moved`.
         hysteresis: relative improvement a single-replica model must beat to move.
         forbid_memory_oversubscription: place only where the weights fit, when possible.
+        max_share: a model without a replica override whose demand is above this share
+            of one GPU gets more replicas (`auto_replicas`); 0 = never.
 
     Returns:
         The `AssignmentResult`; empty when there are no workers.
@@ -177,10 +232,18 @@ def compute_assignment(
     moved = held = 0
     max_improvement = 0.0
     order = sorted(utilization, key=lambda m: (-utilization[m], -memory.get(m, 0), m))
+    counts = auto_replicas(
+        {m: replica_count(replicas.get(m, default_replicas), len(urls)) for m in order},
+        utilization,
+        memory,
+        [cap[w] for w in urls],
+        max_share,
+        frozenset(replicas),
+    )
     for model in order:
         u = utilization[model]
         wm = memory.get(model, 0)
-        k = replica_count(replicas.get(model, default_replicas), len(urls))
+        k = counts[model]
         before = previous.get(model)
         if k == 1:
             fitting = [w for w in urls if fits(w, wm)]
