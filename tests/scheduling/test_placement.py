@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -127,7 +129,17 @@ def test_memory_bound_ties_are_broken_by_compute() -> None:
     striped = max(sum(u for m, u in ZIPF.items() if STRIPED[m].urls == (w,)) for w in W4)
     assert max(result.compute_load.values()) < striped
     hot = result.assignment["m01"].urls[0]
+    # The exhaustive best (issue 21): 37.8% of the traffic where the greedy put 40.3%.
     assert sorted(m for m, p in result.assignment.items() if p.urls == (hot,)) == [
+        "m01",
+        "m11",
+        "m12",
+    ]
+    memory, caps = dict.fromkeys(ZIPF, 300), dict.fromkeys(W4, 1000)
+    greedy = compute_assignment(
+        W4, ZIPF, memory, caps, {}, 1, {}, 0.0, True, refine=False
+    ).assignment
+    assert sorted(m for m, p in greedy.items() if p.urls == greedy["m01"].urls) == [
         "m01",
         "m08",
         "m12",
@@ -304,7 +316,7 @@ class Problem:
     hysteresis: float
     forbid: bool
 
-    def run(self, previous: Mapping[str, Placement]) -> AssignmentResult:
+    def run(self, previous: Mapping[str, Placement], *, refine: bool = True) -> AssignmentResult:
         return compute_assignment(
             self.workers,
             self.utilization,
@@ -315,6 +327,7 @@ class Problem:
             previous,
             self.hysteresis,
             self.forbid,
+            refine=refine,
         )
 
 
@@ -418,9 +431,10 @@ def test_single_replica_models_stay_within_the_hysteresis_band(
     worker is still a candidate stays there whenever moving would improve its pressure
     by no more than `hysteresis` (relatively). When the two pressures are equal (the
     memory-bound case), the band is measured on compute load instead, as the choice
-    itself breaks that tie."""
+    itself breaks that tie. (The greedy's contract; the refinement after it moves models
+    only for a fleet-wide gain above `hysteresis`, checked below.)"""
     problem, previous = case
-    result = problem.run(previous)
+    result = problem.run(previous, refine=False)
     workers = sorted(set(problem.workers))
     cap = {w: c if (c := problem.mem_cap.get(w, 0)) > 0 else math.inf for w in workers}
     cload = dict.fromkeys(workers, 0.0)
@@ -491,3 +505,52 @@ def test_auto_replicas_drop_the_least_useful_extra_first() -> None:
     # Four workers of 10 hold four copies: y's third goes first (1.7/2 < 3.0/3), then x's
     # fourth and third (3.0/3 and 3.0/2 < 1.7/1): the busiest replica carries 1.5, not 1.7.
     assert auto_replicas({"x": 1, "y": 1}, demand, weights, [10] * 4, 0.8) == {"x": 2, "y": 2}
+
+
+# -- the refinement against brute force ------------------------------------------------------
+
+
+def brute_force_busiest(problem: Problem) -> float:
+    """The lightest busiest-worker compute load of any placement of single-replica models
+    that overfills no budget (inf when none fits)."""
+    workers = sorted(set(problem.workers))
+    cap = {w: c if (c := problem.mem_cap.get(w, 0)) > 0 else math.inf for w in workers}
+    models = sorted(problem.utilization)
+    best = math.inf
+    for choice in itertools.product(workers, repeat=len(models)):
+        load = dict.fromkeys(workers, 0.0)
+        mem = dict.fromkeys(workers, 0)
+        for model, w in zip(models, choice, strict=True):
+            load[w] += problem.utilization[model]
+            mem[w] += problem.memory[model]
+        if all(mem[w] <= cap[w] for w in workers):
+            best = min(best, max(load.values()))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(forbid=True))
+def test_the_packing_is_within_a_few_percent_of_the_exhaustive_optimum(
+    problem: Problem,
+) -> None:
+    """Small instances (up to 7 models on up to 3 workers), one replica each, fresh
+    (no previous placement, no hysteresis): the busiest worker carries at most 2% more
+    than in the best placement a brute force finds, whenever the greedy fits at all."""
+    workers = sorted(set(problem.workers))[:3]
+    models = sorted(problem.utilization)[:7]
+    problem = dataclasses.replace(
+        problem,
+        workers=workers,
+        utilization={m: problem.utilization[m] for m in models},
+        memory={m: problem.memory[m] for m in models},
+        mem_cap={w: problem.mem_cap.get(w, 0) for w in workers},
+        replicas={},
+        default_replicas=1,
+        hysteresis=0.0,
+    )
+    result = problem.run({})
+    if result.oversubscribed:
+        return  # memory decided, not balance: the refinement leaves it to the greedy
+    optimum = brute_force_busiest(problem)
+    busiest = max(result.compute_load.values(), default=0.0)
+    assert busiest <= optimum * 1.02 + 1e-9

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from rsgw.scheduling._knobs import ALL, Replicas
+from rsgw.scheduling._refine import best_single_placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +193,7 @@ def compute_assignment(
     hysteresis: float,
     forbid_memory_oversubscription: bool,
     max_share: float = 0.0,
+    refine: bool = True,
 ) -> AssignmentResult:
     """Place every model of `utilization` on its replica count of workers.
 
@@ -208,6 +210,9 @@ def compute_assignment(
         forbid_memory_oversubscription: place only where the weights fit, when possible.
         max_share: a model without a replica override whose demand is above this share
             of one GPU gets more replicas (`auto_replicas`); 0 = never.
+        refine: after the greedy, search for a placement of the single-replica models
+            whose busiest worker is lighter by more than `hysteresis`
+            (`rsgw.scheduling._refine`); it may move models the greedy kept in place.
 
     Returns:
         The `AssignmentResult`; empty when there are no workers.
@@ -290,6 +295,19 @@ def compute_assignment(
         assignment[model] = placement
         if before is not None and set(before.urls) != set(placement.urls):
             moved += 1
+    refined = (
+        _refine(urls, assignment, utilization, memory, cap, cload, hysteresis) if refine else None
+    )
+    if refined is not None:
+        for model, worker in refined.items():
+            assignment[model] = Placement(((worker, 1.0),))
+        cload, mload = _loads(urls, assignment, utilization, memory)
+        moved = sum(
+            1
+            for model, placement in assignment.items()
+            if (before := previous.get(model)) is not None
+            and set(before.urls) != set(placement.urls)
+        )
     return AssignmentResult(
         assignment=MappingProxyType(assignment),
         compute_load=MappingProxyType(cload),
@@ -298,3 +316,51 @@ def compute_assignment(
         oversubscribed=frozenset(w for w in urls if mload[w] > cap[w]),
         over_budget_models=tuple(over_budget),
     )
+
+
+def _loads(
+    urls: Sequence[str],
+    assignment: Mapping[str, Placement],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Each worker's compute load and resident bytes under `assignment`."""
+    cload = dict.fromkeys(urls, 0.0)
+    mload = dict.fromkeys(urls, 0)
+    for model, placement in assignment.items():
+        for url, weight in placement:
+            cload[url] += utilization[model] * weight
+            mload[url] += memory.get(model, 0)
+    return cload, mload
+
+
+def _refine(
+    urls: Sequence[str],
+    assignment: Mapping[str, Placement],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    cap: Mapping[str, float],
+    cload: Mapping[str, float],
+    hysteresis: float,
+) -> dict[str, str] | None:
+    """A re-placement of the single-replica models whose busiest worker beats the greedy
+    one's by more than `hysteresis` (`rsgw.scheduling._refine`), or None.
+
+    Skipped when the greedy placement already overfills a budget: then memory, not
+    balance, is the problem, and it is the greedy's (logged) choice.
+    """
+    fixed = {m: p for m, p in assignment.items() if len(p) > 1}
+    singles = [m for m, p in assignment.items() if len(p) == 1]
+    base_load, base_memory = _loads(urls, fixed, utilization, memory)
+    _, mload = _loads(urls, assignment, utilization, memory)
+    if not singles or any(mload[w] > cap[w] for w in urls):
+        return None
+    incumbent = max(cload.values())
+    found = best_single_placement(
+        urls, singles, utilization, memory, base_load, base_memory, cap, incumbent
+    )
+    if found is None:
+        return None
+    trial = {**fixed, **{m: Placement(((w, 1.0),)) for m, w in found.items()}}
+    better = max(_loads(urls, trial, utilization, memory)[0].values())
+    return found if improvement(incumbent, better) > hysteresis else None
