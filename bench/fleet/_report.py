@@ -153,14 +153,33 @@ def plot_sweep(runs: Sequence[RunResult], modes: Sequence[str], path: Path, titl
     import matplotlib.pyplot as plt
 
     fig, (good, tail) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    colors = {"round_robin": "C0", "least_outstanding": "C1", "lpt_packing": "C2"}
+    ceiling = 0.0
     for mode, group in by_mode(runs, modes):
         loads = sorted({r.load for r in group})
         goodput = [statistics.median(r.goodput_rps for r in group if r.load == x) for x in loads]
         p99 = [statistics.median(r.p99_ms for r in group if r.load == x) for x in loads]
-        good.plot([100 * x for x in loads], goodput, marker="o", label=label(mode))
+        color = colors.get(mode)
+        good.plot([100 * x for x in loads], goodput, marker="o", color=color, label=label(mode))
         shown = [(100 * x, y) for x, y in zip(loads, p99, strict=True) if math.isfinite(y)]
         if shown:
-            tail.plot(*zip(*shown, strict=True), marker="o", label=label(mode))
+            tail.plot(*zip(*shown, strict=True), marker="o", color=color, label=label(mode))
+            ceiling = max(ceiling, max(y for _, y in shown))
+        failing = [100 * x for x, y in zip(loads, p99, strict=True) if not math.isfinite(y)]
+        if failing:  # more than 1% failed: drawn as x at the top of the panel
+            tail.plot(
+                [], [], marker="x", linestyle="", color=color, label=f"{label(mode)}: >1% failed"
+            )
+            for x in failing:
+                tail.annotate(
+                    "x",
+                    (x, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    color=color,
+                    ha="center",
+                    va="top",
+                    fontsize=12,
+                )
     slo = runs[0].slo_ms if runs else math.nan
     good.set_xlabel("offered load, % of capacity")
     good.set_ylabel(f"SLO goodput, req/s answered within {fmt(slo)} ms")
