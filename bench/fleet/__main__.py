@@ -109,6 +109,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="give every model Triton's dynamic batcher with this max_queue_delay "
         "(unscaled microseconds; 0: eager); default: as the scenario says",
     )
+    p.add_argument(
+        "--admission-cap",
+        type=int,
+        help="the gateway's grpc.max_concurrent_requests_per_worker (default: its default, 64)",
+    )
     p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
     p.add_argument("--json", type=Path, help="write every run's row to this file (a JSON list)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
@@ -226,7 +231,13 @@ def one_run(
     total = args.warmup + args.duration
     schedule = _load.poisson_schedule(scenario, load.offered(fraction), total, seed)
     fleet = _fleet.start_fleet(
-        scenario, mode, rundir, catalogue, load.time_scale, FIRST_REPACK_COMPUTE_S
+        scenario,
+        mode,
+        rundir,
+        catalogue,
+        load.time_scale,
+        FIRST_REPACK_COMPUTE_S,
+        args.admission_cap,
     )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731

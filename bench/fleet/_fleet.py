@@ -151,12 +151,20 @@ class Fleet:
             proc.stop()
 
 
-def gateway_config(mode: str, workers: Sequence[Proc], first_repack: float) -> dict[str, Any]:
+def gateway_config(
+    mode: str, workers: Sequence[Proc], first_repack: float, admission_cap: int | None = None
+) -> dict[str, Any]:
     """gateway.yml: the defaults, but for the mode (and lpt_packing's first budget)."""
     scheduling: dict[str, Any] = {"mode": mode, "work_basis": "compute"}
     if mode == "lpt_packing":
         scheduling["first_rebalance_compute_seconds"] = first_repack
+    limits = (
+        {}
+        if admission_cap is None
+        else {"grpc": {"max_concurrent_requests_per_worker": admission_cap}}
+    )
     return {
+        **limits,
         "endpoints": [f"127.0.0.1:{w.info['grpc_port']}" for w in workers],
         "metrics_endpoints": [f"127.0.0.1:{w.info['metrics_port']}" for w in workers],
         "worker_names": [w.name for w in workers],
@@ -203,6 +211,7 @@ def start_fleet(
     catalogue: Path,
     time_scale: float,
     first_repack: float,
+    admission_cap: int | None = None,
 ) -> Fleet:
     """The scenario's workers, then the gateway; returns once every model is routable."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -234,7 +243,9 @@ def start_fleet(
         wait_for("workers", workers, workers_serving, deadline)
         config = workdir / "gateway.yml"
         config.write_text(
-            yaml.safe_dump(gateway_config(mode, workers, first_repack), sort_keys=False)
+            yaml.safe_dump(
+                gateway_config(mode, workers, first_repack, admission_cap), sort_keys=False
+            )
         )
         genv = dict(env)
         genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{HEALTH_INTERVAL_S:g}"
