@@ -60,9 +60,11 @@ def test_every_method_has_the_documented_role(method: Method) -> None:
     assert role_of(method.path) is expected
 
 
-def test_health_is_open_and_reflection_is_data_plane() -> None:
+def test_health_and_reflection_are_open() -> None:
     assert role_of("/grpc.health.v1.Health/Check") is None
-    assert role_of("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") is Role.INFER
+    assert role_of("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") is None
+    assert role_of("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") is None
+    assert role_of("/grpc.reflection.v1.ServerReflection/Other") is Role.INFER
 
 
 TOKEN = "a-long-enough-token-0001"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,6 @@ class Scenario:
 
     def with_batcher(self, delay_us: int, preferred: Sequence[int] = ()) -> Scenario:
         """This scenario with every model's dynamic batcher set (0: eager)."""
-        from dataclasses import replace
-
         return replace(self, max_queue_delay_us=delay_us, preferred_batch_size=tuple(preferred))
 
 

@@ -6,7 +6,7 @@ tokens file and asks `Authorizer.authorize` once per call.
 Three roles, each a set of methods (`ROLE_OF`):
 
 - `infer`: the data plane (ModelInfer, ModelStreamInfer, metadata, config,
-  statistics, the repository index, ModelReady, server reflection);
+  statistics, the repository index, ModelReady);
 - `shm`: shared memory (register, unregister, status; IsSameIPCNamespace);
 - `operator`: everything that changes the node for everyone
   (GatewayControlService, ReactantServer's ControlService with CompactMemory,
@@ -14,6 +14,8 @@ Three roles, each a set of methods (`ROLE_OF`):
 
 ServerLive, ServerReady and grpc.health.v1 are open to anyone: load balancers and
 the kubelet probe them without credentials, and they reveal nothing but liveness.
+So is server reflection: it describes the public protocol, and grpcurl asks it
+before every call, whatever role the caller's token has.
 
 A client proves who it is with `authorization: Bearer <token>` metadata (a token
 of the tokens file) or, failing that, with its TLS client certificate (an
@@ -58,6 +60,10 @@ OPEN_PATHS = frozenset(
         "/grpc.health.v1.Health/Check",
         "/grpc.health.v1.Health/Watch",
         "/grpc.health.v1.Health/List",
+        # The protocol's own description (public protos): grpcurl asks it before any
+        # call, so an operator-only token must get through it to reach the control plane.
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     }
 )
 
@@ -86,7 +92,7 @@ def role_of(path: str) -> Role | None:
         return Role.SHM
     if path in _OPERATOR_PATHS or path.startswith(_OPERATOR_PREFIXES):
         return Role.OPERATOR
-    return Role.INFER  # the data plane, reflection, and paths no one serves (then UNIMPLEMENTED)
+    return Role.INFER  # the data plane, and paths no one serves (then UNIMPLEMENTED)
 
 
 _SHM_PATHS = frozenset(m.path for m in _SHM_METHODS)

@@ -43,7 +43,7 @@ class Peer:
 
     #: LOOPBACK, REMOTE or IN_PROCESS.
     kind: str
-    #: `host:port`, for logs.
+    #: `host:port` (`[host]:port` for IPv6), for logs and `ServerCall.peer`.
     address: str = ""
     #: The verified TLS client certificate's identity ("" without one).
     certificate: str = ""
@@ -98,7 +98,7 @@ def peer_of(stream: trio.abc.Stream, certificate: str = "") -> Peer:
         theirs = stream.socket.getpeername()
         ours = stream.socket.getsockname()
     except OSError:
-        return Peer(REMOTE, "?", certificate)
+        return Peer(REMOTE, "unknown", certificate)
     if stream.socket.family not in (socket.AF_INET, socket.AF_INET6):
         return Peer(IN_PROCESS, str(theirs), certificate)
     host, port = str(theirs[0]), int(theirs[1])

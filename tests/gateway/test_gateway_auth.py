@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -24,7 +26,7 @@ from rsgw._errors import ConfigError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from tests.gateway.fleet import open_fleet
+from tests.gateway.fleet import leaf, open_fleet
 from tests.helpers import in_thread, infer_request, simple_inputs, wait_until
 from tests.pki import Pki
 
@@ -243,9 +245,7 @@ def test_a_bad_tokens_file_stops_the_start(tmp_path: Path) -> None:
 
     with pytest.raises(BaseException) as caught:
         trio.run(start)
-    error = caught.value
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
+    error = leaf(caught.value)
     assert isinstance(error, ConfigError)
     assert "tokens[0].token must be printable and at least 16 characters" in str(error)
 
@@ -272,3 +272,28 @@ async def test_rsgw_ctl_sends_a_token_and_speaks_tls(
         # Cleartext to a TLS gateway fails in one line.
         assert await in_thread(lambda: ctl(["--gateway", fleet.target, "status"])) == 1
         assert "UNAVAILABLE" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl is not installed")
+async def test_grpcurl_reaches_the_control_plane_with_an_operator_token(tmp_path: Path) -> None:
+    """grpcurl reads server reflection before every call: an operator-only token must
+    get through it (reflection is open), and the role still decides the call."""
+    tokens = standard_tokens(tmp_path / "tokens.yml")
+    async with open_fleet(1, auth=AuthConfig(tokens_file=tokens)) as fleet:
+
+        async def grpcurl(token: str) -> subprocess.CompletedProcess[bytes]:
+            method = "reactant_control.GatewayControlService/GetSchedulingStatus"
+            header = f"authorization: Bearer {token}"
+            return await trio.run_process(
+                ["grpcurl", "-plaintext", "-H", header, fleet.target, method],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+
+        allowed = await grpcurl(OPS)
+        assert allowed.returncode == 0, allowed.stderr
+        assert b'"mode"' in allowed.stdout
+        refused = await grpcurl(ALICE)
+        assert refused.returncode != 0
+        assert b"alice may not call GetSchedulingStatus" in refused.stderr

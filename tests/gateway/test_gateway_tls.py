@@ -27,9 +27,10 @@ import trio
 import tritonclient.grpc as grpcclient
 
 from rsgw._config import TlsConfig, WorkerClientConfig
-from rsgw._errors import ConfigError
+from rsgw._errors import ConfigError, RsgwError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from tests.gateway.fleet import open_fleet
+from rsgw._status import StatusCode
+from tests.gateway.fleet import leaf, open_fleet
 from tests.helpers import (
     MODEL_INFER,
     in_thread,
@@ -256,7 +257,12 @@ async def test_a_worker_with_an_untrusted_certificate_is_not_ready(tmp_path: Pat
     worker_tls = {"tls_cert_file": other.server.cert, "tls_key_file": other.server.key}
     to_workers = WorkerClientConfig(tls_ca_file=pki.ca_file)
     async with open_fleet(1, worker_overrides=worker_tls, worker_client=to_workers) as fleet:
-        assert not fleet.gateway.statistics().ready
+        status = fleet.gateway.statistics()
+        assert status.probe_rounds >= 1 and not status.ready  # probed, and refused
+        with pytest.raises(RsgwError) as caught:
+            await fleet.infer(infer_request("simple", simple_inputs(0)))
+        # The gateway never got through to the worker, so it never learnt its models.
+        assert caught.value.code is StatusCode.NOT_FOUND
 
 
 def test_unloadable_tls_files_are_a_config_error(tmp_path: Path) -> None:
@@ -268,8 +274,6 @@ def test_unloadable_tls_files_are_a_config_error(tmp_path: Path) -> None:
 
     with pytest.raises(BaseException) as caught:
         trio.run(start)
-    error = caught.value
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
+    error = leaf(caught.value)
     assert isinstance(error, ConfigError)
     assert "tls" in str(error)

@@ -8,8 +8,8 @@ The audit log (logger `rsgw.audit`, one INFO line per call) covers every
 operator action and every shared memory registration or unregistration, whether
 auth is on or not: who (the principal, else the client's owner name), what (the
 method), from where (the peer), and how it ended (the status code). Refusals of
-those methods are audited too; refusals of others are counted and logged within
-the per-kind log budget.
+those methods are audited too; refusals of others are logged within the per-kind
+log budget.
 
 The tokens file is re-read when it changes (checked every second) or on SIGHUP
 (`reload`); a file that no longer parses is logged and the tokens in force stay.
@@ -74,8 +74,6 @@ class Guard:
         self._identities = parse_identities(dict(config.identities))
         self._stamp = self._file_stamp()
         self.authorizer = Authorizer(self._read_tokens(), self._identities)
-        #: Calls refused, by status name (for tests and the metrics).
-        self.refused: dict[str, int] = {}
 
     # -- the tokens file --------------------------------------------------------------
 
@@ -132,7 +130,6 @@ class Guard:
             )
         except GrpcError as exc:
             name = exc.code.name
-            self.refused[name] = self.refused.get(name, 0) + 1
             if not audited(call.path):
                 log_limited(
                     logger,

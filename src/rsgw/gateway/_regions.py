@@ -22,7 +22,7 @@ from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._shm_access import REGION_PARAMETER, held_open, not_yours, regions_named
 from rsgw._status import StatusCode
-from rsgw.grpc._compression import decompress
+from rsgw.scheduling._wire import head_length
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +83,23 @@ class RegionBook:
                 if region is not None and region.owner != owner:
                     raise not_yours(name)
 
-    def check_request(self, body: bytes, owner: str, max_message_bytes: int) -> None:
-        """PERMISSION_DENIED if ModelInfer request `body` names another's region.
+    def check_request(self, head: bytes, owner: str) -> None:
+        """PERMISSION_DENIED if ModelInfer request `head` names another's region.
 
-        Called only while some region is registered; only a body that mentions a
-        region is decoded, so a request without shared memory pays one substring
-        search.
+        `head` is what routing read: the body, or a compressed body's inflated head.
+        Regions are named in the inputs' and outputs' parameters, which come before
+        the raw tensor bytes, so only that part is searched (a field walk, no copy of
+        the tensors), and decoded only if it mentions a region. Called only while some
+        region is registered.
+
+        Raises:
+            DecodeError: the request is not a valid encoding (as routing would say).
         """
-        if type(body) is not bytes:  # Compressed: what it names is inside
-            body = decompress(body, max_message_bytes)  # type: ignore[arg-type]
-        if REGION_MARK not in body:
+        part = head[: head_length(head, True)]  # the whole head itself when it has no tensors
+        if REGION_MARK not in part:
             return
         try:
-            request = pb.ModelInferRequest.FromString(body)
+            request = pb.ModelInferRequest.FromString(part)
         except Exception as exc:  # protobuf's DecodeError
             raise GrpcError(
                 StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"

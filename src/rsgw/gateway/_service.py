@@ -215,10 +215,10 @@ class GatewayService:
             if type(body) is not bytes:
                 head = inflate_prefix(body, head_length, self.max_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
             model, sequence = peek_routing(head)
+            if len(self.pool.regions):
+                self.pool.regions.check_request(head, call.owner)
         except DecodeError as exc:
             raise _malformed(exc) from exc
-        if len(self.pool.regions):
-            self.pool.regions.check_request(body, call.owner, self.max_message_bytes)
         if not model:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "ModelInferRequest.model_name is empty")
         replicas = self.prober.table.replicas(model)

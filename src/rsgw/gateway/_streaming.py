@@ -33,7 +33,6 @@ from rsgw._errors import DecodeError, GrpcError, RsgwError, WorkerUnavailable
 from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._metering import metered
 from rsgw.scheduling._plan import no_ready_replica, unknown_model
 from rsgw.scheduling._sequences import SequenceTable, holder_lost
@@ -100,7 +99,7 @@ class StreamProxy:
         """The worker for one request, or None after answering it with an error."""
         try:
             if len(self.pool.regions):
-                self.pool.regions.check_request(body, stream.call.owner, DEFAULT_MAX_MESSAGE_BYTES)
+                self.pool.regions.check_request(body, stream.call.owner)
             model, sequence = peek_routing(body)
             replicas = self.prober.table.replicas(model) if model else ()
             if not replicas and model:

@@ -60,7 +60,7 @@ from rsgw.grpc._limits import ConnectionLimits, StreamShare
 from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream
-from rsgw.grpc._transport import RECEIVE_BYTES, Transport, peer_address
+from rsgw.grpc._transport import RECEIVE_BYTES, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -456,8 +456,8 @@ class _ServerConnection:
         self.transport.after_write = self._after_write
         if server.intake.limit:
             self.transport.intake = server.intake
-        self._peer = peer_address(stream)
         self._client = peer_of(stream, peer_identity(stream))
+        self._peer = self._client.address
         self._calls: dict[int, _Pending] = {}
         self._nursery: trio.Nursery | None = None
         #: Set once GOAWAY has left and no call is in flight.

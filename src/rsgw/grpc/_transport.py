@@ -38,19 +38,6 @@ RECEIVE_BYTES = 256 * 1024
 CLOSE_SECONDS = 1.0
 
 
-def peer_address(stream: trio.abc.Stream) -> str:
-    """`host:port` of a socket stream's peer, for logs; what else it is, otherwise."""
-    if isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    if isinstance(stream, trio.SocketStream):
-        try:
-            host, port, *_ = stream.socket.getpeername()
-            return f"{host}:{port}"
-        except OSError:
-            return "unknown"
-    return type(stream).__name__
-
-
 class Transport:
     """Moves one connection's bytes over one stream; see the module docstring."""
 
