@@ -83,7 +83,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("metrics_endpoints", ()),
     ("worker_names", ()),
     ("worker_client.request_timeout_seconds", 60),
-    ("worker_client.max_concurrent_streams", 32),
+    ("worker_client.max_concurrent_streams", 64),
     ("worker_client.tls_ca_file", ""),
     ("worker_client.tls_cert_file", ""),
     ("worker_client.tls_key_file", ""),
@@ -535,8 +535,8 @@ def test_tls_needs_both_files(key: str, missing: str) -> None:
     assert tls.enabled and not parse().tls.enabled
 
 
-def test_inbound_cap_not_above_outbound_streams_warns() -> None:
-    for cap, streams in ((32, 32), (8, 32)):
+def test_inbound_cap_below_outbound_streams_warns() -> None:
+    for cap, streams in ((31, 32), (8, 32)):
         cfg = parse(
             {
                 "grpc": {"max_concurrent_requests_per_worker": cap},
@@ -547,6 +547,7 @@ def test_inbound_cap_not_above_outbound_streams_warns() -> None:
         assert f"max_concurrent_requests_per_worker ({cap})" in warning
         assert f"max_concurrent_streams ({streams})" in warning
     assert risks(parse({"grpc": {"max_concurrent_requests_per_worker": 0}})) == []
+    assert risks(parse()) == []  # the defaults: every call a worker may hold gets a stream
 
 
 def test_unknown_keys_are_ignored_with_a_note() -> None:

@@ -54,6 +54,13 @@ DEADLINE_S = 5.0
 # ticked every prober round (2 s here), repacks within the first seconds of the warm-up
 # even while the fleet still spends most device time loading weights.
 FIRST_REPACK_COMPUTE_S = 2.0
+# Its budget for every later repack, in fleet GPU-seconds. The default (300) is meant for
+# a real node; here every duration is stretched by the time scale, so at 70% load four
+# GPUs would take minutes to spend it and a run would see only the first repack, made
+# from two seconds of traffic. 40 lets repacks recur every 15 s or so at that load, so
+# the packer can correct its first guess and follow a shift in popularity within a run;
+# the hysteresis still keeps it from moving weights for small gains.
+REPACK_COMPUTE_S = 40.0
 QUICK_WARMUP_S = 10.0
 QUICK_MEASURE_S = 20.0
 SEED = 1000  # repetition k uses SEED + k in every mode
@@ -112,7 +119,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--admission-cap",
         type=int,
-        help="the gateway's grpc.max_concurrent_requests_per_worker (default: its default, 64)",
+        help="calls in flight per worker: the gateway's grpc.max_concurrent_requests_per_worker "
+        "and worker_client.max_concurrent_streams, and each worker's --max-concurrent-requests "
+        "(default: their defaults)",
     )
     p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
     p.add_argument("--json", type=Path, help="write every run's row to this file (a JSON list)")
@@ -236,7 +245,7 @@ def one_run(
         rundir,
         catalogue,
         load.time_scale,
-        FIRST_REPACK_COMPUTE_S,
+        (FIRST_REPACK_COMPUTE_S, REPACK_COMPUTE_S),
         args.admission_cap,
     )
     try:
@@ -296,7 +305,7 @@ def main(argv: Sequence[str]) -> int:
         f"runs: loads {', '.join(f'{x:.0%}' for x in loads)}; modes {', '.join(args.modes)}; "
         f"{args.repeat} per mode and load; warm-up {args.warmup:g} s, measured "
         f"{args.duration:g} s; prober every {_fleet.HEALTH_INTERVAL_S:g} s; lpt_packing first "
-        f"repack after {FIRST_REPACK_COMPUTE_S:g} GPU-s",
+        f"repack after {FIRST_REPACK_COMPUTE_S:g} GPU-s, then every {REPACK_COMPUTE_S:g} GPU-s",
         flush=True,
     )
     workdir = Path(tempfile.mkdtemp(prefix="rsgw-fleet-"))

@@ -152,17 +152,24 @@ class Fleet:
 
 
 def gateway_config(
-    mode: str, workers: Sequence[Proc], first_repack: float, admission_cap: int | None = None
+    mode: str,
+    workers: Sequence[Proc],
+    repack_budgets: tuple[float, float],
+    admission_cap: int | None = None,
 ) -> dict[str, Any]:
-    """gateway.yml: the defaults, but for the mode (and lpt_packing's first budget)."""
+    """gateway.yml: the defaults, but for the mode (and lpt_packing's repack budgets).
+
+    `repack_budgets`: fleet GPU-seconds before the first repack, and between later ones.
+    """
     scheduling: dict[str, Any] = {"mode": mode, "work_basis": "compute"}
     if mode == "lpt_packing":
-        scheduling["first_rebalance_compute_seconds"] = first_repack
-    limits = (
-        {}
-        if admission_cap is None
-        else {"grpc": {"max_concurrent_requests_per_worker": admission_cap}}
-    )
+        first, every = repack_budgets
+        scheduling["first_rebalance_compute_seconds"] = first
+        scheduling["rebalance_compute_seconds"] = every
+    limits: dict[str, Any] = {}
+    if admission_cap is not None:  # every limit on the way to a worker, alike
+        limits["grpc"] = {"max_concurrent_requests_per_worker": admission_cap}
+        limits["worker_client"] = {"max_concurrent_streams": admission_cap}
     return {
         **limits,
         "endpoints": [f"127.0.0.1:{w.info['grpc_port']}" for w in workers],
@@ -210,7 +217,7 @@ def start_fleet(
     workdir: Path,
     catalogue: Path,
     time_scale: float,
-    first_repack: float,
+    repack_budgets: tuple[float, float],
     admission_cap: int | None = None,
 ) -> Fleet:
     """The scenario's workers, then the gateway; returns once every model is routable."""
@@ -230,6 +237,8 @@ def start_fleet(
             *("--weight-cache-bytes", str(scenario.budget_bytes)),
             *("--time-scale", f"{time_scale:g}", "--log-format", "json"),
         ]
+        if admission_cap is not None:
+            argv += ["--max-concurrent-requests", str(admission_cap)]
         workers.append(spawn(name, argv, workdir / f"{name}.log", env))
     gateway: Proc | None = None
     try:
@@ -244,7 +253,7 @@ def start_fleet(
         config = workdir / "gateway.yml"
         config.write_text(
             yaml.safe_dump(
-                gateway_config(mode, workers, first_repack, admission_cap), sort_keys=False
+                gateway_config(mode, workers, repack_budgets, admission_cap), sort_keys=False
             )
         )
         genv = dict(env)

@@ -229,6 +229,37 @@ async def test_a_worker_holding_its_share_sheds_its_models_only(
     assert service.ledger.inflight == 0
 
 
+async def test_lpt_packing_counts_a_shed_call_as_demand(autojump_clock: MockClock) -> None:
+    """The packer sizes replicas from what clients offer: a call shed because its
+    model's placed replica holds its share still counts, or a saturated model would
+    look no busier than its cap and never get the replica it lacks."""
+    from tests.gateway.test_lpt_packing import lpt
+
+    hot = catalogue_from_yaml(SLOW.replace("launch_ms: 300", "launch_ms: 3000"))
+    limits = GrpcLimits(max_concurrent_requests_per_worker=2)
+    async with open_fleet(
+        2,
+        memory=True,
+        catalogues=[hot, hot],
+        grpc=limits,
+        scheduling=lpt(default_replicas=1),
+        health_interval_seconds=60,
+    ) as fleet:
+        service = fleet.gateway._service
+        packing = fleet.gateway._packing
+        assert packing is not None
+        (placed,) = packing.packer.assignment["slow"].urls
+        async with trio.open_nursery() as nursery:
+            for seed in range(2):
+                nursery.start_soon(fleet.infer, simple_body(seed, "slow"))
+            await wait_until_async(lambda: service.ledger.held(placed) == 2, 10)
+            for seed in range(3):  # the other worker has room, but slow is not placed there
+                error = await rejected(fleet, simple_body(seed + 2, "slow"))
+                assert error.code is StatusCode.RESOURCE_EXHAUSTED
+            assert packing.packer.pending_arrivals().get("slow") == 5
+        assert service.metrics.shed._value.get() == 3
+
+
 async def test_forwarded_deadline_is_at_most_the_clients(autojump_clock: MockClock) -> None:
     """A recording stand-in worker: the real worker cannot report what it received."""
     received: list[float] = []

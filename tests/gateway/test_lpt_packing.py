@@ -307,9 +307,10 @@ async def test_idle_fleet_never_repacks_then_traffic_repacks_and_compacts(
         assert repacks(fleet, "compute") == 0  # idle: nothing accrues
         assert compactions(fleet) == [0, 0, 0]
 
-        # gamma (two replicas) hot, beta warm, alpha idle: alpha has to leave its
-        # startup worker (which gamma now loads) for beta's, so the placement changes.
-        await drive_until_compute_repack(fleet, ("gamma",) * 6 + ("beta",))
+        # gamma (two replicas) and alpha hot, beta warm: the startup placement put
+        # alpha beside one of gamma's replicas, and parting them lightens the busiest
+        # worker by far more than PLAN_GAIN_FLOOR, so the placement changes.
+        await drive_until_compute_repack(fleet, ("gamma",) * 6 + ("alpha",) * 4 + ("beta",))
         report = packer.last_report
         assert report is not None and report.trigger == "compute"
         sizes = {m: len(p) for m, p in packer.assignment.items()}

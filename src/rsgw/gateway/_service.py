@@ -236,6 +236,7 @@ class GatewayService:
             logger.debug("model not found on any worker", extra={"model": model[:200]})
             raise unknown_model(model)
         meter.label = model
+        self.scheduler.arrived(model)
         pinned = False
         if sequence is not None and not sequence.start:
             replicas, pinned = self._sequence_holder(model, sequence.id, replicas)

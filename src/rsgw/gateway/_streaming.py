@@ -113,6 +113,7 @@ class StreamProxy:
                     if model in self.prober.known
                     else (unknown_model(model))
                 )
+            self.scheduler.arrived(model)
             now = trio.current_time()
             if sequence is not None and not sequence.start:
                 holder = self.sequences.holder(model, sequence.id, now)

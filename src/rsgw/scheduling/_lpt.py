@@ -119,6 +119,10 @@ class LptScheduler:
 
     # -- Scheduler --------------------------------------------------------------------
 
+    def arrived(self, model: str) -> None:
+        """Count the call as demand, whether or not its replicas have room for it."""
+        self.packer.record_arrival(model)
+
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
     ) -> tuple[tuple[str, ...], AnyReservation | None]:
@@ -127,7 +131,6 @@ class LptScheduler:
         An empty order means the model's placed replicas are all busy: the service
         sheds the call rather than spill it (and its weights) onto another GPU.
         """
-        self.packer.record_arrival(model)
         placement = self.packer.assignment.get(model)
         urls = () if placement is None else tuple(u for u in placement.urls if u in replicas)
         if not urls:

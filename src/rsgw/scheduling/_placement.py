@@ -20,6 +20,10 @@ Longest-processing-time-first packing over two resources (docs/original.md §4.6
 * A single-replica model stays where it was unless moving improves its pressure by more
   than `hysteresis`, because batching depends on traffic staying where the queues are.
   A multi-replica model prefers its previous members only as a tie-break.
+* The whole placement in force stays when it still serves today's demand (same
+  models, workers still there, enough replicas, weights within budget) and the new
+  one would not lighten the busiest worker by more than `PLAN_GAIN_FLOOR`: a repack
+  moves weights only for a gain that can repay the reloads.
 * Equal pressure goes to the worker with less compute load, then to the one hosting
   fewer models, then the smaller URL; hysteresis compares compute the same way when
   the pressures are equal. The original took the smallest URL. When memory is the
@@ -46,6 +50,16 @@ from types import MappingProxyType
 
 from rsgw.scheduling._knobs import ALL, Replicas
 from rsgw.scheduling._refine import best_single_placement
+from rsgw.scheduling._replicas import auto_replicas, split_hot_models
+
+#: A repack whose placement would lighten the busiest worker by less than this keeps
+#: the placement in force (whatever `hysteresis`, which acts per model inside it).
+#: Demand measured over one repack interval wobbles by a few percent, and a greedy pass
+#: re-run on it reshuffles the light models for gains of that size; each move reloads
+#: weights, which costs the new GPU far more device time than the gain returns
+#: (measured: bench/fleet hot_replicas moved 4-6 of 8 models every repack, with 44% of
+#: device time spent loading).
+PLAN_GAIN_FLOOR = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,58 +139,6 @@ def replica_count(replicas: Replicas, workers: int) -> int:
     return max(1, min(wanted, workers))
 
 
-def auto_replicas(
-    counts: Mapping[str, int],
-    utilization: Mapping[str, float],
-    memory: Mapping[str, int],
-    caps: Sequence[float],
-    max_share: float,
-    fixed: frozenset[str] = frozenset(),
-) -> dict[str, int]:
-    """Replica counts raised for models one worker cannot carry, as far as memory allows.
-
-    A model whose demand `u` is above `max_share` of one GPU gets `ceil(u / max_share)`
-    replicas (at most one per worker), unless its count is `fixed` (an operator's
-    override). Every replica must still find a worker with room for its weights
-    (`caps`: each worker's budget, inf when unlimited; checked by placing the heaviest
-    first on distinct workers); when they do not, the extra replica that relieves the
-    least (the smallest `u / (k - 1)`) goes first.
-    """
-    counts = dict(counts)
-    if max_share <= 0:
-        return counts
-    base = dict(counts)
-    for model, u in utilization.items():
-        if model not in fixed and u > max_share:
-            wanted = math.ceil(u / max_share - 1e-9)
-            counts[model] = max(counts[model], min(len(caps), wanted))
-    while not _replicas_fit(counts, memory, caps):
-        extra = [m for m, k in counts.items() if k > base[m]]
-        if not extra:
-            break
-        drop = min(extra, key=lambda m: (utilization[m] / (counts[m] - 1), m))
-        counts[drop] -= 1
-    return counts
-
-
-def _replicas_fit(
-    counts: Mapping[str, int], memory: Mapping[str, int], caps: Sequence[float]
-) -> bool:
-    """Whether every model's replicas fit on distinct workers (heaviest first, roomiest)."""
-    room = sorted(caps, reverse=True)
-    for model in sorted(counts, key=lambda m: (-memory.get(m, 0), m)):
-        need = memory.get(model, 0)
-        if not need:
-            continue
-        room.sort(reverse=True)
-        k = counts[model]
-        if k > len(room) or room[k - 1] < need:
-            return False
-        for i in range(k):
-            room[i] -= need
-    return True
-
-
 def improvement(previous: float, best: float) -> float:
     """How much better `best` is than `previous`, relatively (`previous/best - 1`)."""
     return previous / best - 1 if best > 0 else 0.0
@@ -209,7 +171,9 @@ def compute_assignment(
         hysteresis: relative improvement a single-replica model must beat to move.
         forbid_memory_oversubscription: place only where the weights fit, when possible.
         max_share: a model without a replica override whose demand is above this share
-            of one GPU gets more replicas (`auto_replicas`); 0 = never.
+            of one GPU gets more replicas, and one heavier than the mean load may get
+            more while that lightens the busiest worker (`rsgw.scheduling._replicas`);
+            0 = never.
         refine: after the greedy, search for a placement of the single-replica models
             whose busiest worker is lighter by more than `hysteresis`
             (`rsgw.scheduling._refine`); it may move models the greedy kept in place.
@@ -220,10 +184,100 @@ def compute_assignment(
     urls = sorted(set(workers))
     if not urls:
         return AssignmentResult()
-    cload = dict.fromkeys(urls, 0.0)
-    mload = dict.fromkeys(urls, 0)
-    hosted = dict.fromkeys(urls, 0)  # models placed so far: the tie-break after pressure
     cap = {w: float(c) if (c := mem_cap.get(w, 0)) > 0 else math.inf for w in urls}
+    order = sorted(utilization, key=lambda m: (-utilization[m], -memory.get(m, 0), m))
+    caps = [cap[w] for w in urls]
+    fixed = frozenset(replicas)
+    base = {m: replica_count(replicas.get(m, default_replicas), len(urls)) for m in order}
+    counts = auto_replicas(base, utilization, memory, caps, max_share, fixed)
+
+    def greedy(trial: Mapping[str, int]) -> _Greedy:
+        return _greedy(
+            urls,
+            order,
+            trial,
+            utilization,
+            memory,
+            cap,
+            previous,
+            hysteresis,
+            forbid_memory_oversubscription,
+        )
+
+    counts = split_hot_models(
+        counts,
+        utilization,
+        memory,
+        caps,
+        max_share,
+        fixed,
+        lambda trial: max(greedy(trial).cload.values()),
+    )
+    placed = greedy(counts)
+    assignment, cload, mload = placed.assignment, placed.cload, placed.mload
+    moved = placed.moved
+    refined = (
+        _refine(urls, assignment, utilization, memory, cap, cload, hysteresis) if refine else None
+    )
+    if refined is not None:
+        for model, worker in refined.items():
+            assignment[model] = Placement(((worker, 1.0),))
+        cload, mload = _loads(urls, assignment, utilization, memory)
+        moved = sum(
+            1
+            for model, placement in assignment.items()
+            if (before := previous.get(model)) is not None
+            and set(before.urls) != set(placement.urls)
+        )
+    kept = _previous_loads(urls, previous, utilization, memory, cap, counts, base, max_share, fixed)
+    if kept is not None and not_worth_moving(max(kept[0].values()), max(cload.values())):
+        would_move = sum(1 for m, p in assignment.items() if set(p.urls) != set(previous[m].urls))
+        return AssignmentResult(
+            assignment=MappingProxyType({m: previous[m] for m in assignment}),
+            compute_load=MappingProxyType(kept[0]),
+            memory_load=MappingProxyType(kept[1]),
+            stats=AssignmentStats(
+                len(assignment), 0, placed.held + would_move, placed.max_improvement
+            ),
+        )
+    return AssignmentResult(
+        assignment=MappingProxyType(assignment),
+        compute_load=MappingProxyType(cload),
+        memory_load=MappingProxyType(mload),
+        stats=AssignmentStats(len(assignment), moved, placed.held, placed.max_improvement),
+        oversubscribed=frozenset(w for w in urls if mload[w] > cap[w]),
+        over_budget_models=tuple(placed.over_budget),
+    )
+
+
+@dataclass(slots=True)
+class _Greedy:
+    """One heaviest-first pass: the placement, the loads it makes, its counts."""
+
+    assignment: dict[str, Placement]
+    cload: dict[str, float]
+    mload: dict[str, int]
+    moved: int = 0
+    held: int = 0
+    max_improvement: float = 0.0
+    over_budget: list[str] = field(default_factory=list)
+
+
+def _greedy(
+    urls: Sequence[str],
+    order: Sequence[str],
+    counts: Mapping[str, int],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    cap: Mapping[str, float],
+    previous: Mapping[str, Placement],
+    hysteresis: float,
+    forbid_memory_oversubscription: bool,
+) -> _Greedy:
+    """Place `order` (heaviest first) on `counts` workers each; see the module docstring."""
+    out = _Greedy({}, dict.fromkeys(urls, 0.0), dict.fromkeys(urls, 0))
+    cload, mload = out.cload, out.mload
+    hosted = dict.fromkeys(urls, 0)  # models placed so far: the tie-break after pressure
 
     def score(w: str, uc: float, wm: int) -> float:
         mem_fraction = (mload[w] + wm) / cap[w] if cap[w] != math.inf else 0.0
@@ -232,19 +286,6 @@ def compute_assignment(
     def fits(w: str, wm: int) -> bool:
         return mload[w] + wm <= cap[w]
 
-    assignment: dict[str, Placement] = {}
-    over_budget: list[str] = []
-    moved = held = 0
-    max_improvement = 0.0
-    order = sorted(utilization, key=lambda m: (-utilization[m], -memory.get(m, 0), m))
-    counts = auto_replicas(
-        {m: replica_count(replicas.get(m, default_replicas), len(urls)) for m in order},
-        utilization,
-        memory,
-        [cap[w] for w in urls],
-        max_share,
-        frozenset(replicas),
-    )
     for model in order:
         u = utilization[model]
         wm = memory.get(model, 0)
@@ -264,14 +305,13 @@ def compute_assignment(
                     stay, move = cload[wp] + u, cload[best] + u
                     if move <= 0:
                         stay = move
-                max_improvement = max(max_improvement, improvement(stay, move))
+                out.max_improvement = max(out.max_improvement, improvement(stay, move))
                 if wp in candidates and stay <= move * (1 + hysteresis):
-                    held += best != wp
+                    out.held += best != wp
                     chosen_one = wp
             chosen = [chosen_one]
         else:
             members = set(before.urls) if before is not None else set()
-
             share = u / k
             ranked = sorted(
                 (
@@ -286,36 +326,69 @@ def compute_assignment(
             )
             chosen = [w for *_, w in ranked[:k]]
         if forbid_memory_oversubscription and any(not fits(w, wm) for w in chosen):
-            over_budget.append(model)
+            out.over_budget.append(model)
         for w in chosen:
             cload[w] += u / k
             mload[w] += wm
             hosted[w] += 1
         placement = Placement(tuple((w, 1.0 / k) for w in sorted(chosen)))
-        assignment[model] = placement
+        out.assignment[model] = placement
         if before is not None and set(before.urls) != set(placement.urls):
-            moved += 1
-    refined = (
-        _refine(urls, assignment, utilization, memory, cap, cload, hysteresis) if refine else None
-    )
-    if refined is not None:
-        for model, worker in refined.items():
-            assignment[model] = Placement(((worker, 1.0),))
-        cload, mload = _loads(urls, assignment, utilization, memory)
-        moved = sum(
-            1
-            for model, placement in assignment.items()
-            if (before := previous.get(model)) is not None
-            and set(before.urls) != set(placement.urls)
-        )
-    return AssignmentResult(
-        assignment=MappingProxyType(assignment),
-        compute_load=MappingProxyType(cload),
-        memory_load=MappingProxyType(mload),
-        stats=AssignmentStats(len(assignment), moved, held, max_improvement),
-        oversubscribed=frozenset(w for w in urls if mload[w] > cap[w]),
-        over_budget_models=tuple(over_budget),
-    )
+            out.moved += 1
+    return out
+
+
+def not_worth_moving(kept_busiest: float, new_busiest: float) -> bool:
+    """Whether the new placement's busiest worker is too little lighter to pay for moves.
+
+    The per-model `hysteresis` has already had its say inside the greedy pass; this is
+    the floor under it for the plan as a whole.
+    """
+    return kept_busiest <= new_busiest * (1 + PLAN_GAIN_FLOOR)
+
+
+def _previous_loads(
+    urls: Sequence[str],
+    previous: Mapping[str, Placement],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    cap: Mapping[str, float],
+    counts: Mapping[str, int],
+    base: Mapping[str, int],
+    max_share: float,
+    fixed: frozenset[str],
+) -> tuple[dict[str, float], dict[str, int]] | None:
+    """The loads `previous` puts on the workers under today's demand, or None when it no
+    longer serves it.
+
+    It serves when it places today's models, on workers still ready, within every
+    weight budget, each with the replica count the new placement gives it, except that
+    a count the automatic rules (`rsgw.scheduling._replicas`) raised may differ while it
+    still carries the demand (no replica above `max_share`, with the floor's margin)
+    and, when it is above the operator's `base`, the model is still one they would
+    split: demand hovering at a threshold must not flip a model between replica counts
+    on every repack. An operator's count always holds.
+    """
+    if any(m not in previous for m in utilization):
+        return None
+    for model, u in utilization.items():
+        placement = previous[model]
+        if any(url not in cap for url in placement.urls):
+            return None
+        k, now = len(placement), counts[model]
+        if k == now:
+            continue
+        if model in fixed or max_share <= 0 or k < base[model]:
+            return None  # an operator's count, or no automatic replicas: it must hold
+        if u / k > max_share * (1 + PLAN_GAIN_FLOOR):
+            return None  # too few replicas for the demand, beyond the noise
+        if k > base[model] and u / (k - 1) < max_share / 2 * (1 - PLAN_GAIN_FLOOR):
+            return None  # no longer a model the rules would split, beyond the noise
+    current = {m: previous[m] for m in utilization}
+    cload, mload = _loads(urls, current, utilization, memory)
+    if any(mload[w] > cap[w] for w in urls):
+        return None
+    return cload, mload
 
 
 def _loads(

@@ -28,6 +28,14 @@ class Scheduler(Protocol):
     #: Whether the prober must poll ModelControlStatus for routing metadata.
     needs_routing_meta: bool
 
+    def arrived(self, model: str) -> None:
+        """A call for `model` reached the gateway, before admission.
+
+        Demand is what clients offer, not what the replicas had room for: a packer
+        that counted only admitted calls would see a saturated model as no busier
+        than its replicas' caps, and never give it the replica it lacks.
+        """
+
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
     ) -> tuple[tuple[str, ...], AnyReservation | None]:
@@ -51,6 +59,9 @@ class RoundRobinScheduler:
 
     def __init__(self) -> None:
         self._rr = RoundRobin()
+
+    def arrived(self, model: str) -> None:
+        pass
 
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes
@@ -82,6 +93,9 @@ class LeastOutstandingScheduler:
         self.basis = basis
         self.needs_routing_meta = basis is not WorkBasis.REQUESTS
         self._meta = RoutingMeta()
+
+    def arrived(self, model: str) -> None:
+        pass
 
     def select(
         self, model: str, replicas: tuple[str, ...], body: bytes

@@ -1,0 +1,128 @@
+"""How many replicas each model gets under lpt_packing, beyond what the operator set.
+
+Pure: no trio, no sockets, no clock. Two rules raise a model's count, never above
+one replica per worker and never where the weights would not fit:
+
+* `auto_replicas`: a model whose demand is above `max_share` of one GPU cannot be
+  carried by one worker at all; it gets `ceil(u / max_share)` replicas.
+* `split_hot_models`: a model that is not too big for one GPU may still be too big
+  for a balanced node. LPT places the heaviest model first, so a model heavier than
+  the fleet's mean load sets the busiest worker by itself. Each such model gets one
+  more replica at a time, as long as the resulting placement's busiest worker is
+  lighter (measured: bench/fleet hot_replicas, where the exhaustive best splits the hot
+  model in three and `ceil(u / max_share)` gave two). Models under half of
+  `max_share` stay whole: no worker is near saturation, and one replica batches
+  deepest.
+
+An operator's count (a per-model override) is never changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+#: A trial count must lighten the busiest worker by at least this much (relatively)
+#: to be kept: equal placements keep fewer replicas, so fewer weight sets load.
+MIN_SPLIT_GAIN = 1e-6
+
+
+def auto_replicas(
+    counts: Mapping[str, int],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    caps: Sequence[float],
+    max_share: float,
+    fixed: frozenset[str] = frozenset(),
+) -> dict[str, int]:
+    """Replica counts raised for models one worker cannot carry, as far as memory allows.
+
+    A model whose demand `u` is above `max_share` of one GPU gets `ceil(u / max_share)`
+    replicas (at most one per worker), unless its count is `fixed` (an operator's
+    override). Every replica must still find a worker with room for its weights
+    (`caps`: each worker's budget, inf when unlimited; checked by placing the heaviest
+    first on distinct workers); when they do not, the extra replica that relieves the
+    least (the smallest `u / (k - 1)`) goes first.
+    """
+    counts = dict(counts)
+    if max_share <= 0:
+        return counts
+    base = dict(counts)
+    for model, u in utilization.items():
+        if model not in fixed and u > max_share:
+            wanted = math.ceil(u / max_share - 1e-9)
+            counts[model] = max(counts[model], min(len(caps), wanted))
+    while not replicas_fit(counts, memory, caps):
+        extra = [m for m, k in counts.items() if k > base[m]]
+        if not extra:
+            break
+        drop = min(extra, key=lambda m: (utilization[m] / (counts[m] - 1), m))
+        counts[drop] -= 1
+    return counts
+
+
+def split_hot_models(
+    counts: Mapping[str, int],
+    utilization: Mapping[str, float],
+    memory: Mapping[str, int],
+    caps: Sequence[float],
+    max_share: float,
+    fixed: frozenset[str],
+    busiest: Callable[[Mapping[str, int]], float],
+) -> dict[str, int]:
+    """`counts` with a replica added to each hot model while that lightens the busiest.
+
+    Args:
+        counts: the counts so far (after `auto_replicas`).
+        utilization, memory: per model.
+        caps: each worker's weight budget (inf: unlimited).
+        max_share: the `auto_replicas` threshold; models whose per-replica demand is
+            at most half of it are left alone. 0 disables the search.
+        fixed: models with an operator's count.
+        busiest: the busiest worker's compute load of the placement these counts give.
+    """
+    counts = dict(counts)
+    workers = len(caps)
+    if max_share <= 0 or workers < 2:
+        return counts
+    mean = sum(utilization.values()) / workers
+    floor = max(mean, max_share / 2)
+    hot = sorted(
+        (m for m, u in utilization.items() if m not in fixed and u / counts[m] > floor),
+        key=lambda m: (-utilization[m], m),
+    )
+    if not hot:
+        return counts
+    best = busiest(counts)
+    improved = True
+    while improved:
+        improved = False
+        for model in hot:
+            k = counts[model]
+            if k >= workers or utilization[model] / k <= floor:
+                continue
+            trial = {**counts, model: k + 1}
+            if not replicas_fit(trial, memory, caps):
+                continue
+            load = busiest(trial)
+            if load < best * (1 - MIN_SPLIT_GAIN):
+                counts, best, improved = trial, load, True
+    return counts
+
+
+def replicas_fit(
+    counts: Mapping[str, int], memory: Mapping[str, int], caps: Sequence[float]
+) -> bool:
+    """Whether every model's replicas fit on distinct workers (heaviest first, roomiest)."""
+    room = sorted(caps, reverse=True)
+    for model in sorted(counts, key=lambda m: (-memory.get(m, 0), m)):
+        need = memory.get(model, 0)
+        if not need:
+            continue
+        room.sort(reverse=True)
+        k = counts[model]
+        if k > len(room) or room[k - 1] < need:
+            return False
+        for i in range(k):
+            room[i] -= need
+    return True
