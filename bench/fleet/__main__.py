@@ -41,37 +41,26 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _scenario as sc
+from rsgw.simulate import _scenario as sc
+from rsgw.simulate._cli import loads_arg, modes_arg
+from rsgw.simulate._engine import MODES
 
-MODES = ("round_robin", "least_outstanding", "lpt_packing")
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-# A call that has not answered within this many seconds counts as failed. It bounds how
-# long a run drains after its last send, and so the whole benchmark's length; it is
-# about 30 full-batch times at the chosen time scale, far beyond any healthy latency.
-DEADLINE_S = 5.0
-# lpt_packing's first repack budget, in fleet GPU-seconds: small enough that the packer,
-# ticked every prober round (2 s here), repacks within the first seconds of the warm-up
-# even while the fleet still spends most device time loading weights.
-FIRST_REPACK_COMPUTE_S = 2.0
-# Its budget for every later repack, in fleet GPU-seconds. The default (300) is meant for
-# a real node; here every duration is stretched by the time scale, so at 70% load four
-# GPUs would take minutes to spend it and a run would see only the first repack, made
-# from two seconds of traffic. 40 lets repacks recur every 15 s or so at that load, so
-# the packer can correct its first guess and follow a shift in popularity within a run;
-# the hysteresis still keeps it from moving weights for small gains.
-REPACK_COMPUTE_S = 40.0
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SETTINGS = sc.RunSettings()  # warm-up, window, prober round, repack budgets, deadline
+REPEAT = 3
 QUICK_WARMUP_S = 10.0
 QUICK_MEASURE_S = 20.0
 SEED = 1000  # repetition k uses SEED + k in every mode
 
 
-def modes_arg(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if not modes or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(MODES)}")
-    return modes
+def find_scenario(text: str) -> sc.Scenario:
+    """`memory_bound` (from scenarios/) or a path to a YAML file."""
+    path = Path(text)
+    if not path.suffix:
+        path = SCENARIOS / f"{text}.yaml"
+    return sc.load_scenario(path, sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
 
 
 def positive(text: str) -> float:
@@ -79,18 +68,6 @@ def positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
-
-
-def loads_arg(text: str) -> list[float]:
-    try:
-        loads = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected fractions like 0.7 or 0.3,0.7, got {text!r}"
-        ) from None
-    if not loads or any(not 0 < x <= 3 for x in loads):
-        raise argparse.ArgumentTypeError(f"loads must be fractions in (0, 3], got {text!r}")
-    return loads
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -104,11 +81,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--load", type=loads_arg, help="fraction(s) of capacity (default: its sweep)")
     p.add_argument("--modes", type=modes_arg, default=list(MODES), help="default: all three")
     p.add_argument(
-        "--repeat", type=int, help=f"runs per mode and load (default {sc.REPEAT}; 1 with --quick)"
+        "--repeat", type=int, help=f"runs per mode and load (default {REPEAT}; 1 with --quick)"
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 10 s + 20 s")
-    p.add_argument("--warmup", type=positive, help=f"seconds before the window ({sc.WARMUP_S:g})")
-    p.add_argument("--duration", type=positive, help=f"measured seconds ({sc.MEASURE_S:g})")
+    p.add_argument(
+        "--warmup", type=positive, help=f"seconds before the window ({SETTINGS.warmup_s:g})"
+    )
+    p.add_argument("--duration", type=positive, help=f"measured seconds ({SETTINGS.measure_s:g})")
     p.add_argument(
         "--batcher-delay-us",
         type=int,
@@ -124,16 +103,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "(default: their defaults)",
     )
     p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="run nothing: report (and --plot) the rows of earlier --json files together",
+    )
     p.add_argument("--json", type=Path, help="write every run's row to this file (a JSON list)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
     args = p.parse_args(argv)
     if args.repeat is None:
-        args.repeat = 1 if args.quick else sc.REPEAT
+        args.repeat = 1 if args.quick else REPEAT
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     args.modes = [m for m in MODES if m in args.modes]  # tables and runs in one order
-    args.warmup = args.warmup or (QUICK_WARMUP_S if args.quick else sc.WARMUP_S)
-    args.duration = args.duration or (QUICK_MEASURE_S if args.quick else sc.MEASURE_S)
+    args.warmup = args.warmup or (QUICK_WARMUP_S if args.quick else SETTINGS.warmup_s)
+    args.duration = args.duration or (QUICK_MEASURE_S if args.quick else SETTINGS.measure_s)
     return args
 
 
@@ -238,19 +224,19 @@ def one_run(
     catalogue = workdir / "models.yaml"
     seed = SEED + rep
     total = args.warmup + args.duration
-    schedule = _load.poisson_schedule(scenario, load.offered(fraction), total, seed)
+    schedule = sc.poisson_schedule(scenario, load.offered(fraction), total, seed)
     fleet = _fleet.start_fleet(
         scenario,
         mode,
         rundir,
         catalogue,
         load.time_scale,
-        (FIRST_REPACK_COMPUTE_S, REPACK_COMPUTE_S),
+        SETTINGS,
         args.admission_cap,
     )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731
-        deadline = max(DEADLINE_S, 3 * scenario.slo_ms * load.time_scale / 1000)
+        deadline = SETTINGS.deadline(scenario, load.time_scale)
         outcome = _load.drive(
             scenario.names,
             fleet.grpc_port,
@@ -268,72 +254,16 @@ def one_run(
     return _measure.summarise(run, slo_ms, outcome, args.warmup, args.duration, repacks)
 
 
-def main(argv: Sequence[str]) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    started = time.monotonic()
-    try:
-        import grpc  # noqa: F401
-
-        import rsgw  # noqa: F401
-    except ImportError as exc:
-        print(
-            f"bench/fleet: {exc}: run it in the virtual environment of "
-            "`pip install -e '.[test]'` (the test extra brings grpcio)",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        scenario = sc.load_scenario(args.scenario)
-    except sc.ScenarioError as exc:
-        print(f"bench/fleet: {exc}", file=sys.stderr)
-        return 2
-    if args.batcher_delay_us is not None:
-        scenario = scenario.with_batcher(args.batcher_delay_us)
-    loads = args.load or list(scenario.loads)
-    no_plot = ensure_matplotlib()
-    if no_plot:
-        print(f"bench/fleet: {no_plot}; no plot this time", file=sys.stderr)
-
-    import _fleet
+def report(
+    runs: Sequence[Any],
+    args: argparse.Namespace,
+    scenario: sc.Scenario,
+    load: sc.Load,
+    no_plot: str | None,
+) -> None:
+    """The tables, the repack line and the plot of `runs` (measured now or read back)."""
     import _report
 
-    load = sc.derive_load(scenario)
-    print(machine())
-    print(sc.describe(scenario, load))
-    print(
-        f"runs: loads {', '.join(f'{x:.0%}' for x in loads)}; modes {', '.join(args.modes)}; "
-        f"{args.repeat} per mode and load; warm-up {args.warmup:g} s, measured "
-        f"{args.duration:g} s; prober every {_fleet.HEALTH_INTERVAL_S:g} s; lpt_packing first "
-        f"repack after {FIRST_REPACK_COMPUTE_S:g} GPU-s, then every {REPACK_COMPUTE_S:g} GPU-s",
-        flush=True,
-    )
-    workdir = Path(tempfile.mkdtemp(prefix="rsgw-fleet-"))
-    (workdir / "models.yaml").write_text(scenario.catalogue_yaml())
-    print(f"work directory {workdir}\n", flush=True)
-
-    runs = []
-    failures: list[str] = []
-    refused: set[str] = set()
-    for rep in range(1, args.repeat + 1):
-        for fraction in loads:
-            for mode in args.modes:  # every mode once per repetition: noise hits them alike
-                if mode in refused:
-                    continue
-                t0 = time.monotonic()
-                try:
-                    run = one_run(scenario, mode, fraction, rep, args, load, workdir)
-                except Exception as exc:  # one failed run must not lose the others' results
-                    text = str(exc) if isinstance(exc, _fleet.FleetError) else repr(exc)
-                    failures.append(f"{fraction:.0%} rep {rep} {mode}: {text}")
-                    print(f"{fraction:.0%} rep {rep} {mode} FAILED: {text}", flush=True)
-                    if "not available in this version" in text:
-                        refused.add(mode)  # the gateway refuses the mode: no use again
-                    continue
-                runs.append(run)
-                print(_report.describe_run(run, time.monotonic() - t0), flush=True)
-
-    total = time.monotonic() - started
     print()
     if runs:
         print("Results: median (min-max) over the runs; latency from the scheduled send time;")
@@ -367,6 +297,93 @@ def main(argv: Sequence[str]) -> int:
             )
             _report.plot_sweep(runs, args.modes, plot, title)
             print(f"plot: {plot}")
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    try:
+        import grpc  # noqa: F401
+
+        import rsgw  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"bench/fleet: {exc}: run it in the virtual environment of "
+            "`pip install -e '.[test]'` (the test extra brings grpcio)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        scenario = find_scenario(args.scenario)
+    except sc.ScenarioError as exc:
+        print(f"bench/fleet: {exc}", file=sys.stderr)
+        return 2
+    if args.batcher_delay_us is not None:
+        scenario = scenario.with_batcher(args.batcher_delay_us)
+    loads = args.load or list(scenario.loads)
+    no_plot = ensure_matplotlib()
+    if no_plot:
+        print(f"bench/fleet: {no_plot}; no plot this time", file=sys.stderr)
+
+    import _fleet
+    import _report
+
+    load = sc.derive_load(scenario)
+    if args.from_json:
+        import _measure
+
+        try:
+            rows = [row for path in args.from_json for row in json.loads(path.read_text())]
+        except (OSError, ValueError) as exc:
+            print(f"bench/fleet: --from-json: {exc}", file=sys.stderr)
+            return 2
+        recorded = [
+            _measure.RunResult.from_json(row)
+            for row in rows
+            if row["scenario"] == scenario.name and row["mode"] in args.modes
+        ]
+        print(sc.describe(scenario, load))
+        print(f"{len(recorded)} recorded runs from {', '.join(map(str, args.from_json))}")
+        report(recorded, args, scenario, load, no_plot)
+        return 0
+    print(machine())
+    print(sc.describe(scenario, load))
+    print(
+        f"runs: loads {', '.join(f'{x:.0%}' for x in loads)}; modes {', '.join(args.modes)}; "
+        f"{args.repeat} per mode and load; warm-up {args.warmup:g} s, measured "
+        f"{args.duration:g} s; prober every {SETTINGS.health_interval_s:g} s; lpt_packing "
+        f"first repack after {SETTINGS.first_repack_compute_s:g} GPU-s, then every "
+        f"{SETTINGS.repack_compute_s:g} GPU-s",
+        flush=True,
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="rsgw-fleet-"))
+    (workdir / "models.yaml").write_text(scenario.catalogue_yaml())
+    print(f"work directory {workdir}\n", flush=True)
+
+    runs = []
+    failures: list[str] = []
+    refused: set[str] = set()
+    for rep in range(1, args.repeat + 1):
+        for fraction in loads:
+            for mode in args.modes:  # every mode once per repetition: noise hits them alike
+                if mode in refused:
+                    continue
+                t0 = time.monotonic()
+                try:
+                    run = one_run(scenario, mode, fraction, rep, args, load, workdir)
+                except Exception as exc:  # one failed run must not lose the others' results
+                    text = str(exc) if isinstance(exc, _fleet.FleetError) else repr(exc)
+                    failures.append(f"{fraction:.0%} rep {rep} {mode}: {text}")
+                    print(f"{fraction:.0%} rep {rep} {mode} FAILED: {text}", flush=True)
+                    if "not available in this version" in text:
+                        refused.add(mode)  # the gateway refuses the mode: no use again
+                    continue
+                runs.append(run)
+                print(_report.describe_run(run, time.monotonic() - t0), flush=True)
+
+    total = time.monotonic() - started
+    report(runs, args, scenario, load, no_plot)
     print(f"total time {total:.0f} s")
     if args.json:
         args.json.write_text(json.dumps([r.to_json() for r in runs], indent=1) + "\n")

@@ -25,14 +25,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    import _scenario as sc
+    from rsgw.simulate import _scenario as sc
 
 START_TIMEOUT = 60.0  # seconds for the whole fleet to come up (four workers share 2 cores)
 POLL_S = 0.05
-# The gateway's prober round (default 10 s) also ticks lpt_packing's packer and refreshes
-# least_outstanding's per-model costs; 2 s lets the first repack happen inside the
-# warm-up. Every mode runs with it, so they differ only in scheduling.mode.
-HEALTH_INTERVAL_S = 2.0
 
 
 class FleetError(Exception):
@@ -154,18 +150,10 @@ class Fleet:
 def gateway_config(
     mode: str,
     workers: Sequence[Proc],
-    repack_budgets: tuple[float, float],
+    settings: sc.RunSettings,
     admission_cap: int | None = None,
 ) -> dict[str, Any]:
-    """gateway.yml: the defaults, but for the mode (and lpt_packing's repack budgets).
-
-    `repack_budgets`: fleet GPU-seconds before the first repack, and between later ones.
-    """
-    scheduling: dict[str, Any] = {"mode": mode, "work_basis": "compute"}
-    if mode == "lpt_packing":
-        first, every = repack_budgets
-        scheduling["first_rebalance_compute_seconds"] = first
-        scheduling["rebalance_compute_seconds"] = every
+    """gateway.yml: the defaults, but for the mode and the run settings' repack budgets."""
     limits: dict[str, Any] = {}
     if admission_cap is not None:  # every limit on the way to a worker, alike
         limits["grpc"] = {"max_concurrent_requests_per_worker": admission_cap}
@@ -177,7 +165,7 @@ def gateway_config(
         "worker_names": [w.name for w in workers],
         "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
         "logging": {"level": "info", "format": "json"},
-        "scheduling": scheduling,
+        "scheduling": settings.gateway_scheduling(mode),
     }
 
 
@@ -217,7 +205,7 @@ def start_fleet(
     workdir: Path,
     catalogue: Path,
     time_scale: float,
-    repack_budgets: tuple[float, float],
+    settings: sc.RunSettings,
     admission_cap: int | None = None,
 ) -> Fleet:
     """The scenario's workers, then the gateway; returns once every model is routable."""
@@ -252,12 +240,10 @@ def start_fleet(
         wait_for("workers", workers, workers_serving, deadline)
         config = workdir / "gateway.yml"
         config.write_text(
-            yaml.safe_dump(
-                gateway_config(mode, workers, repack_budgets, admission_cap), sort_keys=False
-            )
+            yaml.safe_dump(gateway_config(mode, workers, settings, admission_cap), sort_keys=False)
         )
         genv = dict(env)
-        genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{HEALTH_INTERVAL_S:g}"
+        genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{settings.health_interval_s:g}"
         genv["REACTANT_GATEWAY_STARTUP_WAIT_SECONDS"] = f"{START_TIMEOUT:g}"
         argv = [sys.executable, "-m", "rsgw", "run", "--config", str(config)]
         gateway = spawn("gateway", argv, workdir / "gateway.log", genv)

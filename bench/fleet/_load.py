@@ -16,78 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import _scenario as sc
 import grpc
 
-from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.simulate._results import OK, UNANSWERED, Outcome, Schedule
+from rsgw.simulate._scenario import request_body
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-OK = "OK"
-UNANSWERED = "UNANSWERED"  # still in flight when the drain gave up
 CONNECT_TIMEOUT_S = 10.0
-
-
-def request_body(model: str) -> bytes:
-    """One row of the scenario's FP32 input, serialized once per model."""
-    return pb.ModelInferRequest(
-        model_name=model,
-        inputs=[
-            pb.ModelInferRequest.InferInputTensor(
-                name="INPUT0", datatype="FP32", shape=[1, sc.ROW_ELEMENTS]
-            )
-        ],
-        raw_input_contents=[bytes(4 * sc.ROW_ELEMENTS)],
-    ).SerializeToString()
-
-
-@dataclass
-class Schedule:
-    """Arrival times (seconds from the start of the load) and model indices (0-based)."""
-
-    times: list[float]
-    models: list[int]
-
-
-def poisson_schedule(scenario: sc.Scenario, rate: float, duration: float, seed: int) -> Schedule:
-    """Exponential gaps at `rate`/s for `duration` s; each request's model drawn by the
-    popularity in force at its time (the scenario's phases)."""
-    rng = random.Random(seed)
-    times: list[float] = []
-    models: list[int] = []
-    t = rng.expovariate(rate)
-    while t < duration:
-        shares = scenario.shares_at(t / duration)
-        u = rng.random() * sum(shares)
-        acc = 0.0
-        pick = len(shares) - 1
-        for i, share in enumerate(shares):
-            acc += share
-            if u < acc:
-                pick = i
-                break
-        times.append(t)
-        models.append(pick)
-        t += rng.expovariate(rate)
-    return Schedule(times, models)
-
-
-@dataclass
-class Outcome:
-    """Per request: when it was due, how late it left, when it ended, and how."""
-
-    schedule: Schedule
-    lag: list[float]
-    done: list[float]  # seconds from the start of the load; nan when never answered
-    codes: list[str]
-    marks: dict[str, Any] = field(default_factory=dict)  # snapshots taken at the marks
-    mark_times: dict[str, float] = field(default_factory=dict)
-    started_wall: float = 0.0  # time.time() at the start of the load
 
 
 async def _drive(

@@ -212,12 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--node", required=True, metavar="NODE_FILE", help="node file YAML")
     probe.add_argument("--worker", metavar="NAME", help="worker name (needed if several)")
 
-    # Listed for `rsgw --help` only: `main` hands everything after `ctl` to rsgw.ctl,
-    # which has its own parser (argparse cannot pass options through a subparser).
+    # Listed for `rsgw --help` only: `main` hands everything after `ctl` (`simulate`) to
+    # rsgw.ctl (rsgw.simulate), which has its own parser (argparse cannot pass options
+    # through a subparser).
     commands.add_parser(
         "ctl",
         add_help=False,
         help="operator front end of the gateway's scheduler (rsgw ctl --help)",
+    )
+    commands.add_parser(
+        "simulate",
+        add_help=False,
+        help="what-if: a scenario through the scheduling modes in virtual time "
+        "(rsgw simulate --help)",
     )
     return parser
 
@@ -383,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rsgw.ctl import main as ctl_main
 
         return ctl_main(argv[1:])
+    if argv[:1] == ["simulate"]:
+        from rsgw.simulate._cli import main as simulate_main
+
+        return simulate_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(
         getattr(args, "log_level", None) or "info", getattr(args, "log_format", None) or "json"

@@ -310,10 +310,7 @@ class DeviceMemory:
                     "weight_cache": human_bytes(self.cache.max_bytes),
                 },
             )
-        base = spec.load_seconds
-        if base is None:
-            base = load.nbytes / self.load_bandwidth
-        seconds = base * self.time_scale
+        seconds = spec.weight_load_seconds(load.nbytes, self.load_bandwidth) * self.time_scale
         if seconds > 0:
             await trio.sleep(seconds)
         self.counters.loads += 1

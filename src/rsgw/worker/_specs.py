@@ -132,8 +132,16 @@ class ModelSpec:
         return None
 
     def execution_seconds(self, rows: int) -> float:
-        """The unscaled time one dispatch of `rows` batch rows takes on the simulated device."""
+        """The unscaled time one dispatch of `rows` batch rows takes on the simulated device.
+
+        The cost model the worker runs and `rsgw simulate` replays, both from here.
+        """
         return self.launch_seconds + self.item_seconds * rows
+
+    def weight_load_seconds(self, nbytes: int, bandwidth: float) -> float:
+        """The unscaled time loading `nbytes` of this model's weights takes: its catalogue
+        `load_ms`, else the bytes over the worker's load bandwidth (bytes/s)."""
+        return nbytes / bandwidth if self.load_seconds is None else self.load_seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,8 @@
-"""Scenarios as data (`scenarios/NAME.yaml`), and the capacity each is offered a share of.
+"""Scenarios as data (YAML), their arrivals, and the capacity each is offered a share of.
+
+Shared by `bench/fleet` (which runs a scenario through real processes; its scenarios
+live in bench/fleet/scenarios/NAME.yaml) and `rsgw simulate` (which replays it in
+virtual time), so both read the same file the same way and send the same arrivals.
 
 A scenario fixes the fleet (workers, discipline, weight budget), the models (count,
 popularity, max batch, launch and per-row cost, load time, weights as a fraction of the
@@ -22,25 +26,79 @@ of the sweep within what this machine's two cores can send and proxy.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import _capacity
 import yaml
 
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.simulate import _capacity
+from rsgw.simulate._results import Schedule
 from rsgw.worker._batching import Discipline
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEFAULT_LOADS = (0.3, 0.5, 0.7, 0.9, 1.1)
-MAX_OFFERED_RPS = 400.0  # what the machine's 2 cores are asked to carry
-WARMUP_S = 20.0
-MEASURE_S = 60.0
-REPEAT = 3
+MAX_OFFERED_RPS = 400.0  # what bench/fleet asks the machine's 2 cores to carry
+#: Above this many model parts the reference placement is greedy (heaviest part onto the
+#: lightest GPU), not exhaustive: the bench's scenarios stay well below it.
+EXHAUSTIVE_PARTS = 24
 # Request elements: one row of 16 FP32, so a request is small and the gateway's cost per
 # call is what bench/overhead measured for 1 KiB calls or less.
 ROW_ELEMENTS = 16
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a scenario is run, the same in bench/fleet and in `rsgw simulate`.
+
+    The gateway's prober round (default 10 s) also ticks lpt_packing's packer and
+    refreshes least_outstanding's per-model costs; 2 s lets the first repack happen
+    inside the warm-up. Every mode runs with it, so they differ only in scheduling.
+    lpt_packing's first repack comes after `first_repack_compute_s` fleet GPU-seconds,
+    small enough to fall within the first seconds of the warm-up; later ones every
+    `repack_compute_s`: the default (300) is meant for a real node, and here every
+    duration is stretched by the time scale, so at 70% load four GPUs would take
+    minutes to spend it and a run would see only the first repack, made from two
+    seconds of traffic. 40 lets repacks recur every 15 s or so at that load, so the
+    packer can correct its first guess and follow a shift in popularity within a run;
+    the hysteresis and the plan's gain floor still keep it from moving weights for
+    small gains. A call not answered within `deadline_s` (at least three SLOs) counts
+    as failed.
+    """
+
+    warmup_s: float = 20.0
+    measure_s: float = 60.0
+    health_interval_s: float = 2.0
+    first_repack_compute_s: float = 2.0
+    repack_compute_s: float = 40.0
+    deadline_s: float = 5.0
+
+    def deadline(self, scenario: Scenario, time_scale: float) -> float:
+        """Seconds a call gets: `deadline_s`, or three scaled SLOs when longer."""
+        return max(self.deadline_s, 3 * scenario.slo_ms * time_scale / 1000)
+
+    def gateway_scheduling(self, mode: str) -> dict[str, Any]:
+        """The gateway.yml `scheduling` section for `mode`."""
+        scheduling: dict[str, Any] = {"mode": mode, "work_basis": "compute"}
+        if mode == "lpt_packing":
+            scheduling["first_rebalance_compute_seconds"] = self.first_repack_compute_s
+            scheduling["rebalance_compute_seconds"] = self.repack_compute_s
+        return scheduling
+
+
+def request_body(model: str) -> bytes:
+    """One row of a scenario model's FP32 input: the ModelInfer body every call sends."""
+    return pb.ModelInferRequest(
+        model_name=model,
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(
+                name="INPUT0", datatype="FP32", shape=[1, ROW_ELEMENTS]
+            )
+        ],
+        raw_input_contents=[bytes(4 * ROW_ELEMENTS)],
+    ).SerializeToString()
 
 
 class ScenarioError(Exception):
@@ -53,6 +111,12 @@ class Phase:
 
     at: float
     shares: tuple[float, ...]
+    #: The file's popularity for the phase, so a resized scenario can recompute it.
+    spec: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _phase_spec(scenario: Scenario, phase: Phase) -> Mapping[str, Any]:
+    return phase.spec or scenario.popularity
 
 
 @dataclass(frozen=True)
@@ -75,6 +139,9 @@ class Scenario:
     phases: tuple[Phase, ...] = ()
     loads: tuple[float, ...] = DEFAULT_LOADS
     source: str = field(default="", compare=False)
+    #: How the file sized it, so `resized` can size it again.
+    popularity: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    weight_fraction: float = 0.0
 
     def model_name(self, i: int) -> str:
         """Model i (1-based); zero-padded so name order is first-phase popularity order."""
@@ -116,6 +183,33 @@ class Scenario:
                 lines.append(f"    preferred_batch_size: {list(self.preferred_batch_size)}")
         return "\n".join(lines) + "\n"
 
+    def resized(self, workers: int, count: int) -> Scenario:
+        """The same scenario on `workers` GPUs with `count` models: popularity and weight
+        fraction as the file gives them (a `zipf` popularity; explicit `shares` fix the
+        count), phases likewise.
+
+        Raises:
+            ScenarioError: the popularity is a list of shares and `count` differs.
+        """
+        if count != self.count and "shares" in self.popularity:
+            raise ScenarioError(
+                f"{self.source}: popularity is a list of {self.count} shares; "
+                "--models needs a zipf popularity"
+            )
+        where = f"{self.source}: models.popularity"
+        phases = tuple(
+            replace(p, shares=_shares(_phase_spec(self, p), count, where)) for p in self.phases
+        )
+        weight = int(self.weight_fraction * workers * self.budget_bytes / count)
+        return replace(
+            self,
+            workers=workers,
+            count=count,
+            shares=_shares(self.popularity, count, where),
+            weight_bytes=weight,
+            phases=phases,
+        )
+
     def with_batcher(self, delay_us: int, preferred: Sequence[int] = ()) -> Scenario:
         """This scenario with every model's dynamic batcher set (0: eager)."""
         return replace(self, max_queue_delay_us=delay_us, preferred_batch_size=tuple(preferred))
@@ -141,16 +235,17 @@ def _shares(spec: object, count: int, where: str) -> tuple[float, ...]:
     return tuple(r / total for r in raw)
 
 
-def load_scenario(name_or_path: str) -> Scenario:
-    """`memory_bound` (from scenarios/) or a path to a YAML file."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = SCENARIOS / f"{name_or_path}.yaml"
+def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
+    """The scenario in the YAML file `path`; `known` names others, for the error."""
     try:
         data: Any = yaml.safe_load(path.read_text())
     except OSError as exc:
-        known = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
-        raise ScenarioError(f"{path}: {exc.strerror} (scenarios: {known})") from None
+        others = f" (scenarios: {', '.join(known)})" if known else ""
+        raise ScenarioError(f"{path}: {exc.strerror}{others}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{path}: expected a mapping of scenario keys")
     where = str(path)
     try:
         models = data["models"]
@@ -159,7 +254,11 @@ def load_scenario(name_or_path: str) -> Scenario:
         budget = int(data["budget_bytes"])
         weight = int(float(models["weight_fraction"]) * workers * budget / count)
         phases = tuple(
-            Phase(float(p["at"]), _shares(p["popularity"], count, f"{where}: phases[{i}]"))
+            Phase(
+                float(p["at"]),
+                _shares(p["popularity"], count, f"{where}: phases[{i}]"),
+                dict(p["popularity"]),
+            )
             for i, p in enumerate(data.get("phases") or [])
         )
         return Scenario(
@@ -181,6 +280,8 @@ def load_scenario(name_or_path: str) -> Scenario:
             phases=phases,
             loads=tuple(float(x) for x in data.get("loads", DEFAULT_LOADS)),
             source=where,
+            popularity=dict(models["popularity"]),
+            weight_fraction=float(models["weight_fraction"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{where}: missing or bad key: {exc}") from None
@@ -220,6 +321,8 @@ def best_packing(shares: Sequence[float], workers: int, slots: int) -> Packing:
         ((i + 1, shares[i] / k) for i, k in enumerate(parts) for _ in range(k)),
         key=lambda item: -item[1],
     )
+    if len(items) > EXHAUSTIVE_PARTS:
+        return _packing(_greedy_groups(items, workers, slots))
     best: tuple[float, list[list[tuple[int, float]]]] = (math.inf, [])
     groups: list[list[tuple[int, float]]] = [[] for _ in range(workers)]
     loads = [0.0] * workers
@@ -249,9 +352,33 @@ def best_packing(shares: Sequence[float], workers: int, slots: int) -> Packing:
             loads[g] -= share
 
     place(0)
-    if not best[1]:
+    return _packing(best[1])
+
+
+def _greedy_groups(
+    items: Sequence[tuple[int, float]], workers: int, slots: int
+) -> list[list[tuple[int, float]]]:
+    """Heaviest part first onto the lightest GPU with a free slot that lacks the model."""
+    groups: list[list[tuple[int, float]]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for model, share in items:
+        open_ = [
+            g
+            for g in range(workers)
+            if len(groups[g]) < slots and all(m != model for m, _ in groups[g])
+        ]
+        if not open_:
+            return []
+        g = min(open_, key=lambda k: (loads[k], k))
+        groups[g].append((model, share))
+        loads[g] += share
+    return groups
+
+
+def _packing(found: list[list[tuple[int, float]]]) -> Packing:
+    if not found:
         raise ScenarioError("no placement fits: more model parts than GPU slots")
-    chosen = [g for g in best[1] if g]
+    chosen = [g for g in found if g]
     totals: dict[int, float] = {}
     for group in chosen:
         for model, share in group:
@@ -347,3 +474,30 @@ def describe(scenario: Scenario, load: Load) -> str:
             f"{scenario.model_name(top + 1)} ({phase.shares[top]:.1%})"
         )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+def poisson_schedule(scenario: Scenario, rate: float, duration: float, seed: int) -> Schedule:
+    """Exponential gaps at `rate`/s for `duration` s; each request's model drawn by the
+    popularity in force at its time (the scenario's phases). Depends only on the seed,
+    so every mode (and the simulator) meets the same requests at the same times."""
+    rng = random.Random(seed)
+    times: list[float] = []
+    models: list[int] = []
+    t = rng.expovariate(rate)
+    while t < duration:
+        shares = scenario.shares_at(t / duration)
+        u = rng.random() * sum(shares)
+        acc = 0.0
+        pick = len(shares) - 1
+        for i, share in enumerate(shares):
+            acc += share
+            if u < acc:
+                pick = i
+                break
+        times.append(t)
+        models.append(pick)
+        t += rng.expovariate(rate)
+    return Schedule(times, models)

@@ -1,0 +1,139 @@
+"""`rsgw simulate`: a scenario (or a recorded trace) through the scheduling modes, in
+virtual time, with the table and JSON rows bench/fleet prints for a real run.
+
+    rsgw simulate bench/fleet/scenarios/hot_replicas.yaml --load 0.7 --json out.json
+    rsgw simulate memory.yaml --load 0.3,0.7,1.1 --modes lpt_packing --repeat 3
+    rsgw simulate memory.yaml --gpus 64 --models 1000 --load 0.7 --duration 3600
+
+Exit 0 with the table; 2 with one line on stderr when the scenario, the trace or an
+argument is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rsgw.simulate import _engine
+from rsgw.simulate import _scenario as sc
+from rsgw.simulate._results import context_table, describe_run, errors_line, results_table
+
+#: bench/fleet's first seed: repetition k uses SEED + k, as there.
+SEED = 1000
+
+
+def modes_arg(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in _engine.MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(_engine.MODES)}")
+    return [m for m in _engine.MODES if m in modes]
+
+
+def loads_arg(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected fractions like 0.7 or 0.3,0.7, got {text!r}"
+        ) from None
+    if not loads or any(not 0 < x <= 3 for x in loads):
+        raise argparse.ArgumentTypeError(f"loads must be fractions in (0, 3], got {text!r}")
+    return loads
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rsgw simulate",
+        description="Replay a bench/fleet scenario through the gateway's own scheduling "
+        "cores and the worker's own cost model, in virtual time: SLO goodput, latency, "
+        "batch depth, weight traffic and sheds per mode and load, as bench/fleet reports "
+        "them. See docs/operations.md (planning a change).",
+    )
+    p.add_argument("scenario", type=Path, help="a scenario file (bench/fleet/scenarios/*.yaml)")
+    p.add_argument("--load", type=loads_arg, help="fraction(s) of capacity (default: its sweep)")
+    p.add_argument("--modes", type=modes_arg, default=list(_engine.MODES), help="default: all")
+    p.add_argument("--repeat", type=_positive(int), default=1, help="runs per mode and load")
+    p.add_argument("--warmup", type=_positive(float), help="seconds before the window (20)")
+    p.add_argument("--duration", type=_positive(float), help="measured seconds (60)")
+    p.add_argument("--gpus", type=_positive(int), help="workers (default: the scenario's)")
+    p.add_argument("--models", type=_positive(int), help="models (default: the scenario's)")
+    p.add_argument(
+        "--admission-cap", type=_positive(int), help="calls in flight per worker (default 64)"
+    )
+    p.add_argument("--json", type=Path, help="write every run's row (a JSON list)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        scenario = sc.load_scenario(args.scenario)
+        if args.gpus or args.models:
+            scenario = scenario.resized(
+                args.gpus or scenario.workers, args.models or scenario.count
+            )
+    except sc.ScenarioError as exc:
+        print(f"rsgw simulate: {exc}", file=sys.stderr)
+        return 2
+    settings = sc.RunSettings()
+    if args.warmup or args.duration:
+        settings = sc.RunSettings(
+            warmup_s=args.warmup or settings.warmup_s, measure_s=args.duration or settings.measure_s
+        )
+    load = sc.derive_load(scenario)
+    print(sc.describe(scenario, load))
+    loads = args.load or list(scenario.loads)
+    print(
+        f"simulated: loads {', '.join(f'{x:.0%}' for x in loads)}; modes "
+        f"{', '.join(args.modes)}; {args.repeat} per mode and load; warm-up "
+        f"{settings.warmup_s:g} s, measured {settings.measure_s:g} s (virtual)\n",
+        flush=True,
+    )
+    runs = []
+    started = time.monotonic()
+    for rep in range(1, args.repeat + 1):
+        for fraction in loads:
+            for mode in args.modes:
+                t0 = time.monotonic()
+                run = _engine.run(
+                    scenario,
+                    mode,
+                    fraction,
+                    rep,
+                    SEED + rep,
+                    load,
+                    settings,
+                    admission_cap=args.admission_cap,
+                )
+                runs.append(run)
+                print(describe_run(run, time.monotonic() - t0), flush=True)
+    took = time.monotonic() - started
+    virtual = len(runs) * (settings.warmup_s + settings.measure_s)
+    print(f"\nSLO {scenario.slo_ms * load.time_scale:g} ms (scaled by {load.time_scale:g})\n")
+    print(results_table(runs, args.modes))
+    print("\n" + context_table(runs, args.modes))
+    print("\n" + errors_line(runs, args.modes))
+    print(f"\n{virtual:,.0f} virtual seconds in {took:.1f} s ({virtual / max(took, 1e-9):,.0f}x)")
+    if args.json:
+        rows = [{**r.to_json(), "simulated": True} for r in runs]
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"JSON: {args.json}")
+    return 0

@@ -1,0 +1,352 @@
+"""A fleet in virtual time behind the gateway's own scheduling cores.
+
+Discrete events, in time order: a call arrives (from the scenario's schedule), a
+device finishes a batch, a held batch comes due, a client gives up at its deadline,
+the prober ticks. What decides is the production code, called as the gateway calls
+it: the scheduler of the mode (`RoundRobinScheduler`, `LeastOutstandingScheduler`,
+`LptScheduler` with its `Packer`), the `Ledger` that admits calls and holds each
+worker's share, the `RoutingMetaTracker` and `summarize_poll` the prober feeds, and
+on the workers' side `rsgw.simulate._device` (the worker's queues, weight cache and
+costs). The gateway's settings come from the same gateway.yml bench/fleet writes,
+parsed by the gateway's own parser.
+
+What is simplified, and why it matters little for the figures: the network and the
+gateway's CPU cost nothing (bench/fleet's gateway used a fifth of a core); a call
+waiting for the inbound cap waits FIFO with the gateway's own hopeless-wait rule; a
+replica is never down; compaction frees weights at once rather than between batches.
+
+Deterministic: the same scenario, mode, load and seed give the same figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from rsgw._config import parse_config
+from rsgw.gateway._admission import DEADLINE_MARGIN, MAX_QUEUE_FACTOR
+from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
+from rsgw.scheduling._ledger import Ledger, Ticket
+from rsgw.scheduling._lpt import LptScheduler
+from rsgw.scheduling._meta import ModelCounters, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._packer import Packer
+from rsgw.scheduling._reports import summarize_poll
+from rsgw.scheduling._routing import build_routing_table
+from rsgw.scheduling._schedulers import (
+    AnyReservation,
+    LeastOutstandingScheduler,
+    RoundRobinScheduler,
+    Scheduler,
+)
+from rsgw.simulate import _scenario as sc
+from rsgw.simulate._device import SimCall, SimDevice
+from rsgw.simulate._results import OK, Outcome, RunResult, Snapshot, summarise
+from rsgw.worker._batching import Discipline
+from rsgw.worker._catalogue import parse_catalogue
+
+MODES = ("round_robin", "least_outstanding", "lpt_packing")
+SHED = "RESOURCE_EXHAUSTED"
+LATE = "DEADLINE_EXCEEDED"
+#: Weight of the newest call in the admission's hold-time estimate (the gateway's).
+_HOLD_ALPHA = 0.05
+
+# Event kinds, in the order simultaneous events are handled.
+_DONE, _WAKE, _TICK, _ARRIVE, _GIVE_UP = range(5)
+
+
+def gateway_yaml(
+    mode: str, workers: Sequence[str], settings: sc.RunSettings, admission_cap: int | None
+) -> dict[str, Any]:
+    """The gateway.yml of a simulated run (bench/fleet writes the same for real ones)."""
+    config: dict[str, Any] = {
+        "endpoints": list(workers),
+        "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
+        "scheduling": settings.gateway_scheduling(mode),
+    }
+    if admission_cap is not None:
+        config["grpc"] = {"max_concurrent_requests_per_worker": admission_cap}
+        config["worker_client"] = {"max_concurrent_streams": admission_cap}
+    return config
+
+
+class _Gateway:
+    """The gateway's decisions on the request path and at each prober round."""
+
+    def __init__(
+        self,
+        mode: str,
+        devices: Mapping[str, SimDevice],
+        settings: sc.RunSettings,
+        admission_cap: int | None,
+    ) -> None:
+        config = parse_config(gateway_yaml(mode, list(devices), settings, admission_cap), {})
+        knobs = config.scheduling
+        self.devices = devices
+        self.urls = tuple(devices)
+        self.tracker = RoutingMetaTracker(knobs.routing_meta_halflife)
+        self.packer: Packer | None = None
+        self.scheduler: Scheduler
+        if knobs.mode is SchedulingMode.ROUND_ROBIN:
+            self.scheduler = RoundRobinScheduler()
+        elif knobs.mode is SchedulingMode.LPT_PACKING:
+            self.knobs = dataclasses.replace(
+                knobs, ema_halflife_compute_seconds=knobs.resolved_ema_halflife
+            )
+            self.packer = Packer()
+            self.scheduler = LptScheduler(self.knobs, self.packer)
+        else:
+            self.scheduler = LeastOutstandingScheduler(WorkBasis(knobs.work_basis))
+        served = {url: list(device.specs) for url, device in devices.items()}
+        table = build_routing_table(served, self.urls, 1)
+        self.replicas = {model: table.replicas(model) for model in table.models}
+        self.scheduler.table_swapped(table)
+        cap = config.grpc.max_concurrent_requests_per_worker
+        self.ledger: Ledger[AnyReservation] = Ledger(
+            config.max_concurrent_requests, cap, self.scheduler.release
+        )
+        self.waiting: deque[SimCall] = deque()
+        self.hold_seconds = 0.01
+        self.repacks: list[tuple[float, str]] = []
+
+    # -- prober ------------------------------------------------------------------
+
+    def poll(self) -> dict[str, WorkerCounters]:
+        """Every worker's ModelControlStatus answer, from its counters."""
+        answers = {}
+        for url, device in self.devices.items():
+            models = {
+                m: ModelCounters(
+                    total_compute_seconds=c[0],
+                    requests_served=int(c[1]),
+                    rows_served=int(c[2]),
+                    max_batch_size=device.specs[m].max_batch_size,
+                    batch_input_name="INPUT0",
+                    batch_axis=1,
+                    weight_nbytes=device.specs[m].weight_bytes,
+                )
+                for m, c in device.per_model.items()
+            }
+            answers[url] = WorkerCounters(
+                models, device.weight_cache_bytes, device.discipline.value
+            )
+        return answers
+
+    def tick(self, now: float, startup: bool = False) -> None:
+        """One prober round: metadata, and under lpt_packing the packer's tick."""
+        if isinstance(self.scheduler, RoundRobinScheduler):
+            return
+        answers = self.poll()
+        meta = self.tracker.refresh(answers)
+        self.scheduler.meta_refreshed(meta)
+        if self.packer is None or not isinstance(self.scheduler, LptScheduler):
+            return
+        summary = summarize_poll(answers, fleet_compute=meta.fleet_compute_seconds)
+        if startup:
+            self.scheduler.polled(summary)
+            report = self.packer.repack(summary, self.knobs, now, "startup")
+            self.scheduler.install(report.assignment)
+            self.repacks.append((now, "startup"))
+            return
+        outcome = self.packer.tick(summary, self.knobs, sorted(self.urls), now)
+        if outcome.repack is not None:
+            self.scheduler.install(outcome.repack.assignment)
+            self.repacks.append((now, outcome.repack.trigger))
+        self.scheduler.polled(summary)
+        if outcome.compaction is not None:
+            for url in outcome.compaction.reloads:  # reloads are empty under eager
+                self.devices[url].compact()
+
+    # -- request path --------------------------------------------------------------
+
+    def admit(self, call: SimCall, now: float) -> bool:
+        """Admit `call` now, queue it for a slot, or shed it; True when admitted."""
+        self.scheduler.arrived(call.model)
+        ticket = self.ledger.admit() if not self.waiting else None
+        if ticket is not None:
+            call.ticket = ticket
+            return True
+        cap = self.ledger.max_inflight
+        wait = (len(self.waiting) + 1) * self.hold_seconds / max(cap, 1)
+        if len(self.waiting) >= cap * MAX_QUEUE_FACTOR or now + wait + DEADLINE_MARGIN >= (
+            call.deadline
+        ):
+            call.code = SHED
+            call.done = now
+        else:
+            self.waiting.append(call)
+        return False
+
+    def route(self, call: SimCall, bodies: Mapping[str, bytes]) -> SimDevice | None:
+        """The worker an admitted call goes to, or None (shed at its replicas)."""
+        ticket = call.ticket
+        assert isinstance(ticket, Ticket)
+        free = self.ledger.with_room(self.replicas[call.model])
+        order: tuple[str, ...] = ()
+        reservation = None
+        if free:
+            order, reservation = self.scheduler.select(call.model, free, bodies[call.model])
+        self.ledger.reserve(ticket, reservation)
+        if not order:
+            return None
+        self.ledger.hold(ticket, order[0])
+        return self.devices[order[0]]
+
+    def close(self, call: SimCall, now: float) -> SimCall | None:
+        """The gateway is done with `call`: its slot goes to the first waiter, if any
+        (returned, to be routed)."""
+        ticket = call.ticket
+        if not isinstance(ticket, Ticket):
+            return None
+        call.ticket = None
+        self.ledger.close(ticket)
+        self.hold_seconds += _HOLD_ALPHA * (now - call.sent - self.hold_seconds)
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if waiter.code:
+                continue  # gave up while waiting
+            admitted = self.ledger.admit()
+            if admitted is None:
+                self.waiting.appendleft(waiter)
+                return None
+            waiter.ticket = admitted
+            return waiter
+        return None
+
+
+def run(
+    scenario: sc.Scenario,
+    mode: str,
+    fraction: float,
+    rep: int,
+    seed: int,
+    load: sc.Load,
+    settings: sc.RunSettings,
+    *,
+    admission_cap: int | None = None,
+) -> RunResult:
+    """One simulated run: the figures bench/fleet would report for it."""
+    ts = load.time_scale
+    total = settings.warmup_s + settings.measure_s
+    schedule = sc.poisson_schedule(scenario, load.offered(fraction), total, seed)
+    catalogue = parse_catalogue(yaml.safe_load(scenario.catalogue_yaml()), source=scenario.name)
+    specs = {m.name: m for m in catalogue.models}
+    devices = {
+        f"127.0.0.1:{9000 + k}": SimDevice(
+            f"127.0.0.1:{9000 + k}",
+            specs,
+            Discipline(scenario.discipline),
+            scenario.budget_bytes,
+            ts,
+        )
+        for k in range(scenario.workers)
+    }
+    gateway = _Gateway(mode, devices, settings, admission_cap)
+    bodies = {name: sc.request_body(name) for name in scenario.names}
+    deadline = settings.deadline(scenario, ts)
+    calls = [
+        SimCall(i, scenario.names[m], t, t + deadline)
+        for i, (t, m) in enumerate(zip(schedule.times, schedule.models, strict=True))
+    ]
+    outcome = Outcome(schedule, [0.0] * len(calls), [math.nan] * len(calls), [""] * len(calls))
+    sequence = itertools.count()
+    events: list[tuple[float, int, int, Any]] = []
+
+    def at(time: float, kind: int, what: Any) -> None:
+        heapq.heappush(events, (time, kind, next(sequence), what))
+
+    def dispatch(device: SimDevice, now: float) -> None:
+        started, expired = device.start(now)
+        for call in expired:
+            end(call, LATE, now)
+        if started is not None:
+            at(started.ends, _DONE, device)
+        else:
+            due = device.wake_at()
+            if due < math.inf:
+                at(max(due, now), _WAKE, device)
+
+    def end(call: SimCall, code: str, now: float) -> None:
+        if call.code:
+            return
+        call.code, call.done = code, now
+        successor = gateway.close(call, now)
+        if successor is not None:
+            send(successor, now)
+
+    def send(call: SimCall, now: float) -> None:
+        device = gateway.route(call, bodies)
+        if device is None:
+            end(call, SHED, now)
+            return
+        device.enqueue(call, now)
+        if device.running is None:
+            dispatch(device, now)
+
+    marks = {"start": settings.warmup_s, "end": total}
+    for call in calls:
+        at(call.sent, _ARRIVE, call)
+        at(call.deadline, _GIVE_UP, call)
+    gateway.tick(0.0, startup=True)
+    tick = settings.health_interval_s
+    while tick < total + deadline:
+        at(tick, _TICK, None)
+        tick += settings.health_interval_s
+    for name, when in marks.items():
+        at(when, _TICK, name)
+    while events:
+        now, kind, _, what = heapq.heappop(events)
+        if kind == _ARRIVE:
+            if gateway.admit(what, now):
+                send(what, now)
+        elif kind == _DONE:
+            done = what.finish()
+            for call in done.calls:
+                end(call, OK, now)
+            dispatch(what, now)
+        elif kind == _WAKE:
+            if what.running is None:
+                dispatch(what, now)
+        elif kind == _GIVE_UP:
+            if not what.code:
+                if what.pending is not None:  # still queued: the gateway cancels it there
+                    devices[what.worker].withdraw(what)
+                end(what, LATE, now)
+        elif isinstance(what, str):
+            outcome.marks[what] = _snapshot(devices, gateway)
+            outcome.mark_times[what] = now
+        else:
+            gateway.tick(now)
+    for i, call in enumerate(calls):
+        outcome.codes[i] = call.code or LATE
+        outcome.done[i] = call.done
+    return summarise(
+        (scenario.name, mode, fraction, rep, seed),
+        scenario.slo_ms * ts,
+        outcome,
+        settings.warmup_s,
+        settings.measure_s,
+        gateway.repacks,
+    )
+
+
+def _snapshot(devices: Mapping[str, SimDevice], gateway: _Gateway) -> Snapshot:
+    placed = None
+    if gateway.packer is not None:
+        found: dict[str, list[str]] = {}
+        for model, placement in gateway.packer.assignment.items():
+            for url in placement.urls:
+                found.setdefault(url, []).append(model)
+        placed = {w: sorted(ms) for w, ms in sorted(found.items())}
+    return Snapshot(
+        [dict(device.counters) for device in devices.values()],
+        {"gateway": 0.0, "workers": 0.0, "generator": 0.0},
+        (0.0, 0.0),
+        placed,
+    )

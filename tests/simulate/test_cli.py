@@ -1,0 +1,52 @@
+"""`rsgw simulate` as an operator runs it: a real process, its table, JSON and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "fleet" / "scenarios"
+
+
+def simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rsgw", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_run_prints_the_table_and_writes_bench_rows(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    done = simulate(
+        str(SCENARIOS / "hot_replicas.yaml"),
+        *("--load", "0.5", "--modes", "lpt_packing,round_robin"),
+        *("--warmup", "2", "--duration", "8", "--json", str(out)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| 50% round_robin" in done.stdout and "| 50% lpt_packing" in done.stdout
+    assert "virtual seconds in" in done.stdout
+    rows = json.loads(out.read_text())
+    assert [r["mode"] for r in rows] == ["round_robin", "lpt_packing"]
+    keys = ["scenario", "mode", "load", "offered_rps", "goodput_rps", "slo_ms", "p50_ms"]
+    keys += ["p99_ms", "rows_per_dispatch", "shed_fraction", "failed_fraction", "evictions"]
+    assert all(list(r)[: len(keys)] == keys and r["simulated"] is True for r in rows)
+    assert rows[0]["scenario"] == "hot_replicas" and rows[0]["load"] == 0.5
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    missing = simulate(str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip().count("\n") == 0 and "No such file" in missing.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: 4\n")
+    broken = simulate(str(bad))
+    assert broken.returncode == 2 and "missing or bad key" in broken.stderr
+    fixed = simulate(str(SCENARIOS / "hot_replicas.yaml"), "--models", "20")
+    assert fixed.returncode == 2 and "--models needs a zipf popularity" in fixed.stderr
+    usage = simulate(str(SCENARIOS / "hot_replicas.yaml"), "--modes", "fastest")
+    assert usage.returncode == 2 and "expected a comma list" in usage.stderr
