@@ -63,8 +63,9 @@ SHELL_MODULES = {
     "ctl": {"__init__", "_main"},
     # The simulator's devices and figures are pure; its scenarios (files, seeded random
     # arrivals), capacity search (seeded random), engine (the gateway's settings
-    # parser and admission rule) and command line are its shell.
-    "simulate": {"_cli", "_scenario", "_capacity", "_engine"},
+    # parser and admission rule), traces (files, log timestamps) and command line are
+    # its shell.
+    "simulate": {"_cli", "_scenario", "_capacity", "_engine", "_trace"},
 }
 SANS_IO = {
     "grpc/_connection.py",

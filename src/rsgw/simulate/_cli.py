@@ -4,6 +4,7 @@ virtual time, with the table and JSON rows bench/fleet prints for a real run.
     rsgw simulate bench/fleet/scenarios/hot_replicas.yaml --load 0.7 --json out.json
     rsgw simulate memory.yaml --load 0.3,0.7,1.1 --modes lpt_packing --repeat 3
     rsgw simulate memory.yaml --gpus 64 --models 1000 --load 0.7 --duration 3600
+    rsgw simulate node.yaml --trace gateway.log --write-trace trace.csv
 
 Exit 0 with the table; 2 with one line on stderr when the scenario, the trace or an
 argument is unusable.
@@ -12,6 +13,7 @@ argument is unusable.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,6 +23,7 @@ from pathlib import Path
 from rsgw.simulate import _engine
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import context_table, describe_run, errors_line, results_table
+from rsgw.simulate._trace import TraceError, load_trace, write_csv
 
 #: bench/fleet's first seed: repetition k uses SEED + k, as there.
 SEED = 1000
@@ -78,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--admission-cap", type=_positive(int), help="calls in flight per worker (default 64)"
     )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        help="replay these calls instead of Poisson arrivals: CSV (time,model[,rows]), "
+        "JSON Lines, or a gateway JSON log with access lines (see rsgw.simulate._trace)",
+    )
+    p.add_argument("--write-trace", type=Path, help="save the trace's calls as CSV")
+    p.add_argument(
+        "--time-scale",
+        type=_positive(float),
+        help="multiply every device time (default: bench/fleet's for the scenario; 1 with --trace)",
+    )
     p.add_argument("--json", type=Path, help="write every run's row (a JSON list)")
     return p
 
@@ -99,6 +114,25 @@ def main(argv: Sequence[str]) -> int:
             warmup_s=args.warmup or settings.warmup_s, measure_s=args.duration or settings.measure_s
         )
     load = sc.derive_load(scenario)
+    schedule = None
+    if args.trace:
+        try:
+            schedule = load_trace(args.trace, scenario.names)
+        except TraceError as exc:
+            print(f"rsgw simulate: {exc}", file=sys.stderr)
+            return 2
+        if args.write_trace:
+            write_csv(schedule, scenario.names, args.write_trace)
+        span = max(schedule.times[-1], 1e-3)
+        warmup = args.warmup or 0.0
+        # The window ends just after the last call, so every call after the warm-up counts.
+        window = span - warmup + 1e-9
+        settings = dataclasses.replace(settings, warmup_s=warmup, measure_s=window)
+        load = dataclasses.replace(load, time_scale=args.time_scale or 1.0)
+        args.load = [len(schedule.times) / span * load.time_scale / load.capacity]
+        args.repeat = 1  # a trace is one run: every repetition would replay it alike
+    elif args.time_scale:
+        load = dataclasses.replace(load, time_scale=args.time_scale)
     print(sc.describe(scenario, load))
     loads = args.load or list(scenario.loads)
     print(
@@ -122,6 +156,7 @@ def main(argv: Sequence[str]) -> int:
                     load,
                     settings,
                     admission_cap=args.admission_cap,
+                    schedule=schedule,
                 )
                 runs.append(run)
                 print(describe_run(run, time.monotonic() - t0), flush=True)

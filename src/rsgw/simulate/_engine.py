@@ -47,7 +47,7 @@ from rsgw.scheduling._schedulers import (
 )
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
-from rsgw.simulate._results import OK, Outcome, RunResult, Snapshot, summarise
+from rsgw.simulate._results import OK, Outcome, RunResult, Schedule, Snapshot, summarise
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import parse_catalogue
 
@@ -183,7 +183,7 @@ class _Gateway:
             self.waiting.append(call)
         return False
 
-    def route(self, call: SimCall, bodies: Mapping[str, bytes]) -> SimDevice | None:
+    def route(self, call: SimCall, bodies: Mapping[tuple[str, int], bytes]) -> SimDevice | None:
         """The worker an admitted call goes to, or None (shed at its replicas)."""
         ticket = call.ticket
         assert isinstance(ticket, Ticket)
@@ -191,7 +191,8 @@ class _Gateway:
         order: tuple[str, ...] = ()
         reservation = None
         if free:
-            order, reservation = self.scheduler.select(call.model, free, bodies[call.model])
+            body = bodies[(call.model, call.rows)]
+            order, reservation = self.scheduler.select(call.model, free, body)
         self.ledger.reserve(ticket, reservation)
         if not order:
             return None
@@ -230,11 +231,17 @@ def run(
     settings: sc.RunSettings,
     *,
     admission_cap: int | None = None,
+    schedule: Schedule | None = None,
 ) -> RunResult:
-    """One simulated run: the figures bench/fleet would report for it."""
+    """One simulated run: the figures bench/fleet would report for it.
+
+    The calls are the scenario's Poisson arrivals at `fraction` of its capacity (as
+    bench/fleet sends them for the same seed), or `schedule` (a trace) when given.
+    """
     ts = load.time_scale
     total = settings.warmup_s + settings.measure_s
-    schedule = sc.poisson_schedule(scenario, load.offered(fraction), total, seed)
+    if schedule is None:
+        schedule = sc.poisson_schedule(scenario, load.offered(fraction), total, seed)
     catalogue = parse_catalogue(yaml.safe_load(scenario.catalogue_yaml()), source=scenario.name)
     specs = {m.name: m for m in catalogue.models}
     devices = {
@@ -248,12 +255,13 @@ def run(
         for k in range(scenario.workers)
     }
     gateway = _Gateway(mode, devices, settings, admission_cap)
-    bodies = {name: sc.request_body(name) for name in scenario.names}
     deadline = settings.deadline(scenario, ts)
+    rows = schedule.rows or [1] * len(schedule.times)
     calls = [
-        SimCall(i, scenario.names[m], t, t + deadline)
-        for i, (t, m) in enumerate(zip(schedule.times, schedule.models, strict=True))
+        SimCall(i, scenario.names[m], t, t + deadline, r)
+        for i, (t, m, r) in enumerate(zip(schedule.times, schedule.models, rows, strict=True))
     ]
+    bodies = {(name, r): sc.request_body(name, r) for name, r in {(c.model, c.rows) for c in calls}}
     outcome = Outcome(schedule, [0.0] * len(calls), [math.nan] * len(calls), [""] * len(calls))
     sequence = itertools.count()
     events: list[tuple[float, int, int, Any]] = []

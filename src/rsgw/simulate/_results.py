@@ -22,10 +22,12 @@ UNANSWERED = "UNANSWERED"  # still in flight when the drain gave up
 
 @dataclass
 class Schedule:
-    """Arrival times (seconds from the start of the load) and model indices (0-based)."""
+    """Arrival times (seconds from the start of the load), model indices (0-based) and,
+    from a trace, each call's rows (None: one each)."""
 
     times: list[float]
     models: list[int]
+    rows: list[int] | None = None
 
 
 @dataclass

@@ -88,16 +88,16 @@ class RunSettings:
         return scheduling
 
 
-def request_body(model: str) -> bytes:
-    """One row of a scenario model's FP32 input: the ModelInfer body every call sends."""
+def request_body(model: str, rows: int = 1) -> bytes:
+    """`rows` rows of a scenario model's FP32 input: the ModelInfer body of a call."""
     return pb.ModelInferRequest(
         model_name=model,
         inputs=[
             pb.ModelInferRequest.InferInputTensor(
-                name="INPUT0", datatype="FP32", shape=[1, ROW_ELEMENTS]
+                name="INPUT0", datatype="FP32", shape=[rows, ROW_ELEMENTS]
             )
         ],
-        raw_input_contents=[bytes(4 * ROW_ELEMENTS)],
+        raw_input_contents=[bytes(4 * ROW_ELEMENTS * rows)],
     ).SerializeToString()
 
 
