@@ -34,6 +34,7 @@ each replica's outstanding items, and per worker a float load in work-basis unit
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -150,6 +151,13 @@ class _Run:
     units: int = 0
 
 
+def _sorted_unique(urls: Sequence[str]) -> Sequence[str]:
+    """`urls` sorted without duplicates; as given when they already are (a placement's)."""
+    if all(a < b for a, b in itertools.pairwise(urls)):
+        return urls
+    return sorted(set(urls))
+
+
 class FillRouter:
     """Per-model fill routing over its replicas, with per-worker loads shared by models.
 
@@ -208,14 +216,15 @@ class FillRouter:
         Raises:
             ValueError: `placement_urls` is empty.
         """
-        workers = sorted(set(placement_urls))
+        workers = _sorted_unique(placement_urls)
         if not workers:
             raise ValueError(f"no replicas to choose from for model {model!r}")
         units = max(units, 1)
         n = len(workers)
         if n == 1:
             return (workers[0],), self._charge(model, workers[0], units, weight)
-        outs = [self._items(model, w) for w in workers]
+        cells = self._replicas
+        outs = [c.items if (c := cells.get((model, w))) is not None else 0 for w in workers]
         run = self._runs.setdefault(model, _Run())
         q = plan.quantum
         least = policy is RoutingPolicy.FILL_LEAST
@@ -225,9 +234,14 @@ class FillRouter:
             return min(range(n), key=keys.__getitem__)
 
         def keyed(first: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-            loads = [load_key(self._work(w)) for w in workers]
+            cursor = run.cursor
+            if not least:
+                return [first[j] + ((j - cursor) % n,) for j in range(n)]
+            loads = self._loads
             return [
-                (*first[j], *((loads[j],) if least else ()), (j - run.cursor) % n) for j in range(n)
+                first[j]
+                + (load_key(c.work) if (c := loads.get(w)) is not None else 0, (j - cursor) % n)
+                for j, w in enumerate(workers)
             ]
 
         if plan.mode is FillMode.SPREAD:
@@ -240,18 +254,23 @@ class FillRouter:
                 run.cursor = (chosen + 1) % n
             run.target, run.units = workers[chosen], units
         else:
-            floor_q = min(o // q for o in outs)
-            behind = [o // q > floor_q for o in outs]
-            target = workers.index(run.target) if run.target in workers else -1
-            if target < 0 or run.units >= q or behind[target] or sum(outs) == 0:
-                chosen = argmin(keyed([(int(b),) for b in behind]))
+            floors = [o // q for o in outs]
+            floor_q = min(floors)
+            try:
+                target = workers.index(run.target)
+            except ValueError:
+                target = -1
+            if target < 0 or run.units >= q or floors[target] > floor_q or not any(outs):
+                chosen = argmin(keyed([(int(f > floor_q),) for f in floors]))
                 run.cursor, run.target, run.units = (chosen + 1) % n, workers[chosen], units
             else:
                 chosen = target
                 run.units += units
-        order = sorted(range(n), key=lambda j: (j != chosen, outs[j] // q, outs[j], workers[j]))
         reservation = self._charge(model, workers[chosen], units, weight)
-        return tuple(workers[j] for j in order), reservation
+        if not any(outs):  # idle: the failover order is the URL order
+            return (workers[chosen], *workers[:chosen], *workers[chosen + 1 :]), reservation
+        rest = sorted(zip([o // q for o in outs], outs, workers, strict=True))
+        return (workers[chosen], *(w for _, _, w in rest if w != workers[chosen])), reservation
 
     def _items(self, model: str, url: str) -> int:
         cell = self._replicas.get((model, url))

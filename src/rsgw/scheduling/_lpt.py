@@ -69,6 +69,8 @@ class LptScheduler:
         self._knobs = knobs
         self._rr = RoundRobin()
         self._table = RoutingTable()
+        #: model -> (its placement, the placement's replicas the table has).
+        self._live_cache: dict[str, tuple[Placement, tuple[str, ...]]] = {}
         self._meta = RoutingMeta()
         self._max_batch: Mapping[str, int] = MappingProxyType({})
         self._batch_at: Mapping[str, tuple[str, int]] = MappingProxyType({})
@@ -132,7 +134,13 @@ class LptScheduler:
         sheds the call rather than spill it (and its weights) onto another GPU.
         """
         placement = self.packer.assignment.get(model)
-        urls = () if placement is None else tuple(u for u in placement.urls if u in replicas)
+        if placement is None:
+            urls: tuple[str, ...] = ()
+        elif replicas is self._table.replicas(model):  # none is full: the usual case
+            urls = self._live(model, placement)
+        else:
+            room = set(replicas)
+            urls = tuple(u for u in placement.urls if u in room)
         if not urls:
             if placement is not None and any(
                 u in self._table.replicas(model) for u in placement.urls
@@ -157,7 +165,19 @@ class LptScheduler:
 
     def table_swapped(self, table: RoutingTable) -> None:
         self._table = table
+        self._live_cache = {}
         self._rr.forget_missing(table)
+
+    def _live(self, model: str, placement: Placement) -> tuple[str, ...]:
+        """`placement`'s replicas that the routing table has, computed once per pair of
+        placement and table (a select at 64 replicas must not test 64 x 64 pairs)."""
+        cached = self._live_cache.get(model)
+        if cached is not None and cached[0] is placement:
+            return cached[1]
+        present = set(self._table.replicas(model))
+        urls = tuple(u for u in placement.urls if u in present)
+        self._live_cache[model] = (placement, urls)
+        return urls
 
     def meta_refreshed(self, meta: RoutingMeta) -> None:
         self._meta = meta

@@ -7,10 +7,10 @@ one replica per worker and never where the weights would not fit:
   carried by one worker at all; it gets `ceil(u / max_share)` replicas.
 * `split_hot_models`: a model that is not too big for one GPU may still be too big
   for a balanced node. LPT places the heaviest model first, so a model heavier than
-  the fleet's mean load sets the busiest worker by itself. Each such model gets one
-  more replica at a time, as long as the resulting placement's busiest worker is
-  lighter (measured: bench/fleet hot_replicas, where the exhaustive best splits the hot
-  model in three and `ceil(u / max_share)` gave two). Models under half of
+  the fleet's mean load sets the busiest worker by itself. Such models are split so
+  no replica is heavier than the mean, when the resulting placement's busiest worker
+  is lighter (measured: bench/fleet hot_replicas, where the exhaustive best splits the
+  hot model in three and `ceil(u / max_share)` gave two). Models under half of
   `max_share` stay whole: no worker is near saturation, and one replica batches
   deepest.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-#: A trial count must lighten the busiest worker by at least this much (relatively)
-#: to be kept: equal placements keep fewer replicas, so fewer weight sets load.
+#: The split must lighten the busiest worker by at least this much (relatively) to be
+#: taken: equal placements keep fewer replicas, so fewer weight sets load.
 MIN_SPLIT_GAIN = 1e-6
 
 
@@ -70,44 +70,40 @@ def split_hot_models(
     fixed: frozenset[str],
     busiest: Callable[[Mapping[str, int]], float],
 ) -> dict[str, int]:
-    """`counts` with a replica added to each hot model while that lightens the busiest.
+    """`counts`, or counts that split the hot models further when that lightens the
+    busiest worker.
+
+    A model heavier than `floor` (the fleet's mean load per worker, or half of
+    `max_share` when that is more) is offered `ceil(u / floor)` replicas, so no replica
+    is heavier than an even spread, as far as the workers and their budgets allow. The
+    offer is taken only if the placement it gives (`busiest`) is lighter than the one
+    `counts` gives: splitting can also make it worse, when the replicas land on workers
+    the light models needed. Two placements are computed, whatever the fleet's size.
 
     Args:
         counts: the counts so far (after `auto_replicas`).
         utilization, memory: per model.
         caps: each worker's weight budget (inf: unlimited).
-        max_share: the `auto_replicas` threshold; models whose per-replica demand is
-            at most half of it are left alone. 0 disables the search.
+        max_share: the `auto_replicas` threshold; 0 disables the split.
         fixed: models with an operator's count.
-        busiest: the busiest worker's compute load of the placement these counts give.
+        busiest: the busiest worker's compute load of the placement some counts give.
     """
     counts = dict(counts)
     workers = len(caps)
     if max_share <= 0 or workers < 2:
         return counts
-    mean = sum(utilization.values()) / workers
-    floor = max(mean, max_share / 2)
-    hot = sorted(
-        (m for m, u in utilization.items() if m not in fixed and u / counts[m] > floor),
-        key=lambda m: (-utilization[m], m),
-    )
-    if not hot:
+    floor = max(sum(utilization.values()) / workers, max_share / 2)
+    offer = dict(counts)
+    for model, u in utilization.items():
+        if model not in fixed and u / counts[model] > floor:
+            offer[model] = max(counts[model], min(workers, math.ceil(u / floor - 1e-9)))
+    while offer != counts and not replicas_fit(offer, memory, caps):
+        extra = [m for m, k in offer.items() if k > counts[m]]
+        drop = min(extra, key=lambda m: (utilization[m] / (offer[m] - 1), m))
+        offer[drop] -= 1
+    if offer == counts or busiest(offer) >= busiest(counts) * (1 - MIN_SPLIT_GAIN):
         return counts
-    best = busiest(counts)
-    improved = True
-    while improved:
-        improved = False
-        for model in hot:
-            k = counts[model]
-            if k >= workers or utilization[model] / k <= floor:
-                continue
-            trial = {**counts, model: k + 1}
-            if not replicas_fit(trial, memory, caps):
-                continue
-            load = busiest(trial)
-            if load < best * (1 - MIN_SPLIT_GAIN):
-                counts, best, improved = trial, load, True
-    return counts
+    return offer
 
 
 def replicas_fit(
