@@ -50,3 +50,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert fixed.returncode == 2 and "--models needs a zipf popularity" in fixed.stderr
     usage = simulate(str(SCENARIOS / "hot_replicas.yaml"), "--modes", "fastest")
     assert usage.returncode == 2 and "expected a comma list" in usage.stderr
+
+
+def test_compare_replays_recorded_runs_alike(tmp_path: Path) -> None:
+    """A simulated run's own rows, compared: the same seed and window give the same
+    figures, so every error is zero and the modes rank alike."""
+    rows = tmp_path / "rows.json"
+    args = ["--load", "0.5", "--modes", "lpt_packing,round_robin", "--warmup", "2"]
+    scenario = str(SCENARIOS / "hot_replicas.yaml")
+    first = simulate(scenario, *args, "--duration", "8", "--json", str(rows))
+    assert first.returncode == 0, first.stderr
+    done = simulate(scenario, *args, "--compare", str(rows))
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("| 50%")]
+    assert len(lines) == 2 and all("%" in ln for ln in lines)
+    cells = [cell.strip() for ln in lines for cell in ln.split("|")[2:-1]]
+    assert cells and all(cell.endswith(("+0%", "=")) for cell in cells)
+    assert "50%: same" in done.stdout
+    missing = simulate(str(SCENARIOS / "memory_bound.yaml"), "--compare", str(rows))
+    assert missing.returncode == 2 and "no runs of memory_bound" in missing.stderr

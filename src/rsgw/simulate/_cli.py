@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +24,16 @@ from pathlib import Path
 
 from rsgw.simulate import _engine
 from rsgw.simulate import _scenario as sc
-from rsgw.simulate._results import context_table, describe_run, errors_line, results_table
+from rsgw.simulate._results import (
+    RunResult,
+    context_table,
+    describe_run,
+    errors_line,
+    fmt,
+    label,
+    results_table,
+    table,
+)
 from rsgw.simulate._trace import TraceError, load_trace, write_csv
 
 #: bench/fleet's first seed: repetition k uses SEED + k, as there.
@@ -93,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float),
         help="multiply every device time (default: bench/fleet's for the scenario; 1 with --trace)",
     )
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="simulate each run of these bench/fleet --json files (same mode, load, seed "
+        "and window; --warmup as they ran) and print prediction against measurement",
+    )
     p.add_argument("--json", type=Path, help="write every run's row (a JSON list)")
     return p
 
@@ -134,6 +153,8 @@ def main(argv: Sequence[str]) -> int:
     elif args.time_scale:
         load = dataclasses.replace(load, time_scale=args.time_scale)
     print(sc.describe(scenario, load))
+    if args.compare:
+        return compare(args, scenario, load, settings)
     loads = args.load or list(scenario.loads)
     print(
         f"simulated: loads {', '.join(f'{x:.0%}' for x in loads)}; modes "
@@ -172,3 +193,93 @@ def main(argv: Sequence[str]) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"JSON: {args.json}")
     return 0
+
+
+def compare(
+    args: argparse.Namespace, scenario: sc.Scenario, load: sc.Load, settings: sc.RunSettings
+) -> int:
+    """Each measured run of `--compare` simulated alike; the medians side by side."""
+    try:
+        measured = [
+            RunResult.from_json(row)
+            for path in args.compare
+            for row in json.loads(path.read_text())
+            if row["scenario"] == scenario.name and row["mode"] in args.modes
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"rsgw simulate: --compare: {exc}", file=sys.stderr)
+        return 2
+    if not measured:
+        print(f"rsgw simulate: --compare: no runs of {scenario.name}", file=sys.stderr)
+        return 2
+    simulated = [
+        _engine.run(
+            scenario,
+            m.mode,
+            m.load,
+            m.rep,
+            m.seed,
+            load,
+            dataclasses.replace(settings, measure_s=m.window_s),
+            admission_cap=args.admission_cap,
+        )
+        for m in measured
+    ]
+    print(comparison_table(measured, simulated, args.modes))
+    return 0
+
+
+def comparison_table(
+    measured: Sequence[RunResult], simulated: Sequence[RunResult], modes: Sequence[str]
+) -> str:
+    """Per load and mode: measured median, simulated median, and the relative error."""
+    figures: list[tuple[str, Callable[[RunResult], float]]] = [
+        ("SLO goodput req/s", lambda r: r.goodput_rps),
+        ("rows/dispatch", lambda r: r.rows_weighted),
+        ("evictions", lambda r: r.evicts),
+        ("p50 ms", lambda r: r.p50_ms),
+        ("p99 ms", lambda r: r.p99_ms),
+    ]
+    header = ["load, mode"] + [f"{name} (measured / simulated, error)" for name, _ in figures]
+    rows = []
+    for load in sorted({r.load for r in measured}):
+        for mode in modes:
+            real = [r for r in measured if r.load == load and r.mode == mode]
+            sim = [r for r in simulated if r.load == load and r.mode == mode]
+            if not real:
+                continue
+            cells = [f"{load:.0%} {label(mode)}"]
+            for _, get in figures:
+                a = statistics.median(get(r) for r in real)
+                b = statistics.median(get(r) for r in sim)
+                cells.append(f"{fmt(a)} / {fmt(b)}, {error(a, b)}")
+            rows.append(cells)
+    ranks = []
+    for load in sorted({r.load for r in measured}):
+
+        def order(runs: Sequence[RunResult], load: float = load) -> list[str]:
+            medians = {
+                m: statistics.median(r.goodput_rps for r in runs if r.mode == m and r.load == load)
+                for m in modes
+                if any(r.mode == m and r.load == load for r in runs)
+            }
+            return sorted(medians, key=lambda m: -medians[m])
+
+        same = order(measured) == order(simulated)
+        ranks.append(
+            f"{load:.0%}: {'same' if same else 'DIFFERENT'} ({' > '.join(order(measured))})"
+        )
+    return (
+        table(header, rows)
+        + "\n\nmodes ranked by SLO goodput, measured vs simulated: "
+        + ("; ".join(ranks))
+    )
+
+
+def error(measured: float, simulated: float) -> str:
+    """The simulation's relative error, or the absolute one where the measure is 0."""
+    if math.isinf(measured) or math.isinf(simulated):
+        return "=" if measured == simulated else "fail vs finite"
+    if measured == 0:
+        return "=" if simulated == 0 else f"+{fmt(simulated)}"
+    return f"{(simulated - measured) / measured:+.0%}"

@@ -97,6 +97,8 @@ class SimDevice:
         }
         self.max_batch = {m: s.max_batch_size for m, s in self.specs.items()}
         self.counters = dict.fromkeys(COUNTERS, 0.0)
+        for model in self.specs:  # as a worker's /metrics lists every model from the start
+            self.counters[f"rows@{model}"] = self.counters[f"dispatches@{model}"] = 0.0
         self.per_model = {m: [0.0, 0.0, 0.0] for m in self.specs}
 
     def enqueue(self, call: SimCall, now: float) -> None:
@@ -155,8 +157,8 @@ class SimDevice:
         c["requests"] += len(done.calls)
         c["compute_s"] += done.compute_s
         key = done.model
-        c[f"rows@{key}"] = c.get(f"rows@{key}", 0.0) + done.rows
-        c[f"dispatches@{key}"] = c.get(f"dispatches@{key}", 0.0) + 1
+        c[f"rows@{key}"] += done.rows
+        c[f"dispatches@{key}"] += 1
         model = self.per_model[key]
         model[0] += done.compute_s
         model[1] += len(done.calls)

@@ -177,7 +177,10 @@ def summarise(
     start: Snapshot = outcome.marks["start"]
     end: Snapshot = outcome.marks["end"]
     span = outcome.mark_times["end"] - outcome.mark_times["start"]
-    delta = [{k: b[k] - a[k] for k in a} for a, b in zip(start.workers, end.workers, strict=True)]
+    delta = [
+        {k: b[k] - a.get(k, 0.0) for k in b}
+        for a, b in zip(start.workers, end.workers, strict=True)
+    ]
     dispatches = sum(d["dispatches"] for d in delta)
     rows = sum(d["rows"] for d in delta)
     compute = [d["compute_s"] for d in delta]
