@@ -7,12 +7,11 @@ one replica per worker and never where the weights would not fit:
   carried by one worker at all; it gets `ceil(u / max_share)` replicas.
 * `split_hot_models`: a model that is not too big for one GPU may still be too big
   for a balanced node. LPT places the heaviest model first, so a model heavier than
-  the fleet's mean load sets the busiest worker by itself. Such models are split so
-  no replica is heavier than the mean, when the resulting placement's busiest worker
-  is lighter (measured: bench/fleet hot_replicas, where the exhaustive best splits the
-  hot model in three and `ceil(u / max_share)` gave two). Models under half of
-  `max_share` stay whole: no worker is near saturation, and one replica batches
-  deepest.
+  the fleet's mean load sets the busiest worker by itself. Such models are split
+  further while the resulting placement's busiest worker is lighter (measured:
+  bench/fleet hot_replicas, where the exhaustive best splits the hot model in three
+  and `ceil(u / max_share)` gave two). Replicas under half of `max_share` are not
+  split: no worker is near saturation, and one replica batches deepest.
 
 An operator's count (a per-model override) is never changed.
 """
@@ -22,9 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-#: The split must lighten the busiest worker by at least this much (relatively) to be
+#: A split must lighten the busiest worker by at least this much (relatively) to be
 #: taken: equal placements keep fewer replicas, so fewer weight sets load.
 MIN_SPLIT_GAIN = 1e-6
+#: Worker choices (models x workers per trial placement) the split may spend per repack.
+SPLIT_BUDGET = 150_000
 
 
 def auto_replicas(
@@ -70,15 +71,17 @@ def split_hot_models(
     fixed: frozenset[str],
     busiest: Callable[[Mapping[str, int]], float],
 ) -> dict[str, int]:
-    """`counts`, or counts that split the hot models further when that lightens the
+    """`counts`, or counts that split hot models further where that lightens the
     busiest worker.
 
-    A model heavier than `floor` (the fleet's mean load per worker, or half of
-    `max_share` when that is more) is offered `ceil(u / floor)` replicas, so no replica
-    is heavier than an even spread, as far as the workers and their budgets allow. The
-    offer is taken only if the placement it gives (`busiest`) is lighter than the one
-    `counts` gives: splitting can also make it worse, when the replicas land on workers
-    the light models needed. Two placements are computed, whatever the fleet's size.
+    First an offer: every model heavier than `floor` (the fleet's mean load per worker,
+    or half of `max_share` when that is more) gets `ceil(u / floor)` replicas, so no
+    replica is heavier than an even spread, as far as the workers and their budgets
+    allow. Then, heaviest replica first, one more replica at a time for any model whose
+    replicas are above half of `max_share`, kept while it lightens the busiest worker.
+    Each trial is a whole placement (`busiest`), so the trials are held to a budget of
+    `SPLIT_BUDGET` worker choices: a node's dozen models get as many as they need, a
+    fleet of 1,000 models on 64 workers gets the offer and a trial or two.
 
     Args:
         counts: the counts so far (after `auto_replicas`).
@@ -90,9 +93,11 @@ def split_hot_models(
     """
     counts = dict(counts)
     workers = len(caps)
-    if max_share <= 0 or workers < 2:
+    if max_share <= 0 or workers < 2 or not utilization:
         return counts
+    trials = max(2, SPLIT_BUDGET // (len(utilization) * workers))
     floor = max(sum(utilization.values()) / workers, max_share / 2)
+    best, best_load = counts, math.inf
     offer = dict(counts)
     for model, u in utilization.items():
         if model not in fixed and u / counts[model] > floor:
@@ -101,9 +106,36 @@ def split_hot_models(
         extra = [m for m, k in offer.items() if k > counts[m]]
         drop = min(extra, key=lambda m: (utilization[m] / (offer[m] - 1), m))
         offer[drop] -= 1
-    if offer == counts or busiest(offer) >= busiest(counts) * (1 - MIN_SPLIT_GAIN):
-        return counts
-    return offer
+    if offer != counts:
+        best_load = busiest(counts)
+        trials -= 2
+        load = busiest(offer)
+        if load < best_load * (1 - MIN_SPLIT_GAIN):
+            best, best_load = offer, load
+    improved = True
+    while improved and trials > 0:
+        improved = False
+        hot = sorted(
+            (m for m, u in utilization.items() if m not in fixed and u / best[m] > max_share / 2),
+            key=lambda m: (-utilization[m] / best[m], m),
+        )
+        for model in hot:
+            if trials <= 0:
+                break
+            if best[model] >= workers:
+                continue
+            trial = {**best, model: best[model] + 1}
+            if not replicas_fit(trial, memory, caps):
+                continue
+            if best_load == math.inf:
+                best_load = busiest(best)
+                trials -= 1
+            trials -= 1
+            load = busiest(trial)
+            if load < best_load * (1 - MIN_SPLIT_GAIN):
+                best, best_load, improved = trial, load, True
+                break  # the heaviest replica may be another model's now
+    return best
 
 
 def replicas_fit(
