@@ -169,6 +169,9 @@ class FillRouter:
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._loads: dict[str, _WorkerLoad] = {}
         self._runs: dict[str, _Run] = {}
+        #: model -> (the replica sequence last given, sorted and unique): a placement's
+        #: is the same object call after call, so it is checked once.
+        self._sorted: dict[str, tuple[Sequence[str], Sequence[str]]] = {}
 
     def rebuild(self, placements: Mapping[str, Sequence[str]]) -> None:
         """Re-key the counters to a new assignment (model -> replica URLs).
@@ -216,7 +219,12 @@ class FillRouter:
         Raises:
             ValueError: `placement_urls` is empty.
         """
-        workers = _sorted_unique(placement_urls)
+        cached = self._sorted.get(model)
+        if cached is not None and cached[0] is placement_urls:
+            workers = cached[1]
+        else:
+            workers = _sorted_unique(placement_urls)
+            self._sorted[model] = (placement_urls, workers)
         if not workers:
             raise ValueError(f"no replicas to choose from for model {model!r}")
         units = max(units, 1)
@@ -269,8 +277,9 @@ class FillRouter:
         reservation = self._charge(model, workers[chosen], units, weight)
         if not any(outs):  # idle: the failover order is the URL order
             return (workers[chosen], *workers[:chosen], *workers[chosen + 1 :]), reservation
+        first = workers[chosen]
         rest = sorted(zip([o // q for o in outs], outs, workers, strict=True))
-        return (workers[chosen], *(w for _, _, w in rest if w != workers[chosen])), reservation
+        return (first, *[w for _, _, w in rest if w != first]), reservation
 
     def _items(self, model: str, url: str) -> int:
         cell = self._replicas.get((model, url))

@@ -79,17 +79,16 @@ class Placement:
     """
 
     replicas: tuple[tuple[str, float], ...] = ()
+    #: The URLs alone, computed once: the request path reads them on every call.
+    urls: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        urls = [url for url, _ in self.replicas]
+        urls = tuple(url for url, _ in self.replicas)
         if any(a >= b for a, b in itertools.pairwise(urls)):
-            raise ValueError(f"placement URLs must be sorted and distinct, got {urls}")
+            raise ValueError(f"placement URLs must be sorted and distinct, got {list(urls)}")
         if any(not weight > 0 for _, weight in self.replicas):
             raise ValueError(f"placement weights must be positive, got {self.replicas}")
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        return tuple(url for url, _ in self.replicas)
+        object.__setattr__(self, "urls", urls)
 
     def __iter__(self) -> Iterator[tuple[str, float]]:
         return iter(self.replicas)
