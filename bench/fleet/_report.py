@@ -31,7 +31,7 @@ def plot_sweep(runs: Sequence[RunResult], modes: Sequence[str], path: Path, titl
     fig, (good, tail) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110, layout="constrained")
     colors = {"round_robin": "C0", "least_outstanding": "C1", "lpt_packing": "C2"}
     ceiling = 0.0
-    for mode, group in by_mode(runs, modes):
+    for index, (mode, group) in enumerate(by_mode(runs, modes)):
         loads = sorted({r.load for r in group})
         goodput = [statistics.median(r.goodput_rps for r in group if r.load == x) for x in loads]
         p99 = [statistics.median(r.p99_ms for r in group if r.load == x) for x in loads]
@@ -42,20 +42,21 @@ def plot_sweep(runs: Sequence[RunResult], modes: Sequence[str], path: Path, titl
             tail.plot(*zip(*shown, strict=True), marker="o", color=color, label=label(mode))
             ceiling = max(ceiling, max(y for _, y in shown))
         failing = [100 * x for x, y in zip(loads, p99, strict=True) if not math.isfinite(y)]
-        if failing:  # more than 1% failed: drawn as x at the top of the panel
+        if failing:  # more than 1% failed: an x near the top, one row per mode
             tail.plot(
                 [], [], marker="x", linestyle="", color=color, label=f"{label(mode)}: >1% failed"
             )
             for x in failing:
                 tail.annotate(
                     "x",
-                    (x, 1.0),
+                    (x, 1.0 - 0.06 * index),
                     xycoords=("data", "axes fraction"),
                     color=color,
                     ha="center",
                     va="top",
                     fontsize=12,
                 )
+    tail.set_xlim(good.get_xlim())  # the same loads on both panels, failing ones too
     slo = runs[0].slo_ms if runs else math.nan
     good.set_xlabel("offered load, % of capacity")
     good.set_ylabel(f"SLO goodput, req/s answered within {fmt(slo)} ms")
