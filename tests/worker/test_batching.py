@@ -326,6 +326,19 @@ def test_a_held_model_waits_for_its_delay_then_takes_what_is_there() -> None:
     assert queues.wake_at(policies) == math.inf
 
 
+def test_woken_at_wake_at_the_held_batch_leaves_whatever_the_rounding() -> None:
+    """`wake_at` is the sum enqueued + delay; `(a + d) - a` can round below `d` (here by
+    one ulp), and a caller woken at that instant must find the delay over, or a virtual
+    clock (rsgw simulate, the capacity search) would be woken at it forever."""
+    enqueued, delay = 25.50690257394217, 0.022
+    assert (enqueued + delay) - enqueued < delay
+    queues: RequestQueues[str] = RequestQueues()
+    policies = {"m": BatchPolicy(max_queue_delay=delay)}
+    queues.enqueue(req("m", enqueued))
+    batch = queues.next_batch({"m": 8}, now=queues.wake_at(policies), policies=policies)
+    assert batch is not None and batch.rows == 1
+
+
 def test_a_full_batch_leaves_at_once() -> None:
     queues: RequestQueues[str] = RequestQueues()
     policies = {"m": BatchPolicy(max_queue_delay=1.0)}

@@ -255,7 +255,10 @@ class RequestQueues(Generic[T]):
         front = self._front(model)
         if front is None:
             return None
-        if now - front.enqueued_at >= policy.max_queue_delay:
+        # The same sum `wake_at` reports, so a caller woken at that instant finds the
+        # delay over (a difference could round below the delay, and a simulation in
+        # virtual time would then be woken at the same instant forever).
+        if now >= front.enqueued_at + policy.max_queue_delay:
             return cap
         rows, _ = self._plan(model, cap, now)
         if rows >= cap:
