@@ -166,7 +166,9 @@ class FillRouter:
     """
 
     def __init__(self) -> None:
-        self._replicas: dict[tuple[str, str], _Replica] = {}
+        #: model -> worker URL -> its counters (per model first: a select reads one
+        #: model's row, replica by replica, without building a key per replica).
+        self._replicas: dict[str, dict[str, _Replica]] = {}
         self._loads: dict[str, _WorkerLoad] = {}
         self._runs: dict[str, _Run] = {}
         #: model -> (the replica sequence last given, sorted and unique): a placement's
@@ -183,7 +185,12 @@ class FillRouter:
         """
         pairs = {(m, url) for m, urls in placements.items() for url in urls}
         workers = {url for _, url in pairs}
-        self._replicas = {k: v for k, v in self._replicas.items() if k in pairs}
+        kept: dict[str, dict[str, _Replica]] = {}
+        for model, url in pairs:
+            cell = self._replicas.get(model, {}).get(url)
+            if cell is not None:
+                kept.setdefault(model, {})[url] = cell
+        self._replicas = kept
         self._loads = {k: v for k, v in self._loads.items() if k in workers}
         runs: dict[str, _Run] = {}
         for model in placements:
@@ -231,8 +238,8 @@ class FillRouter:
         n = len(workers)
         if n == 1:
             return (workers[0],), self._charge(model, workers[0], units, weight)
-        cells = self._replicas
-        outs = [c.items if (c := cells.get((model, w))) is not None else 0 for w in workers]
+        cells = self._replicas.get(model, {})
+        outs = [c.items if (c := cells.get(w)) is not None else 0 for w in workers]
         run = self._runs.setdefault(model, _Run())
         q = plan.quantum
         least = policy is RoutingPolicy.FILL_LEAST
@@ -269,7 +276,7 @@ class FillRouter:
             except ValueError:
                 target = -1
             if target < 0 or run.units >= q or floors[target] > floor_q or not any(outs):
-                chosen = argmin(keyed([(int(f > floor_q),) for f in floors]))
+                chosen = self._open_run(workers, floors, floor_q, least, run.cursor)
                 run.cursor, run.target, run.units = (chosen + 1) % n, workers[chosen], units
             else:
                 chosen = target
@@ -281,8 +288,29 @@ class FillRouter:
         rest = sorted(zip([o // q for o in outs], outs, workers, strict=True))
         return (first, *[w for _, _, w in rest if w != first]), reservation
 
+    def _open_run(
+        self, workers: Sequence[str], floors: Sequence[int], floor_q: int, least: bool, cursor: int
+    ) -> int:
+        """The replica a new run goes to: least `(behind, load, rotation)`, as `keyed`
+        orders them, in one pass over the replicas at the fill floor (one always is, so
+        the behind ones never win)."""
+        n = len(workers)
+        loads = self._loads
+        best = -1
+        best_key = (0, 0)
+        for j, floor in enumerate(floors):
+            if floor > floor_q:
+                continue
+            work = 0
+            if least and (cell := loads.get(workers[j])) is not None:
+                work = load_key(cell.work)
+            key = (work, (j - cursor) % n)
+            if best < 0 or key < best_key:
+                best, best_key = j, key
+        return best
+
     def _items(self, model: str, url: str) -> int:
-        cell = self._replicas.get((model, url))
+        cell = self._replicas.get(model, {}).get(url)
         return 0 if cell is None else cell.items
 
     def _work(self, url: str) -> float:
@@ -290,9 +318,10 @@ class FillRouter:
         return 0.0 if cell is None else cell.work
 
     def _charge(self, model: str, url: str, units: int, weight: float) -> FillReservation:
-        replica = self._replicas.get((model, url))
+        row = self._replicas.setdefault(model, {})
+        replica = row.get(url)
         if replica is None:
-            replica = self._replicas[(model, url)] = _Replica()
+            replica = row[url] = _Replica()
         load = self._loads.get(url)
         if load is None:
             load = self._loads[url] = _WorkerLoad()
@@ -314,11 +343,15 @@ class FillRouter:
 
     def outstanding(self) -> Mapping[tuple[str, str], int]:
         """A snapshot of outstanding items per (model, worker URL)."""
-        return MappingProxyType({k: v.items for k, v in self._replicas.items()})
+        return MappingProxyType(
+            {(m, u): c.items for m, row in self._replicas.items() for u, c in row.items()}
+        )
 
     def routed(self) -> Mapping[tuple[str, str], int]:
         """A snapshot of requests routed per (model, worker URL); never decreases."""
-        return MappingProxyType({k: v.routed for k, v in self._replicas.items()})
+        return MappingProxyType(
+            {(m, u): c.routed for m, row in self._replicas.items() for u, c in row.items()}
+        )
 
     def loads(self) -> Mapping[str, float]:
         """A snapshot of per-worker in-flight work, for `gateway_worker_inflight_work`."""
