@@ -11,9 +11,10 @@ costs). The gateway's settings come from the same gateway.yml bench/fleet writes
 parsed by the gateway's own parser.
 
 What is simplified, and why it matters little for the figures: the network and the
-gateway's CPU cost nothing (bench/fleet's gateway used a fifth of a core); a call
-waiting for the inbound cap waits FIFO with the gateway's own hopeless-wait rule; a
-replica is never down; compaction frees weights at once rather than between batches.
+gateway's CPU cost nothing (bench/fleet's gateway used a fifth of a core); while the
+inbound cap is full, calls wait in one FIFO (the real ones wait in their clients'
+HTTP/2 streams, which the gateway stops reading); a replica is never down; compaction
+frees weights at once rather than between batches.
 
 Deterministic: the same scenario, mode, load and seed give the same figures.
 """
@@ -31,7 +32,6 @@ from typing import Any
 import yaml
 
 from rsgw._config import parse_config
-from rsgw.gateway._admission import DEADLINE_MARGIN, MAX_QUEUE_FACTOR
 from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._lpt import LptScheduler
@@ -54,8 +54,6 @@ from rsgw.worker._catalogue import parse_catalogue
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 SHED = "RESOURCE_EXHAUSTED"
 LATE = "DEADLINE_EXCEEDED"
-#: Weight of the newest call in the admission's hold-time estimate (the gateway's).
-_HOLD_ALPHA = 0.05
 
 # Event kinds, in the order simultaneous events are handled.
 _DONE, _WAKE, _TICK, _ARRIVE, _GIVE_UP = range(5)
@@ -111,8 +109,8 @@ class _Gateway:
         self.ledger: Ledger[AnyReservation] = Ledger(
             config.max_concurrent_requests, cap, self.scheduler.release
         )
+        #: Calls not read yet: the cap was full when they came (they wait in clients).
         self.waiting: deque[SimCall] = deque()
-        self.hold_seconds = 0.01
         self.repacks: list[tuple[float, str]] = []
 
     # -- prober ------------------------------------------------------------------
@@ -166,21 +164,20 @@ class _Gateway:
     # -- request path --------------------------------------------------------------
 
     def admit(self, call: SimCall, now: float) -> bool:
-        """Admit `call` now, queue it for a slot, or shed it; True when admitted."""
-        self.scheduler.arrived(call.model)
-        ticket = self.ledger.admit() if not self.waiting else None
-        if ticket is not None:
-            call.ticket = ticket
-            return True
-        cap = self.ledger.max_inflight
-        wait = (len(self.waiting) + 1) * self.hold_seconds / max(cap, 1)
-        if len(self.waiting) >= cap * MAX_QUEUE_FACTOR or now + wait + DEADLINE_MARGIN >= (
-            call.deadline
-        ):
-            call.code = SHED
-            call.done = now
-        else:
-            self.waiting.append(call)
+        """Admit `call` now (True), or leave it waiting in its client.
+
+        As the gateway's server stops reading every connection while its admitted
+        calls fill the cap (`GrpcServer(max_running_calls=)`), a call that finds the
+        cap full is not read, counted or refused: it waits in its client, first come
+        first served, until a slot frees or its deadline passes.
+        """
+        if not self.waiting:
+            ticket = self.ledger.admit()
+            if ticket is not None:
+                self.scheduler.arrived(call.model)
+                call.ticket = ticket
+                return True
+        self.waiting.append(call)
         return False
 
     def route(self, call: SimCall, bodies: Mapping[tuple[str, int], bytes]) -> SimDevice | None:
@@ -200,14 +197,13 @@ class _Gateway:
         return self.devices[order[0]]
 
     def close(self, call: SimCall, now: float) -> SimCall | None:
-        """The gateway is done with `call`: its slot goes to the first waiter, if any
-        (returned, to be routed)."""
+        """The gateway is done with `call`: its slot goes to the first waiting call that
+        has not given up, if any (returned, read now, to be routed)."""
         ticket = call.ticket
         if not isinstance(ticket, Ticket):
             return None
         call.ticket = None
         self.ledger.close(ticket)
-        self.hold_seconds += _HOLD_ALPHA * (now - call.sent - self.hold_seconds)
         while self.waiting:
             waiter = self.waiting.popleft()
             if waiter.code:
@@ -216,6 +212,7 @@ class _Gateway:
             if admitted is None:
                 self.waiting.appendleft(waiter)
                 return None
+            self.scheduler.arrived(waiter.model)
             waiter.ticket = admitted
             return waiter
         return None
