@@ -329,7 +329,11 @@ def main(argv: Sequence[str]) -> int:
     import _fleet
     import _report
 
-    load = sc.derive_load(scenario)
+    try:
+        load = sc.derive_load(scenario)
+    except sc.ScenarioError as exc:
+        print(f"bench/fleet: {exc}", file=sys.stderr)
+        return 2
     if args.from_json:
         import _measure
 

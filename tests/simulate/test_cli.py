@@ -69,3 +69,23 @@ def test_compare_replays_recorded_runs_alike(tmp_path: Path) -> None:
     assert "50%: same" in done.stdout
     missing = simulate(str(SCENARIOS / "memory_bound.yaml"), "--compare", str(rows))
     assert missing.returncode == 2 and "no runs of memory_bound" in missing.stderr
+
+
+def test_a_bigger_fleet_from_the_same_scenario(tmp_path: Path) -> None:
+    """--gpus and --models resize a Zipf scenario; the reference placement is then greedy
+    (more parts than the exhaustive search takes) and the run reports every GPU."""
+    out = tmp_path / "rows.json"
+    done = simulate(
+        str(SCENARIOS / "memory_bound.yaml"),
+        *("--gpus", "12", "--models", "36", "--load", "0.5", "--modes", "lpt_packing"),
+        *("--warmup", "10", "--duration", "10", "--json", str(out)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "12 workers (fifo), 36 models" in done.stdout
+    (row,) = json.loads(out.read_text())
+    assert len(row["compute_s"]) == 12 and row["sent"] > 0
+    assert sum(len(models) for models in row["placement"].values()) >= 36
+    # 40 models' weights need 40 slots where twelve GPUs hold 36: one line, exit 2.
+    full = simulate(str(SCENARIOS / "memory_bound.yaml"), "--gpus", "12", "--models", "40")
+    assert full.returncode == 2 and "no placement fits" in full.stderr
+    assert full.stderr.strip().count("\n") == 0

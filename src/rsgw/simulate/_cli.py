@@ -124,6 +124,7 @@ def main(argv: Sequence[str]) -> int:
             scenario = scenario.resized(
                 args.gpus or scenario.workers, args.models or scenario.count
             )
+        load = sc.derive_load(scenario)
     except sc.ScenarioError as exc:
         print(f"rsgw simulate: {exc}", file=sys.stderr)
         return 2
@@ -132,7 +133,6 @@ def main(argv: Sequence[str]) -> int:
         settings = sc.RunSettings(
             warmup_s=args.warmup or settings.warmup_s, measure_s=args.duration or settings.measure_s
         )
-    load = sc.derive_load(scenario)
     schedule = None
     if args.trace:
         try:

@@ -377,7 +377,10 @@ def _greedy_groups(
 
 def _packing(found: list[list[tuple[int, float]]]) -> Packing:
     if not found:
-        raise ScenarioError("no placement fits: more model parts than GPU slots")
+        raise ScenarioError(
+            "no placement fits: the models' weights need more slots than the GPUs' budgets "
+            "hold (fewer models, more GPUs, or a smaller weight_fraction)"
+        )
     chosen = [g for g in found if g]
     totals: dict[int, float] = {}
     for group in chosen:
