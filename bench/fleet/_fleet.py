@@ -153,19 +153,16 @@ def gateway_config(
     settings: sc.RunSettings,
     admission_cap: int | None = None,
 ) -> dict[str, Any]:
-    """gateway.yml: the defaults, but for the mode and the run settings' repack budgets."""
-    limits: dict[str, Any] = {}
-    if admission_cap is not None:  # every limit on the way to a worker, alike
-        limits["grpc"] = {"max_concurrent_requests_per_worker": admission_cap}
-        limits["worker_client"] = {"max_concurrent_streams": admission_cap}
+    """gateway.yml: the one `rsgw simulate` parses for the same run, plus what only real
+    processes need (the workers' metrics ports and names, the log format read back)."""
+    from rsgw.simulate._engine import gateway_yaml
+
+    endpoints = [f"127.0.0.1:{w.info['grpc_port']}" for w in workers]
     return {
-        **limits,
-        "endpoints": [f"127.0.0.1:{w.info['grpc_port']}" for w in workers],
+        **gateway_yaml(mode, endpoints, settings, admission_cap),
         "metrics_endpoints": [f"127.0.0.1:{w.info['metrics_port']}" for w in workers],
         "worker_names": [w.name for w in workers],
-        "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
         "logging": {"level": "info", "format": "json"},
-        "scheduling": settings.gateway_scheduling(mode),
     }
 
 

@@ -309,14 +309,6 @@ class FillRouter:
                 best, best_key = j, key
         return best
 
-    def _items(self, model: str, url: str) -> int:
-        cell = self._replicas.get(model, {}).get(url)
-        return 0 if cell is None else cell.items
-
-    def _work(self, url: str) -> float:
-        cell = self._loads.get(url)
-        return 0.0 if cell is None else cell.work
-
     def _charge(self, model: str, url: str, units: int, weight: float) -> FillReservation:
         row = self._replicas.setdefault(model, {})
         replica = row.get(url)

@@ -39,7 +39,6 @@ class SimCall:
     ticket: object = None  # the gateway ledger's ticket while the gateway holds the call
     worker: str = ""  # the device it was sent to
     pending: Pending[SimCall] | None = None  # queued at a device
-    running: bool = False  # in a batch on a device
     code: str = ""  # the final status; "" while the call is open
     done: float = math.nan
 
@@ -138,7 +137,6 @@ class SimDevice:
             calls = tuple(p.payload for p in batch.requests if p.payload is not None)
             for call in calls:
                 call.pending = None
-                call.running = True
             self.running = Dispatch(
                 batch.model, calls, batch.rows, now + load_s + compute_s, compute_s
             )
@@ -164,8 +162,6 @@ class SimDevice:
         model[1] += len(done.calls)
         model[2] += done.rows
         self.queues.record(key, done.rows, done.compute_s, done.ends)
-        for call in done.calls:
-            call.running = False
         return done
 
     def wake_at(self) -> float:
