@@ -242,8 +242,15 @@ def compute_assignment(
             and set(before.urls) != set(placement.urls)
         )
     kept = _previous_loads(urls, previous, utilization, memory, cap, counts, base, max_share, fixed)
-    if kept is not None and not_worth_moving(max(kept[0].values()), max(cload.values())):
-        would_move = sum(1 for m, p in assignment.items() if set(p.urls) != set(previous[m].urls))
+    if kept is not None and not_worth_moving(
+        kept_busiest := max(kept[0].values()), max(cload.values())
+    ):
+        # Held: models the new plan would have moved for a real (if too small) gain; a
+        # plan no lighter than the one in force differs only by tie-breaks, holds nothing.
+        gain = kept_busiest > max(cload.values())
+        would_move = gain * sum(
+            1 for m, p in assignment.items() if set(p.urls) != set(previous[m].urls)
+        )
         return AssignmentResult(
             assignment=MappingProxyType({m: previous[m] for m in assignment}),
             compute_load=MappingProxyType(kept[0]),
@@ -359,7 +366,7 @@ def _greedy(
                 out.max_improvement = max(out.max_improvement, improvement(stay, move))
                 candidate = not (forbid and any_fits) or fits(wp, wm)
                 if candidate and stay <= move * (1 + hysteresis):
-                    out.held += best != wp
+                    out.held += best != wp and move < stay  # a tie held nothing
                     chosen_one = wp
             chosen = [chosen_one]
         else:
