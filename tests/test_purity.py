@@ -65,7 +65,7 @@ SHELL_MODULES = {
     # arrivals), capacity search (seeded random), engine (the gateway's settings
     # parser and admission rule), traces (files, log timestamps) and command line are
     # its shell.
-    "simulate": {"_cli", "_scenario", "_capacity", "_engine", "_trace"},
+    "simulate": {"_cli", "_scenario", "_capacity", "_engine", "_trace", "_day"},
 }
 SANS_IO = {
     "grpc/_connection.py",

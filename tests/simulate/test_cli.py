@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "fleet" / "scenarios"
-
-
-def simulate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rsgw", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.simulate.cli import SCENARIOS, simulate
 
 
 def test_a_run_prints_the_table_and_writes_bench_rows(tmp_path: Path) -> None:

@@ -6,8 +6,6 @@ each takes about a second of real time.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -17,8 +15,8 @@ from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import RunResult
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import parse_catalogue
+from tests.simulate.cli import SCENARIOS
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "fleet" / "scenarios"
 #: bench/fleet's warm-up (lpt_packing repacks in its first seconds), a shorter window.
 SHORT = sc.RunSettings(warmup_s=20.0, measure_s=15.0)
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rsgw.simulate._trace import TraceError, load_trace, write_csv
+from tests.simulate.cli import SCENARIOS, simulate
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "fleet" / "scenarios"
 MODELS = ["m01", "m02"]
 
 
@@ -82,16 +80,10 @@ def test_rsgw_simulate_replays_a_trace(tmp_path: Path) -> None:
     trace.write_text("time,model\n" + "".join(f"{t},{m}\n" for t, m in calls))
     saved = tmp_path / "saved.csv"
     out = tmp_path / "rows.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "rsgw", "simulate", str(SCENARIOS / "compute_bound.yaml")),
-            *("--trace", str(trace), "--write-trace", str(saved), "--modes", "lpt_packing"),
-            *("--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = simulate(
+        str(SCENARIOS / "compute_bound.yaml"),
+        *("--trace", str(trace), "--write-trace", str(saved), "--modes", "lpt_packing"),
+        *("--json", str(out)),
     )
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(out.read_text())

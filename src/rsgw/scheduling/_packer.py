@@ -157,11 +157,12 @@ class Packer:
 
     # -- inputs ---------------------------------------------------------------------
 
-    def record_arrival(self, model: str) -> bool:
-        """Count one request for `model`; False (not counted) for an unknown name."""
+    def record_arrival(self, model: str, count: int = 1) -> bool:
+        """Count `count` requests for `model` (one, on the request path; a round's
+        worth, in the fleet-day simulation); False (not counted) for an unknown name."""
         if model not in self._known:
             return False
-        self._arrivals[model] = self._arrivals.get(model, 0) + 1
+        self._arrivals[model] = self._arrivals.get(model, 0) + count
         return True
 
     def request_repack(self) -> int:
@@ -201,9 +202,7 @@ class Packer:
             if delta > 0:
                 self._compute_accum += delta
 
-        first = knobs.first_rebalance_compute_seconds
-        use_first = not self._did_first_tick_repack and first > 0
-        threshold = first if use_first else knobs.rebalance_compute_seconds
+        threshold = self._threshold(knobs)
 
         forced = requested > self._repack_completed
         report: RepackReport | None = None
@@ -235,6 +234,22 @@ class Packer:
             did_first_tick_repack=self._did_first_tick_repack,
         )
         return TickOutcome(self._last_tick, report, compaction)
+
+    def _threshold(self, knobs: SchedulingConfig) -> float:
+        first = knobs.first_rebalance_compute_seconds
+        use_first = not self._did_first_tick_repack and first > 0
+        return first if use_first else knobs.rebalance_compute_seconds
+
+    def repack_due(self, fleet_compute: float, knobs: SchedulingConfig) -> bool:
+        """Whether a tick whose poll reports `fleet_compute` would repack (at a complete
+        poll): a caller that builds its poll summary at a cost can build the full one
+        only then (the fleet-day simulation does; the prober always builds it)."""
+        if self._repack_requested > self._repack_completed:
+            return True
+        if self._last_fleet_compute == 0:
+            return False
+        delta = max(0.0, fleet_compute - self._last_fleet_compute)
+        return self._compute_accum + delta >= self._threshold(knobs)
 
     def repack(
         self, poll: PollSummary, knobs: SchedulingConfig, now: float, trigger: Trigger

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rsgw.simulate import _engine
+from rsgw.simulate import _day, _engine
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import (
     RunResult,
@@ -112,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate each run of these bench/fleet --json files (same mode, load, seed "
         "and window; --warmup as they ran) and print prediction against measurement",
     )
+    p.add_argument(
+        "--day",
+        action="store_true",
+        help="simulate a day (86,400 s) round by round with the fluid device model "
+        "(rsgw.simulate._day): the load follows a daily curve from --trough to --peak; "
+        "prints each mode's goodput and churn, and the hours",
+    )
+    p.add_argument("--peak", type=loads_arg, help="--day: load at the daily peak (0.9)")
+    p.add_argument("--trough", type=loads_arg, help="--day: load at the night trough (0.25)")
+    p.add_argument(
+        "--step", type=_positive(float), help="--day: seconds per prober round (default 30)"
+    )
     p.add_argument("--json", type=Path, help="write every run's row (a JSON list)")
     return p
 
@@ -152,6 +164,8 @@ def main(argv: Sequence[str]) -> int:
         args.repeat = 1  # a trace is one run: every repetition would replay it alike
     elif args.time_scale:
         load = dataclasses.replace(load, time_scale=args.time_scale)
+    if args.day:
+        return day(args, scenario, load)
     print(sc.describe(scenario, load))
     if args.compare:
         return compare(args, scenario, load, settings)
@@ -193,6 +207,54 @@ def main(argv: Sequence[str]) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"JSON: {args.json}")
     return 0
+
+
+def day(args: argparse.Namespace, scenario: sc.Scenario, load: sc.Load) -> int:
+    """A day of the scenario's fleet, each mode round by round (`_day`)."""
+    peak = args.peak[0] if args.peak else 0.9
+    trough = args.trough[0] if args.trough else min(0.25, peak)
+    if args.trace or args.compare:
+        print("rsgw simulate: --day takes neither --trace nor --compare", file=sys.stderr)
+        return 2
+    profile = _day.Profile(trough=trough, peak=peak)
+    settings = _day.day_settings(args.step or 30.0, scenario.workers)
+    load = dataclasses.replace(load, time_scale=1.0)
+    described = sc.describe(scenario, load).split("\n")
+    print("\n".join(_short(line) for line in described if not line.startswith("  --time-scale")))
+    print(
+        f"  a day: load {trough:.0%} of capacity at {_day.clock(profile.trough_at)} to "
+        f"{peak:.0%} at {_day.clock(profile.peak_at * profile.seconds)} "
+        f"({trough * load.capacity:,.0f}-{peak * load.capacity:,.0f} req/s); a prober "
+        f"round every {settings.health_interval_s:g} s; lpt_packing repacks every "
+        f"{settings.repack_compute_s:g} GPU-s (300 per GPU)\n",
+        flush=True,
+    )
+    runs = []
+    for mode in args.modes:
+        started = time.monotonic()
+        run = _day.run_fluid(
+            scenario, mode, load, profile, settings, admission_cap=args.admission_cap
+        )
+        run.wall_s = time.monotonic() - started
+        runs.append(run)
+        print(
+            f"{label(mode)}: {100 * run.goodput_share:.1f}% within the SLO, "
+            f"{run.totals.loads:,.0f} weight loads, {len(run.repacks)} repacks "
+            f"({run.wall_s:.0f} s)",
+            flush=True,
+        )
+    print(f"\nSLO {scenario.slo_ms:g} ms; {scenario.workers} GPUs, {scenario.count} models\n")
+    print(_day.day_table(runs))
+    print("\n" + _day.bucket_table(runs))
+    if args.json:
+        args.json.write_text(json.dumps([r.to_json() for r in runs], indent=1) + "\n")
+        print(f"JSON: {args.json}")
+    return 0
+
+
+def _short(line: str, width: int = 400) -> str:
+    """A describe line cut for a terminal (1,000 models' popularity is one line)."""
+    return line if len(line) <= width else line[: width - 5] + " ..."
 
 
 def compare(

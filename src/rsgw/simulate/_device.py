@@ -43,6 +43,15 @@ class SimCall:
     done: float = math.nan
 
 
+def device_weights(specs: Mapping[str, ModelSpec], budget: int) -> WeightCache:
+    """A self-managed worker's weight cache: every model loads on demand within
+    `budget`, or stays resident when there is no budget (0)."""
+    floor = Residency.PINNED_SYSTEM if budget > 0 else Residency.PINNED_DEVICE
+    return WeightCache(
+        {m: s.weight_bytes for m, s in specs.items()}, budget, dict.fromkeys(specs, floor)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """A batch on the device: its calls, and when it ends."""
@@ -83,12 +92,7 @@ class SimDevice:
 
     def __post_init__(self) -> None:
         self.queues = RequestQueues(self.discipline)
-        floor = Residency.PINNED_SYSTEM if self.weight_cache_bytes > 0 else Residency.PINNED_DEVICE
-        self.cache = WeightCache(
-            {m: s.weight_bytes for m, s in self.specs.items()},
-            self.weight_cache_bytes,
-            dict.fromkeys(self.specs, floor),
-        )
+        self.cache = device_weights(self.specs, self.weight_cache_bytes)
         self.policies = {
             m: BatchPolicy(s.max_queue_delay_seconds * self.time_scale, s.preferred_batch_size)
             for m, s in self.specs.items()

@@ -45,6 +45,7 @@ from rsgw.scheduling._schedulers import (
     RoundRobinScheduler,
     Scheduler,
 )
+from rsgw.scheduling._settings import SchedulingConfig
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import OK, Outcome, RunResult, Schedule, Snapshot, summarise
@@ -74,6 +75,12 @@ def gateway_yaml(
     return config
 
 
+def packer_knobs(knobs: SchedulingConfig) -> SchedulingConfig:
+    """The knobs the packer ticks with: the EMA halflife resolved once, at start-up, as
+    the gateway resolves it."""
+    return dataclasses.replace(knobs, ema_halflife_compute_seconds=knobs.resolved_ema_halflife)
+
+
 class _Gateway:
     """The gateway's decisions on the request path and at each prober round."""
 
@@ -94,9 +101,7 @@ class _Gateway:
         if knobs.mode is SchedulingMode.ROUND_ROBIN:
             self.scheduler = RoundRobinScheduler()
         elif knobs.mode is SchedulingMode.LPT_PACKING:
-            self.knobs = dataclasses.replace(
-                knobs, ema_halflife_compute_seconds=knobs.resolved_ema_halflife
-            )
+            self.knobs = packer_knobs(knobs)
             self.packer = Packer()
             self.scheduler = LptScheduler(self.knobs, self.packer)
         else:
