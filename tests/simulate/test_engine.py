@@ -130,3 +130,21 @@ def test_resized_scenarios_keep_popularity_and_weight_fraction() -> None:
     assert shifting.phases[0].shares[-1] > shifting.phases[0].shares[0]  # still reversed
     with pytest.raises(sc.ScenarioError, match="--models needs a zipf popularity"):
         sc.load_scenario(SCENARIOS / "hot_replicas.yaml").resized(4, 20)
+
+
+def test_a_long_chain_of_sheds_does_not_recurse(
+    memory_bound: tuple[sc.Scenario, sc.Load],
+) -> None:
+    """Every ended call admits a waiting one, which lpt_packing may shed at once, which
+    admits the next: under a deep overload that chain is thousands long, so the engine
+    loops (it recursed, and a 64-GPU run died of RecursionError)."""
+    import inspect
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 40)
+    try:
+        run = simulate(memory_bound, "lpt_packing", 3.0, admission_cap=1)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert run.shed_fraction > 0.3

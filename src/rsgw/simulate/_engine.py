@@ -282,22 +282,23 @@ def run(
             if due < math.inf:
                 at(max(due, now), _WAKE, device)
 
-    def end(call: SimCall, code: str, now: float) -> None:
-        if call.code:
-            return
-        call.code, call.done = code, now
-        successor = gateway.close(call, now)
-        if successor is not None:
-            send(successor, now)
+    def end(call: SimCall | None, code: str, now: float) -> None:
+        # A loop, not recursion: each ended call admits a waiting one, which may be
+        # shed at once and admit the next (a long overload chains thousands).
+        while call is not None and not call.code:
+            call.code, call.done = code, now
+            successor = gateway.close(call, now)
+            call, code = (None, code) if successor is None else (send(successor, now), SHED)
 
-    def send(call: SimCall, now: float) -> None:
+    def send(call: SimCall, now: float) -> SimCall | None:
+        """Route `call` to its worker; returns it when it was shed instead."""
         device = gateway.route(call, bodies)
         if device is None:
-            end(call, SHED, now)
-            return
+            return call
         device.enqueue(call, now)
         if device.running is None:
             dispatch(device, now)
+        return None
 
     marks = {"start": settings.warmup_s, "end": total}
     for call in calls:
@@ -314,7 +315,7 @@ def run(
         now, kind, _, what = heapq.heappop(events)
         if kind == _ARRIVE:
             if gateway.admit(what, now):
-                send(what, now)
+                end(send(what, now), SHED, now)
         elif kind == _DONE:
             done = what.finish()
             for call in done.calls:
