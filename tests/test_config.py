@@ -505,6 +505,11 @@ def test_no_endpoints() -> None:
         ("endpoints", ["a:0"], ("worker target 'a:0' has a port out of range",)),
         ("endpoints", [":80"], ("worker target ':80' has an empty host",)),
         (
+            "endpoints",
+            ["dns:///workers.ns.svc:8001"],
+            ("worker target 'dns:///workers.ns.svc:8001' is a URL; give host:port",),
+        ),
+        (
             "metrics_endpoints",
             {"a": 1},
             ("gateway config 'metrics_endpoints' must be a list", "{'a': 1}"),

@@ -546,19 +546,20 @@ def test_the_split_gateway_finds_its_workers_by_dns() -> None:
     service = named(objects, "Service", workers["spec"]["serviceName"])
     namespace = service["metadata"]["namespace"]
     (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
-    expected = f"dns:///{service['metadata']['name']}.{namespace}.svc.cluster.local:{port}"
+    domain = f"{service['metadata']['name']}.{namespace}.svc.cluster.local"
+    pods = [f"{workers['metadata']['name']}-{i}" for i in range(workers["spec"]["replicas"])]
     raw = split_gateway_yml()
-    assert raw["endpoints"] == [expected]
+    assert raw["endpoints"] == [f"{pod}.{domain}:{port}" for pod in pods]
+    assert raw["worker_names"] == pods, "labelled as the PodMonitor labels the workers"
     assert raw["metrics_endpoints"] == [], "the PodMonitor scrapes the workers"
     assert service["spec"]["publishNotReadyAddresses"] is False, "DNS names ready workers only"
 
 
 def test_the_split_gateway_yml_parses_with_rsgw() -> None:
-    # The dns:/// endpoint is issue 24's DNS discovery.
     config = parse_config(split_gateway_yml(), {}, source="gateway.yml")
     assert not config.warnings, config.warnings
-    assert len(config.endpoints) == 1
-    assert "rsgw-workers.rsgw.svc.cluster.local" in str(config.endpoints[0])
+    assert len(config.endpoints) == 2
+    assert all(".rsgw-workers.rsgw.svc.cluster.local:8001" in e for e in config.endpoints)
 
 
 # ---------------------------------------------------------------------------

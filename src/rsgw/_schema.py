@@ -89,6 +89,11 @@ LOG_FORMATS = ("json", "text")
 def check_target(value: object, key: str) -> str:
     """A worker's `host:port` (split at the LAST colon, as docs/original.md §3.2)."""
     text = check_str(value, key).strip()
+    if "://" in text:
+        raise ConfigError(
+            f"{key}: worker target '{text}' is a URL; give host:port "
+            "(dns:/// discovery is not built yet)"
+        )
     host, colon, port = text.rpartition(":")
     if not colon:
         raise ConfigError(f"{key}: worker target '{text}' is not host:port")
