@@ -13,7 +13,8 @@ ADDRESSES = [f"10.0.0.{i}:8001" for i in range(1, 9)]
 
 def test_sources_own_their_addresses() -> None:
     start, change = Membership().apply("config", ADDRESSES[:2])
-    assert [m.label for m in change.added] == ["worker0", "worker1"] and not change.removed
+    assert [m.public_name for m in change.added] == ["worker0", "worker1"]
+    assert [m.label for m in change.added] == ADDRESSES[:2] and not change.removed
     dns = DnsTarget.parse("dns:///workers.ns.svc:8001")
     assert dns is not None and dns.source == "dns:workers.ns.svc:8001"
     both, change = start.apply(dns.source, dns.addresses(["10.0.0.2", "10.0.0.3"]))
@@ -25,17 +26,17 @@ def test_sources_own_their_addresses() -> None:
     assert [m.url for m in change.removed] == ["10.0.0.1:8001"]
     last, change = later.apply(dns.source, dns.addresses(["10.0.0.4", "fd00::5"]))
     assert {m.url for m in change.removed} == {"10.0.0.3:8001"}
-    assert {m.url: m.label for m in change.added} == {
+    assert {m.url: m.public_name for m in change.added} == {
         "10.0.0.4:8001": "worker3",
         "[fd00::5]:8001": "worker4",
     }
-    assert last.members["10.0.0.2:8001"].label == "worker1"  # kept its name throughout
+    assert last.members["10.0.0.2:8001"].public_name == "worker1"  # kept throughout
 
 
 def test_the_operator_adds_and_removes() -> None:
     fleet, _ = Membership().apply("config", ADDRESSES[:2], {ADDRESSES[0]: "gpu-a"})
     fleet, added = fleet.add("10.0.0.9:8001", "gpu-z")
-    assert added.label == "gpu-z" and added.source == "operator"
+    assert added.label == added.public_name == "gpu-z" and added.source == "operator"
     with pytest.raises(MembershipError, match="already a worker"):
         fleet.add(ADDRESSES[0])
     with pytest.raises(MembershipError, match="'gpu-a' would name both"):
@@ -77,7 +78,7 @@ def test_updates_keep_the_invariants(updates: list[tuple[str, set[str]]]) -> Non
         assert set(urls) <= set(after.members)
         assert all(after.members[u] == m for u, m in fleet.members.items() if m.source != source)
         assert {m.url for m in change.removed}.isdisjoint(after.members)
-        for member in after.members.values():  # a label never changes hands
-            assert labels_seen.setdefault(member.label, member.url) == member.url
+        for member in after.members.values():  # a public name never changes hands
+            assert labels_seen.setdefault(member.public_name, member.url) == member.url
         assert len({m.ordinal for m in after.members.values()}) == len(after.members)
         fleet = after

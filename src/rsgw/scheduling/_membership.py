@@ -11,9 +11,10 @@ workers and drain the departed ones, and every reader sees one snapshot at a tim
 Invariants:
 - An address is a member at most once; the first source to name it owns it, and a
   source's update never removes what another source owns.
-- A worker keeps its ordinal (its default name `worker<N>`) for as long as it is a
-  member; ordinals are never reused, so a metrics series never changes hands.
-- A name (explicit or default) belongs to one member.
+- A worker keeps its ordinal (its public name `worker<N>` when unnamed) for as long as
+  it is a member; ordinals are never reused, so a public name never changes hands.
+- A label (an explicit name, else the address) and a public name belong to one member,
+  so two workers' metrics series never merge.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ class DnsTarget:
         """The membership source its addresses belong to."""
         return f"dns:{self.name}:{self.port}"
 
-    def addresses(self, resolved: Iterable[str]) -> frozenset[str]:
-        """The worker addresses for resolved IPs (IPv6 in brackets), on its port."""
-        return frozenset(
-            f"[{ip}]:{self.port}" if ":" in ip else f"{ip}:{self.port}" for ip in resolved
+    def addresses(self, resolved: Iterable[str]) -> tuple[str, ...]:
+        """The worker addresses for resolved IPs (IPv6 in brackets), on its port, sorted
+        and distinct: the same answer in any order gives the same members."""
+        return tuple(
+            sorted({f"[{ip}]:{self.port}" if ":" in ip else f"{ip}:{self.port}" for ip in resolved})
         )
 
 
@@ -75,7 +77,14 @@ class Member:
 
     @property
     def label(self) -> str:
-        """Its metrics label and public name: the explicit name, else `worker<ordinal>`."""
+        """Its metrics and log label: the explicit name, else its address (as the
+        gateway labels an unnamed worker)."""
+        return self.name or self.url
+
+    @property
+    def public_name(self) -> str:
+        """How client-facing messages name it, never by address: the explicit name,
+        else `worker<ordinal>` (an ordinal is never reused, so neither is the name)."""
         return self.name or f"worker{self.ordinal}"
 
 
@@ -134,11 +143,12 @@ class Membership:
                 kept[url] = replace(kept[url], name=name)
         labels: dict[str, str] = {}
         for member in kept.values():
-            other = labels.setdefault(member.label, member.url)
-            if other != member.url:
-                raise MembershipError(
-                    f"worker name '{member.label}' would name both {other} and {member.url}"
-                )
+            for label in {member.label, member.public_name}:
+                other = labels.setdefault(label, member.url)
+                if other != member.url:
+                    raise MembershipError(
+                        f"worker name '{label}' would name both {other} and {member.url}"
+                    )
         if not kept:
             raise MembershipError("the change would leave the gateway without workers")
         return (
@@ -153,7 +163,7 @@ class Membership:
             MembershipError: `url` is a member already, or `name` is taken.
         """
         if url in self.members:
-            raise MembershipError(f"{url} is already a worker ({self.members[url].label})")
+            raise MembershipError(f"{url} is already a worker ({self.members[url].public_name})")
         current = sorted(self.owned_by("operator"))
         after, change = self.apply("operator", [*current, url], {url: name} if name else None)
         (member,) = change.added
@@ -168,7 +178,7 @@ class Membership:
         if key in self.members:
             return self.members[key]
         for member in self.members.values():
-            if member.label == key:
+            if key in (member.label, member.public_name):
                 return member
         raise MembershipError(f"no worker is called '{key}'")
 
@@ -181,5 +191,5 @@ class Membership:
         member = self.find(key)
         rest = {u: m for u, m in self.members.items() if u != member.url}
         if not rest:
-            raise MembershipError(f"{member.label} is the last worker; it cannot leave")
+            raise MembershipError(f"{member.public_name} is the last worker; it cannot leave")
         return Membership(MappingProxyType(rest), self.next_ordinal), member
