@@ -9,6 +9,7 @@ client sending random names grows neither memory nor series.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -221,6 +222,21 @@ class GatewayMetrics:
         """
         method = METHODS_BY_PATH.get(path)
         self.observe(method.rpc if method is not None else UNKNOWN_MODEL, "", code, None)
+
+    def forget_worker(self, label: str) -> None:
+        """A worker left: its series go (none stays behind at its last value)."""
+        for family in (
+            self.worker_ready,
+            self.worker_ejected,
+            self.worker_ejections,
+            self.worker_metrics_up,
+        ):
+            with contextlib.suppress(KeyError):
+                family.remove(label)
+        for key in [k for k in self._worker_children if self.worker_label(k[1]) == label]:
+            del self._worker_children[key]
+            with contextlib.suppress(KeyError):
+                self.worker_latency.remove(key[0], label)
 
     def observe_worker(self, rpc: str, url: str, seconds: float) -> None:
         key = (rpc, url)

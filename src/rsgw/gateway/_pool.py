@@ -1,8 +1,9 @@
 """The worker pool: one client channel per worker, their labels, the SHM register gate.
 
 Workers are identified by URL (`host:port`) everywhere inside the gateway; the
-friendly name (`worker0`) is only a metrics label. The pool is fixed at startup
-(dynamic membership is a later milestone: it will swap a new pool in by reference).
+friendly name (`worker0`) is only a metrics label. Workers join and leave at run time
+(`add`, `retire`, `close`): `urls` is a tuple swapped by reference, so a reader that
+took it keeps a consistent list across its awaits.
 """
 
 from __future__ import annotations
@@ -61,15 +62,44 @@ class WorkerPool:
         names: Mapping[str, str],
         make_channel: Callable[[str], Channel],
     ) -> None:
-        self.urls: tuple[str, ...] = tuple(dict.fromkeys(urls))
-        self._names = dict(names)
-        self.channels: dict[str, Channel] = {url: make_channel(url) for url in self.urls}
+        #: The members, in the order they joined; retired workers are not among them.
+        self.urls: tuple[str, ...] = ()
+        self._names: dict[str, str] = {}
+        self._ordinals: dict[str, int] = {}
+        self._make_channel = make_channel
+        #: Every worker's channel, retired ones included (closed once drained), so a
+        #: call that took its URL before the worker left fails over rather than raising.
+        self.channels: dict[str, Channel] = {}
         self.gate = RegisterGate()
         #: Regions registered through the gateway: every new connection to a worker
         #: registers them again before it carries a call (a restarted worker has none).
         self.regions = RegionBook()
-        for url, channel in self.channels.items():
-            channel.on_connect = partial(self.regions.replay, self.label(url))
+        for url in dict.fromkeys(urls):
+            self.add(url, names.get(url, ""))
+
+    def add(self, url: str, name: str = "") -> None:
+        """`url` joins: a new channel, which registers the pool's regions on connect.
+
+        Raises:
+            ValueError: `url` is a member already.
+        """
+        if url in self.urls:
+            raise ValueError(f"{url} is already a worker")
+        if name:
+            self._names[url] = name
+        self._ordinals.setdefault(url, len(self._ordinals))
+        channel = self._make_channel(url)
+        channel.on_connect = partial(self.regions.replay, self.label(url))
+        self.channels[url] = channel
+        self.urls = (*self.urls, url)
+
+    def retire(self, url: str) -> None:
+        """`url` takes no new work: out of `urls`; its channel carries what it has."""
+        self.urls = tuple(u for u in self.urls if u != url)
+
+    async def close(self, url: str) -> None:
+        """A retired worker's channel closes (calls still on it fail over)."""
+        await self.channels[url].aclose()
 
     def label(self, url: str) -> str:
         """The metrics label of a worker: its friendly name, or its URL when unnamed."""
@@ -82,7 +112,7 @@ class WorkerPool:
         `worker<i>` by its position in the configuration.
         """
         name = self._names.get(url)
-        return name if name else f"worker{self.urls.index(url)}"
+        return name if name else f"worker{self._ordinals[url]}"
 
     async def aclose(self) -> None:
         for channel in self.channels.values():

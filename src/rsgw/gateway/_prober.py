@@ -142,13 +142,14 @@ class Prober:
     async def run_round(self) -> None:
         """One probe round: readiness, channel resets, wedge check, discovery."""
         pool = self._pool
+        urls = pool.urls  # this round's members: a worker may join or leave meanwhile
         results = await fan_out(
-            pool.urls, lambda url: self.probe(url, Method.SERVER_READY.wire, _READY_REQUEST)
+            urls, lambda url: self.probe(url, Method.SERVER_READY.wire, _READY_REQUEST)
         )
         ready: set[str] = set()
-        all_timed_out = bool(pool.urls)
+        all_timed_out = bool(urls)
         now = trio.current_time()
-        for url in pool.urls:
+        for url in urls:
             result = results[url]
             assert isinstance(result, ProbeResult)
             is_ready = (
@@ -169,6 +170,7 @@ class Prober:
             else:
                 all_timed_out = False
                 self._ever_responsive = True
+        ready &= set(pool.urls)  # not a worker that left during the round
         if ready != self.ready:
             logger.info(
                 "worker readiness changed",
@@ -217,6 +219,13 @@ class Prober:
         if url in self.ready:
             self.ready = self.ready - {url}
             self._metrics.worker_ready.labels(self._pool.label(url)).set(0)
+        self._generation += 1
+        self._swap(self.table.without(url, self._generation))
+
+    def forget(self, url: str) -> None:
+        """`url` left the pool: out of readiness, ejection and routing now."""
+        self.ready = self.ready - {url}
+        self.ejected.pop(url, None)
         self._generation += 1
         self._swap(self.table.without(url, self._generation))
 
