@@ -43,6 +43,8 @@ OPERATOR = {
     Method.SET_SCHEDULING_POLICY,
     Method.SET_MODEL_PLACEMENT,
     Method.REPACK,
+    Method.ADD_WORKER,
+    Method.REMOVE_WORKER,
 }
 
 

@@ -341,6 +341,27 @@ def wire_md_rows(markdown: str) -> tuple[str, set[str]]:
 
 
 WIRE = parse_wire_rows(WIRE_ROWS)
+
+# rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
+# membership RPCs of issue 24.
+RSGW_ROWS = """
+# reactant_control
+GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
+GatewayControlService RemoveWorker RemoveWorkerRequest RemoveWorkerResponse
+AddWorkerRequest 1 address string
+AddWorkerRequest 2 name string
+AddWorkerResponse 1 worker string
+AddWorkerResponse 2 workers int64
+RemoveWorkerRequest 1 worker string
+RemoveWorkerRequest 2 drain_seconds double
+RemoveWorkerResponse 1 worker string
+RemoveWorkerResponse 2 calls_cut_short int64
+RemoveWorkerResponse 3 drained_seconds double
+RemoveWorkerResponse 4 workers int64
+"""
+
+#: What the protos must declare: WIRE.md and rsgw's additions.
+SCHEMA = parse_wire_rows(WIRE_ROWS + RSGW_ROWS)
 FILES: tuple[FileDescriptor, ...] = (pb.DESCRIPTOR, ctl_pb.DESCRIPTOR)
 #: tritonclient's descriptors: its service file and its model configuration file.
 TRITON_POOLS = triton_pb2.DESCRIPTOR.pool
@@ -571,7 +592,7 @@ def test_messages_pickle() -> None:
     assert pb.ModelInferRequest.InferInputTensor.__module__ == "rsgw._proto.grpc_predict_v2_pb2"
 
 
-# --- Schema is WIRE.md -------------------------------------------------------------------
+# --- Schema is SCHEMA.md -------------------------------------------------------------------
 
 
 def test_messages_and_fields_match_wire() -> None:
@@ -581,7 +602,7 @@ def test_messages_and_fields_match_wire() -> None:
         for message in walk_messages(file)
         if not is_map_entry(message)
     }
-    wire = set(WIRE.fields) | EMPTY_MESSAGES
+    wire = set(SCHEMA.fields) | EMPTY_MESSAGES
     assert wire <= set(declared)
     for name in wire:
         fields = {
@@ -589,7 +610,7 @@ def test_messages_and_fields_match_wire() -> None:
             for f in declared[name].fields
             if (name, str(f.name)) not in TRITON_FIELDS
         }
-        assert fields == WIRE.fields.get(name, {}), name
+        assert fields == SCHEMA.fields.get(name, {}), name
     # Everything else is Triton's (and matches tritonclient: see the tests below).
     beyond = {name for name in set(declared) - wire if name.startswith("inference.")}
     assert beyond == set(declared) - wire
@@ -599,11 +620,11 @@ def test_messages_and_fields_match_wire() -> None:
 def test_enums_match_wire() -> None:
     declared = {str(e.full_name): e for file in FILES for e in file.enum_types_by_name.values()}
     nested = {str(e.full_name) for file in FILES for m in walk_messages(file) for e in m.enum_types}
-    assert set(WIRE.enums) <= set(declared)
-    for name, values in WIRE.enums.items():
+    assert set(SCHEMA.enums) <= set(declared)
+    for name, values in SCHEMA.enums.items():
         assert {v.number: str(v.name) for v in declared[name].values} == values
     # Every other enum, top-level or nested, is Triton's model configuration's.
-    for name in (set(declared) - set(WIRE.enums)) | nested:
+    for name in (set(declared) - set(SCHEMA.enums)) | nested:
         assert name.startswith("inference."), name
         theirs = TRITON_POOLS.FindEnumTypeByName(name)
         ours = POOL.FindEnumTypeByName(name)  # type: ignore[no-untyped-call]  # stubs 6.x
@@ -619,11 +640,13 @@ def test_services_match_wire() -> None:
         for service in file.services_by_name.values()
         for method in service.methods
     }
-    assert set(WIRE.methods) <= set(methods)
+    assert set(SCHEMA.methods) <= set(methods)
     for name, method in methods.items():
         assert POOL.FindMethodByName(name) is method  # type: ignore[no-untyped-call]  # stubs 6.x
-        if name in WIRE.methods:
-            assert (method.input_type.full_name, method.output_type.full_name) == WIRE.methods[name]
+        if name in SCHEMA.methods:
+            assert (method.input_type.full_name, method.output_type.full_name) == SCHEMA.methods[
+                name
+            ]
             assert not method.client_streaming
             assert not method.server_streaming
             continue
@@ -643,8 +666,8 @@ def test_services_match_wire() -> None:
     assert ours - {m.name for m in TRITON_SERVICE.methods} == {"IsSameIPCNamespace"}
     assert {m.name for m in TRITON_SERVICE.methods} <= ours
     # Every message a method names is declared (the tables are consistent).
-    for request, response in WIRE.methods.values():
-        assert {request, response} <= set(WIRE.fields) | EMPTY_MESSAGES
+    for request, response in SCHEMA.methods.values():
+        assert {request, response} <= set(SCHEMA.fields) | EMPTY_MESSAGES
 
 
 @pytest.mark.skipif(not WIRE_MD.is_file(), reason="shared/spec/WIRE.md not beside the repo")

@@ -51,6 +51,8 @@ class Method(enum.Enum):
     SET_SCHEDULING_POLICY = (GATEWAY_CONTROL, "SetSchedulingPolicy")
     SET_MODEL_PLACEMENT = (GATEWAY_CONTROL, "SetModelPlacement")
     REPACK = (GATEWAY_CONTROL, "Repack")
+    ADD_WORKER = (GATEWAY_CONTROL, "AddWorker")
+    REMOVE_WORKER = (GATEWAY_CONTROL, "RemoveWorker")
 
     def __init__(self, service: str, rpc: str) -> None:
         self.service = service

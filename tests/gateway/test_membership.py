@@ -11,9 +11,12 @@ import trio
 from trio.testing import MockClock
 
 from rsgw._errors import ConfigError, RsgwError
+from rsgw._status import StatusCode
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
 from tests.gateway.fleet import Fleet, open_fleet, start_worker
+from tests.gateway.test_control import CtlFailed
+from tests.gateway.test_control import ctl_in_memory as ctl
 from tests.gateway.test_failover import PROBING, check_simple, served
 from tests.gateway.test_lpt_packing import lpt
 from tests.helpers import wait_until_async
@@ -105,3 +108,28 @@ async def test_membership_changes_that_cannot_be_made(autojump_clock: MockClock)
     ) as fleet:
         with pytest.raises(ConfigError, match="not supported under lpt_packing yet"):
             fleet.gateway.add_worker("127.0.0.1:1")
+
+
+async def test_rsgw_ctl_adds_and_removes_workers(autojump_clock: MockClock) -> None:
+    async with open_fleet(2, memory=True, **PROBING) as fleet:
+        _, url = await extra_worker(fleet, "gpu-new")
+        assert await ctl(fleet, "add-worker", url, "--name", "gpu-new") == (
+            "added gpu-new; 3 workers"
+        )
+        await wait_until_async(lambda: url in fleet.gateway.statistics().ready, what="ready")
+        with pytest.raises(CtlFailed) as taken:
+            await ctl(fleet, "add-worker", url)
+        assert taken.value.error.code is StatusCode.ALREADY_EXISTS
+        with pytest.raises(CtlFailed) as bad:
+            await ctl(fleet, "add-worker", "nocolon")
+        assert bad.value.error.code is StatusCode.INVALID_ARGUMENT
+        said = await ctl(fleet, "remove-worker", "worker0", "--drain-seconds", "2")
+        assert said.startswith("removed worker0 after ") and said.endswith("; 2 workers")
+        with pytest.raises(CtlFailed) as unknown:
+            await ctl(fleet, "remove-worker", "worker0")
+        assert unknown.value.error.code is StatusCode.NOT_FOUND
+        await ctl(fleet, "remove-worker", "gpu-new")
+        with pytest.raises(CtlFailed) as last:
+            await ctl(fleet, "remove-worker", "worker1")
+        assert last.value.error.code is StatusCode.FAILED_PRECONDITION
+        await check_simple(fleet, 7)  # the last worker still serves

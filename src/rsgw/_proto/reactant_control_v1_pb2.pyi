@@ -324,3 +324,39 @@ class RepackResponse(_message.Message):
     repack: RepackStatus
     warnings: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, sequence: _Optional[int] = ..., completed_sequence: _Optional[int] = ..., completed: _Optional[bool] = ..., waited_seconds: _Optional[float] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AddWorkerRequest(_message.Message):
+    __slots__ = ("address", "name")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    name: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class AddWorkerResponse(_message.Message):
+    __slots__ = ("worker", "workers")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    workers: int
+    def __init__(self, worker: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
+
+class RemoveWorkerRequest(_message.Message):
+    __slots__ = ("worker", "drain_seconds")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    drain_seconds: float
+    def __init__(self, worker: _Optional[str] = ..., drain_seconds: _Optional[float] = ...) -> None: ...
+
+class RemoveWorkerResponse(_message.Message):
+    __slots__ = ("worker", "calls_cut_short", "drained_seconds", "workers")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    CALLS_CUT_SHORT_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    calls_cut_short: int
+    drained_seconds: float
+    workers: int
+    def __init__(self, worker: _Optional[str] = ..., calls_cut_short: _Optional[int] = ..., drained_seconds: _Optional[float] = ..., workers: _Optional[int] = ...) -> None: ...

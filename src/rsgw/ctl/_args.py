@@ -24,8 +24,10 @@ from rsgw.ctl._commands import (
     DEFAULT_REPACK_WAIT_SECONDS,
     POLICY_KEYS,
     Access,
+    AddWorker,
     Command,
     Invocation,
+    RemoveWorker,
     Repack,
     SetPolicy,
     SetReplicas,
@@ -53,6 +55,10 @@ commands:
   set-replicas MODEL N|all|default|- [--fill-mode M] [--fill-factor F] [--allow-unknown]
                              one model's replica count and fill override
   set-policy KEY=VALUE ...   change scheduling knobs at runtime
+  add-worker HOST:PORT [--name NAME]
+                             a worker joins now (round_robin, least_outstanding)
+  remove-worker HOST:PORT|NAME [--drain-seconds S]
+                             a worker leaves after its calls in flight finish
 """
 
 
@@ -227,7 +233,32 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
         "takes true/false, 1/0 or yes/no.",
     )
     policy.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="knob and new value")
-    return {"status": status, "repack": repack, "set-replicas": replicas, "set-policy": policy}
+
+    add = sub("add-worker", "A worker joins the running gateway; it takes calls once ready.")
+    add.add_argument("address", metavar="HOST:PORT", help="the worker's gRPC endpoint")
+    add.add_argument("--name", default="", help="its metrics label and public name")
+
+    remove = sub(
+        "remove-worker",
+        "A worker leaves the running gateway: no new calls at once, its calls in flight "
+        "finish (or are cut short after the drain), then it is gone.",
+    )
+    remove.add_argument("worker", metavar="HOST:PORT|NAME", help="the worker to remove")
+    remove.add_argument(
+        "--drain-seconds",
+        type=_non_negative("--drain-seconds"),
+        default=0.0,
+        metavar="S",
+        help="seconds its calls in flight get (default 0: the gateway's shutdown grace)",
+    )
+    return {
+        "status": status,
+        "repack": repack,
+        "set-replicas": replicas,
+        "set-policy": policy,
+        "add-worker": add,
+        "remove-worker": remove,
+    }
 
 
 def _command(name: str, args: argparse.Namespace, usage: str) -> Command:
@@ -235,6 +266,10 @@ def _command(name: str, args: argparse.Namespace, usage: str) -> Command:
         return Status()
     if name == "repack":
         return Repack(wait_seconds=args.wait)
+    if name == "add-worker":
+        return AddWorker(address=args.address, name=args.name)
+    if name == "remove-worker":
+        return RemoveWorker(worker=args.worker, drain_seconds=args.drain_seconds)
     if name == "set-replicas":
         return SetReplicas(
             model=args.model,

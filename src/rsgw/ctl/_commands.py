@@ -96,7 +96,24 @@ class SetPolicy:
         return tuple(key for key, _ in self.updates)
 
 
-Command: TypeAlias = Status | Repack | SetReplicas | SetPolicy
+@dataclass(frozen=True, slots=True)
+class AddWorker:
+    """`add-worker HOST:PORT [--name NAME]`: a worker joins the running gateway."""
+
+    address: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveWorker:
+    """`remove-worker HOST:PORT|NAME [--drain-seconds S]`: a worker leaves, drained
+    first (0: the gateway's shutdown grace)."""
+
+    worker: str
+    drain_seconds: float = 0.0
+
+
+Command: TypeAlias = Status | Repack | SetReplicas | SetPolicy | AddWorker | RemoveWorker
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +316,20 @@ def call_for(command: Command) -> Call:
             wait = f"{command.wait_seconds:g}"
             call = dataclasses.replace(call, progress=f"the repack (up to {wait} s)")
         return call
+    if isinstance(command, AddWorker):
+        add = cpb.AddWorkerRequest(address=command.address, name=command.name)
+        return _call("AddWorker", add, cpb.AddWorkerResponse)
+    if isinstance(command, RemoveWorker):
+        # The gateway answers once the worker has drained: the drain plus slack.
+        drain = command.drain_seconds or CALL_DEADLINE_SECONDS
+        remove = cpb.RemoveWorkerRequest(worker=command.worker, drain_seconds=command.drain_seconds)
+        call = _call(
+            "RemoveWorker",
+            remove,
+            cpb.RemoveWorkerResponse,
+            math.ceil(drain) + REPACK_DEADLINE_SLACK_SECONDS,
+        )
+        return dataclasses.replace(call, progress=f"{command.worker} to drain")
     if isinstance(command, SetReplicas):
         placement = cpb.SetModelPlacementRequest(
             name=command.model,

@@ -228,4 +228,11 @@ def render_reply(command: Command, reply: Message) -> str:
         return render_placement(reply)
     if isinstance(reply, cpb.SetSchedulingPolicyResponse) and isinstance(command, SetPolicy):
         return render_policy(command.keys, reply)
+    if isinstance(reply, cpb.AddWorkerResponse):
+        return f"added {reply.worker}; {reply.workers} workers"
+    if isinstance(reply, cpb.RemoveWorkerResponse):
+        return (
+            f"removed {reply.worker} after {reply.drained_seconds:.1f} s of drain "
+            f"({reply.calls_cut_short} calls cut short); {reply.workers} workers"
+        )
     raise TypeError(f"no rendering of {type(reply).__name__} for {command!r}")

@@ -1,8 +1,9 @@
 """`reactant_control.GatewayControlService`: retune a live fleet without a restart.
 
 Served on the inference port next to the data plane (docs/original.md §2.8). Status works
-in every mode; the three mutators need lpt_packing and answer FAILED_PRECONDITION
-otherwise. Every change is validated with the gateway.yml validators
+in every mode; the three scheduler mutators need lpt_packing and answer
+FAILED_PRECONDITION otherwise. AddWorker and RemoveWorker (rsgw's own, issue 24) change
+the workers (`rsgw.gateway._members`). Every change is validated with the gateway.yml validators
 (`rsgw.scheduling._policy`), all-or-nothing, swapped in by reference, bumps the
 generation, and lives in memory only: every mutator's answer says `persisted=false`,
 and a restart reverts to gateway.yml.
@@ -18,12 +19,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import trio
 from google.protobuf.message import Message
 
-from rsgw._errors import GrpcError, RsgwError
+from rsgw._errors import ConfigError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw.gateway._members import Members, MembershipRefused
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._prober import Prober
@@ -66,11 +69,13 @@ class GatewayControl:
         packing: Packing | None,
         prober: Prober,
         metrics: GatewayMetrics,
+        members: Members,
     ) -> None:
         self.mode = mode
         self._packing = packing
         self._prober = prober
         self._metrics = metrics
+        self._members = members
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per GatewayControlService method."""
@@ -85,6 +90,10 @@ class GatewayControl:
                 Method.SET_MODEL_PLACEMENT, cpb.SetModelPlacementRequest, self.set_placement
             ),
             Method.REPACK: self._wrap(Method.REPACK, cpb.RepackRequest, self.repack),
+            Method.ADD_WORKER: self._wrap(Method.ADD_WORKER, cpb.AddWorkerRequest, self.add_worker),
+            Method.REMOVE_WORKER: self._wrap(
+                Method.REMOVE_WORKER, cpb.RemoveWorkerRequest, self.remove_worker
+            ),
         }
         return {method.path: handler for method, handler in table.items()}
 
@@ -115,6 +124,31 @@ class GatewayControl:
                 "require lpt_packing",
             )
         return self._packing
+
+    # -- AddWorker, RemoveWorker (every mode but lpt_packing, for now) -------------------
+
+    async def add_worker(self, request: cpb.AddWorkerRequest) -> cpb.AddWorkerResponse:
+        try:
+            label = self._members.add(request.address, request.name)
+        except MembershipRefused as exc:
+            raise GrpcError(exc.status, str(exc)) from None
+        except ConfigError as exc:
+            raise GrpcError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return cpb.AddWorkerResponse(worker=label, workers=self._members.count)
+
+    async def remove_worker(self, request: cpb.RemoveWorkerRequest) -> cpb.RemoveWorkerResponse:
+        drain = request.drain_seconds if request.drain_seconds > 0 else None
+        started = trio.current_time()
+        try:
+            cut = await self._members.remove(request.worker, drain)
+        except MembershipRefused as exc:
+            raise GrpcError(exc.status, str(exc)) from None
+        return cpb.RemoveWorkerResponse(
+            worker=request.worker,
+            calls_cut_short=cut,
+            drained_seconds=trio.current_time() - started,
+            workers=self._members.count,
+        )
 
     # -- GetSchedulingStatus ------------------------------------------------------------
 

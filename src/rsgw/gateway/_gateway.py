@@ -31,11 +31,11 @@ from rsgw._exposition import (
     relabel_exposition,
 )
 from rsgw._net import TCP, Network, split_host_port
-from rsgw._schema import check_target
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._guard import Guard
+from rsgw.gateway._members import Members
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
@@ -81,10 +81,6 @@ class GatewayStatus:
     placement: dict[str, tuple[str, ...]]
 
 
-#: How often a worker being removed is checked for calls still running on it.
-DRAIN_POLL_SECONDS = 0.05
-
-
 class Reloadable(Protocol):
     def reload(self) -> bool: ...
 
@@ -102,12 +98,12 @@ class RunningGateway:
         packing: Packing | None,
         cancel_scope: trio.CancelScope,
         *,
+        members: Members,
         reloadables: tuple[Reloadable, ...] = (),
-        watchdog: Watchdog | None = None,
     ) -> None:
         self.config = config
         self._reloadables = reloadables
-        self._watchdog = watchdog
+        self._members = members
         self.grpc_port = grpc_port
         self.admin_port = admin_port
         self._server = server
@@ -123,77 +119,15 @@ class RunningGateway:
         for reloadable in self._reloadables:
             reloadable.reload()
 
-    # -- membership (issue 24: in progress; round_robin and least_outstanding) ---------
+    # -- membership (issue 24: in progress) ----------------------------------------------
 
     def add_worker(self, url: str, name: str = "") -> None:
-        """`url` joins the workers now: probed at once, routed to once it is ready.
-
-        A new connection registers every region registered through the gateway before
-        it carries a call. The inbound cap stays what start-up set (workers x the
-        per-worker cap of the configured workers); each worker keeps its own cap.
-
-        Raises:
-            ConfigError: `url` is not host:port, is a worker already, or its name is
-                taken; or the mode is lpt_packing (not supported yet).
-        """
-        url = check_target(url, "worker")
-        pool = self._service.pool
-        if self.config.scheduling.mode is SchedulingMode.LPT_PACKING:
-            raise ConfigError("adding a worker at run time is not supported under lpt_packing yet")
-        if url in pool.urls:
-            raise ConfigError(f"worker: {url} is a worker already")
-        label = name or url
-        if any(pool.label(u) == label or pool.public_name(u) == label for u in pool.urls):
-            raise ConfigError(f"worker: the name {label!r} is taken")
-        pool.add(url, name)
-        metrics = self._service.metrics
-        metrics.worker_ejected.labels(label).set(0)
-        metrics.worker_ejections.labels(label)
-        logger.info("worker added", extra={"worker": label, "workers": len(pool.urls)})
-        self._service.prober.wake()
+        """`url` joins the workers now (see `Members.add`)."""
+        self._members.add(url, name)
 
     async def remove_worker(self, key: str, drain_seconds: float | None = None) -> int:
-        """The worker `key` (its address or name) leaves; returns the calls cut short.
-
-        No new call goes to it from now on; the calls it holds get `drain_seconds`
-        (`shutdown.grace_seconds` unless given) to finish, then its channel closes and
-        what is still running fails over to the other replicas where it can.
-
-        Raises:
-            ConfigError: no worker is called `key`, or it is the last one.
-        """
-        pool, prober = self._service.pool, self._service.prober
-        found = [u for u in pool.urls if key in (u, pool.label(u), pool.public_name(u))]
-        if not found:
-            raise ConfigError(f"worker: no worker is called {key!r}")
-        if len(pool.urls) == 1:
-            raise ConfigError(f"worker: {key!r} is the last worker; it cannot leave")
-        (url,) = found
-        label = pool.label(url)
-        grace = self.config.shutdown.grace_seconds if drain_seconds is None else drain_seconds
-        pool.retire(url)
-        prober.forget(url)
-        if self._watchdog is not None:
-            self._watchdog.watch.forget(url)
-        ledger = self._service.ledger
-        started = trio.current_time()
-        with trio.move_on_after(grace):
-            # The ledger is a pure core, with no event to wait on: poll it, bounded.
-            while ledger.held(url) > 0:  # noqa: ASYNC110
-                await trio.sleep(DRAIN_POLL_SECONDS)
-        cut = ledger.held(url)
-        await pool.close(url)
-        self._service.metrics.forget_worker(label)
-        logger.info(
-            "worker removed",
-            extra={
-                "worker": label,
-                "workers": len(pool.urls),
-                "seconds": round(trio.current_time() - started, 3),
-                "calls_cut_short": cut,
-            },
-        )
-        return cut
+        """The worker `key` leaves after draining; the calls cut short (`Members.remove`)."""
+        return await self._members.remove(key, drain_seconds)
 
     def statistics(self) -> GatewayStatus:
         """A frozen snapshot of the gateway's state (see `GatewayStatus`)."""
@@ -352,7 +286,8 @@ async def serve_gateway(
             ejection_seconds=outliers.ejection_seconds,
         )
         await nursery.start(watchdog.serve)
-        control = GatewayControl(mode, packing, prober, metrics)
+        members = Members(config, service, watchdog)
+        control = GatewayControl(mode, packing, prober, metrics, members)
         settings = ServerSettings(
             metrics, config.logging.format, lambda model: model in prober.known
         )
@@ -399,8 +334,8 @@ async def serve_gateway(
                 service,
                 packing,
                 nursery.cancel_scope,
+                members=members,
                 reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
-                watchdog=watchdog,
             )
         )
         await trio.sleep_forever()
