@@ -506,8 +506,13 @@ def test_no_endpoints() -> None:
         ("endpoints", [":80"], ("worker target ':80' has an empty host",)),
         (
             "endpoints",
-            ["dns:///workers.ns.svc:8001"],
-            ("worker target 'dns:///workers.ns.svc:8001' is a URL; give host:port",),
+            ["http://workers.ns.svc:8001"],
+            ("worker target 'http://workers.ns.svc:8001' is a URL; give host:port",),
+        ),
+        (
+            "endpoints",
+            ["dns:///workers.ns.svc"],
+            ("endpoints[0]: 'dns:///workers.ns.svc' is not dns:///NAME:PORT",),
         ),
         (
             "metrics_endpoints",
@@ -521,6 +526,25 @@ def test_no_endpoints() -> None:
 )
 def test_invalid_lists(key: str, value: object, fragments: tuple[str, ...]) -> None:
     raises({key: value}, *fragments)
+
+
+def test_a_dns_endpoint_is_many_workers() -> None:
+    dns = "dns:///workers.ns.svc:8001"
+    assert parse({"endpoints": ["a:1", dns]}).endpoints == ("a:1", dns)
+    config = parse({"endpoints": [dns], "metrics_endpoints": ["dns:///workers.ns.svc:9001"]})
+    assert config.metrics_endpoints == ("dns:///workers.ns.svc:9001",)
+    raises(
+        {"endpoints": [dns], "worker_names": ["gpu"]}, "worker_names[0]:", "leave its name empty"
+    )
+    for metrics in ("a:9001", "dns:///other.ns.svc:9001"):
+        raises(
+            {"endpoints": [dns], "metrics_endpoints": [metrics]},
+            f"metrics_endpoints[0]: '{metrics}' does not pair with endpoints[0]",
+        )
+    raises(
+        {"endpoints": ["a:1"], "metrics_endpoints": ["dns:///a:9001"]},
+        "metrics_endpoints[0]: 'dns:///a:9001' does not pair with endpoints[0] 'a:1'",
+    )
 
 
 def test_ipv6_endpoints_split_at_the_last_colon() -> None:

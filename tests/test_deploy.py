@@ -326,7 +326,13 @@ def test_the_prometheus_operator_objects(overlay: Path) -> None:
             # docs/operations.md: the gateway answers within about a second at worst.
             assert 2 <= seconds(endpoint["scrapeTimeout"]) <= seconds(endpoint["interval"])
             for relabel in endpoint.get("relabelings", []):
-                assert set(relabel) <= {"action", "sourceLabels", "targetLabel", "replacement"}
+                assert set(relabel) <= {
+                    "action",
+                    "sourceLabels",
+                    "regex",
+                    "targetLabel",
+                    "replacement",
+                }
                 assert relabel["action"] == "replace" and relabel["targetLabel"]
     (rule,) = of_kind(objects, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
@@ -547,19 +553,24 @@ def test_the_split_gateway_finds_its_workers_by_dns() -> None:
     namespace = service["metadata"]["namespace"]
     (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
     domain = f"{service['metadata']['name']}.{namespace}.svc.cluster.local"
-    pods = [f"{workers['metadata']['name']}-{i}" for i in range(workers["spec"]["replicas"])]
     raw = split_gateway_yml()
-    assert raw["endpoints"] == [f"{pod}.{domain}:{port}" for pod in pods]
-    assert raw["worker_names"] == pods, "labelled as the PodMonitor labels the workers"
+    assert raw["endpoints"] == [f"dns:///{domain}:{port}"]
+    assert "worker_names" not in raw, "a DNS target's workers are labelled by address"
     assert raw["metrics_endpoints"] == [], "the PodMonitor scrapes the workers"
+    assert service["spec"]["clusterIP"] == "None", "headless: one address per pod"
     assert service["spec"]["publishNotReadyAddresses"] is False, "DNS names ready workers only"
+    # The PodMonitor labels each worker's own series as the gateway labels the worker.
+    monitor = named(objects, "PodMonitor", "rsgw-workers")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (worker,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "worker"]
+    assert worker["sourceLabels"] == ["__meta_kubernetes_pod_ip"]
+    assert worker["replacement"] == f"${{1}}:{port}"
 
 
 def test_the_split_gateway_yml_parses_with_rsgw() -> None:
     config = parse_config(split_gateway_yml(), {}, source="gateway.yml")
     assert not config.warnings, config.warnings
-    assert len(config.endpoints) == 2
-    assert all(".rsgw-workers.rsgw.svc.cluster.local:8001" in e for e in config.endpoints)
+    assert config.endpoints == ("dns:///rsgw-workers.rsgw.svc.cluster.local:8001",)
 
 
 # ---------------------------------------------------------------------------

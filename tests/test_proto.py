@@ -343,13 +343,14 @@ def wire_md_rows(markdown: str) -> tuple[str, set[str]]:
 WIRE = parse_wire_rows(WIRE_ROWS)
 
 # rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
-# membership RPCs of issue 24.
+# membership RPCs and the members in the status of issue 24.
 RSGW_ROWS = """
 # reactant_control
 GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
 GatewayControlService RemoveWorker RemoveWorkerRequest RemoveWorkerResponse
 AddWorkerRequest 1 address string
 AddWorkerRequest 2 name string
+AddWorkerRequest 3 metrics string
 AddWorkerResponse 1 worker string
 AddWorkerResponse 2 workers int64
 RemoveWorkerRequest 1 worker string
@@ -358,6 +359,13 @@ RemoveWorkerResponse 1 worker string
 RemoveWorkerResponse 2 calls_cut_short int64
 RemoveWorkerResponse 3 drained_seconds double
 RemoveWorkerResponse 4 workers int64
+GetSchedulingStatusResponse 7 members repeated Member
+Member 1 worker string
+Member 2 address string
+Member 3 public_name string
+Member 4 source string
+Member 5 ready bool
+Member 6 inflight int64
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.

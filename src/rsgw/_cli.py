@@ -350,7 +350,9 @@ def _run_gateway(args: argparse.Namespace) -> None:
             message = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", flag, message)
         raise ConfigError(message) from None
     configure_logging(config.logging.level, config.logging.format)
-    trio.run(partial(_until_terminated, partial(serve_gateway, config), what="gateway"))
+    # SIGHUP reads gateway.yml again, through the same flags and environment.
+    serve = partial(serve_gateway, config, reload_config=partial(load_config, args.config, env))
+    trio.run(partial(_until_terminated, serve, what="gateway"))
 
 
 def _run_node(args: argparse.Namespace) -> None:
@@ -441,7 +443,7 @@ async def _until_terminated(
     The first signal starts a graceful stop (`aclose()` of what `serve` started:
     readiness off, GOAWAY, calls in flight get their grace); a second one, or one
     that arrives while still starting, stops at once. SIGHUP calls its `reload()`
-    (certificates, tokens), if it has one, and serving goes on.
+    (certificates, tokens, the gateway's workers), if it has one, and serving goes on.
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
@@ -455,9 +457,7 @@ async def _until_terminated(
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         reload = getattr(started[0], "reload", None) if started else None
-                        logger.info(
-                            "SIGHUP: reloading certificates and tokens", extra={"what": what}
-                        )
+                        logger.info("SIGHUP: reloading", extra={"what": what})
                         if reload is not None:
                             reload()
                         continue

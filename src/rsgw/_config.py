@@ -43,7 +43,7 @@ from rsgw._schema import (
     DEFAULT_HEALTH_INTERVAL_SECONDS,
     DEFAULT_STARTUP_WAIT_SECONDS,
     DEFAULT_WEDGE_EXIT_ROUNDS,
-    check_target,
+    check_endpoint,
 )
 from rsgw._schema import AuthConfig as AuthConfig
 from rsgw._schema import ConnectionsConfig as ConnectionsConfig
@@ -172,7 +172,7 @@ def _env_value(var: str, kind: str, text: str) -> object:
     items = [item.strip() for item in text.split(",") if item.strip()]
     # Env lists are not de-duplicated (docs/original.md §3.2); a target is checked here so the
     # error names the variable.
-    return tuple(check_target(item, var) for item in items) if kind == "targets" else tuple(items)
+    return tuple(check_endpoint(item, var) for item in items) if kind == "targets" else tuple(items)
 
 
 def _env_set(env: Mapping[str, str], var: str) -> str | None:
@@ -282,7 +282,7 @@ def _yaml_list(value: object, key: str, targets: bool) -> tuple[str, ...]:
             raise ConfigError(f"gateway config '{key}' entries must be {what}, got {show(item)}")
         text = item.strip()
         if text and targets:
-            check_target(text, f"{key}[{i}]")  # indexed as in the file, before de-duplication
+            check_endpoint(text, f"{key}[{i}]")  # indexed as in the file, before de-duplication
         if text and not (targets and text in items):
             items.append(text)
     return tuple(items)

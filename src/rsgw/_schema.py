@@ -37,6 +37,7 @@ from rsgw._values import (
 )
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.scheduling._knobs import check_positive
+from rsgw.scheduling._membership import DNS_SCHEME, DnsTarget, MembershipError
 from rsgw.scheduling._settings import SchedulingConfig
 from rsgw.scheduling._stalls import (
     DEFAULT_EJECTION_SECONDS,
@@ -92,7 +93,7 @@ def check_target(value: object, key: str) -> str:
     if "://" in text:
         raise ConfigError(
             f"{key}: worker target '{text}' is a URL; give host:port "
-            "(dns:/// discovery is not built yet)"
+            "(or, in gateway.yml's endpoints, dns:///NAME:PORT)"
         )
     host, colon, port = text.rpartition(":")
     if not colon:
@@ -103,6 +104,18 @@ def check_target(value: object, key: str) -> str:
         raise ConfigError(f"{key}: worker target '{text}' has an empty host")
     if len(port) > 5 or not 1 <= int(port) <= 65535:
         raise ConfigError(f"{key}: worker target '{text}' has a port out of range 1..65535")
+    return text
+
+
+def check_endpoint(value: object, key: str) -> str:
+    """`host:port`, or `dns:///NAME:PORT`: every address NAME resolves to (issue 24)."""
+    text = check_str(value, key).strip()
+    if not text.startswith(DNS_SCHEME):
+        return check_target(text, key)
+    try:
+        DnsTarget.parse(text)
+    except MembershipError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     return text
 
 
@@ -124,7 +137,7 @@ def check_names(value: object, key: str) -> tuple[str, ...]:
 def check_targets(value: object, key: str) -> tuple[str, ...]:
     if not isinstance(value, tuple | list):
         raise must_be(key, "a list of host:port strings", value)
-    return tuple(check_target(t, f"{key}[{i}]") for i, t in enumerate(value))
+    return tuple(check_endpoint(t, f"{key}[{i}]") for i, t in enumerate(value))
 
 
 _positive_int = ranged(check_int, lambda n: n > 0, "positive")
@@ -498,12 +511,39 @@ class GatewayConfig:
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
                 "REACTANT_GATEWAY_WORKERS"
             )
+        self._check_dns_pairs()
+
+    def _check_dns_pairs(self) -> None:
+        """A `dns:///` endpoint is many workers: it takes no name, and its metrics
+        endpoint (if any) is `dns:///` with the same name (each worker's own address,
+        on the metrics port)."""
+        for index, endpoint in enumerate(self.endpoints):
+            dns = endpoint.startswith(DNS_SCHEME)
+            if dns and index < len(self.worker_names) and self.worker_names[index]:
+                raise ConfigError(
+                    f"worker_names[{index}]: endpoints[{index}] is {endpoint}, which names "
+                    'every worker the name resolves to; leave its name empty ("")'
+                )
+            if index >= len(self.metrics_endpoints):
+                continue
+            metrics = self.metrics_endpoints[index]
+            paired = DnsTarget.parse(metrics)
+            target = DnsTarget.parse(endpoint)
+            if (target is None) != (paired is None) or (
+                target is not None and paired is not None and target.name != paired.name
+            ):
+                raise ConfigError(
+                    f"metrics_endpoints[{index}]: '{metrics}' does not pair with "
+                    f"endpoints[{index}] '{endpoint}'; a dns:///NAME:PORT endpoint pairs with "
+                    "dns:///NAME:METRICS_PORT (the same name), host:port with host:port"
+                )
 
     @property
     def max_concurrent_requests(self) -> int:
         """The inbound admission cap: per-worker cap x workers; 0 = uncapped.
 
-        docs/original.md §3.4.
+        docs/original.md §3.4. At start-up, with a `dns:///` endpoint counted as one
+        worker: the running gateway's cap follows its members (`Members.inbound_cap`).
         """
         return self.grpc.max_concurrent_requests_per_worker * len(self.endpoints)
 

@@ -12,8 +12,9 @@ which run in threads and so need the real clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,7 @@ async def open_fleet(
     memory: bool = False,
     catalogues: list[Catalogue] | None = None,
     worker_overrides: dict[str, Any] | list[dict[str, Any]] | None = None,
+    reload_config: Callable[[], GatewayConfig] | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Fleet]:
     network: Network = MemoryNetwork() if memory else TCP
@@ -134,7 +136,9 @@ async def open_fleet(
             )
             workers.append(await nursery.start(start_worker, worker_config, network))
         config = gateway_config(workers, with_metrics=not memory, **gateway_overrides)
-        gateway = await nursery.start(start_gateway, config, network)
+        gateway = await nursery.start(
+            functools.partial(start_gateway, reload_config=reload_config), config, network
+        )
         try:
             yield Fleet(workers, gateway, nursery, network)
         finally:
@@ -161,6 +165,9 @@ async def start_gateway(
     config: GatewayConfig,
     network: Network,
     *,
+    reload_config: Callable[[], GatewayConfig] | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_gateway(config, network=network, task_status=task_status)
+    await serve_gateway(
+        config, network=network, reload_config=reload_config, task_status=task_status
+    )

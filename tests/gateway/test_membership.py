@@ -1,17 +1,26 @@
-"""Workers that join and leave a running gateway (issue 24, in progress).
+"""Workers that join and leave a running gateway (issue 24).
 
 Memory fleets with the autojump clock, as tests/gateway/test_failover.py: eight clients
-keep calling while a worker is added or removed, and no call fails.
+keep calling while a worker is added or removed (by the operator, or by gateway.yml
+read again on SIGHUP), and no call fails. DNS discovery is tests/gateway/test_discovery.py.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
 
 import pytest
 import trio
 from trio.testing import MockClock
 
+from rsgw._config import GatewayConfig, GrpcLimits
 from rsgw._errors import ConfigError, RsgwError
+from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
+from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
 from tests.gateway.fleet import Fleet, open_fleet, start_worker
@@ -94,7 +103,7 @@ async def test_membership_changes_that_cannot_be_made(autojump_clock: MockClock)
         gateway = fleet.gateway
         with pytest.raises(ConfigError, match="is a worker already"):
             gateway.add_worker(fleet.worker_url(0))
-        with pytest.raises(ConfigError, match="the name 'worker0' is taken"):
+        with pytest.raises(ConfigError, match="worker name 'worker0' would name both"):
             gateway.add_worker("127.0.0.1:1", "worker0")
         with pytest.raises(ConfigError, match="not host:port"):
             gateway.add_worker("nocolon")
@@ -103,11 +112,6 @@ async def test_membership_changes_that_cannot_be_made(autojump_clock: MockClock)
         await gateway.remove_worker("worker0", drain_seconds=1)
         with pytest.raises(ConfigError, match="is the last worker"):
             await gateway.remove_worker("worker1")
-    async with open_fleet(
-        2, memory=True, scheduling=lpt(), startup_wait_seconds=30.0, **PROBING
-    ) as fleet:
-        with pytest.raises(ConfigError, match="not supported under lpt_packing yet"):
-            fleet.gateway.add_worker("127.0.0.1:1")
 
 
 async def test_rsgw_ctl_adds_and_removes_workers(autojump_clock: MockClock) -> None:
@@ -133,3 +137,133 @@ async def test_rsgw_ctl_adds_and_removes_workers(autojump_clock: MockClock) -> N
             await ctl(fleet, "remove-worker", "worker1")
         assert last.value.error.code is StatusCode.FAILED_PRECONDITION
         await check_simple(fleet, 7)  # the last worker still serves
+
+
+async def test_under_lpt_packing_a_worker_joins_the_placement_and_leaves_it(
+    autojump_clock: MockClock,
+) -> None:
+    scheduling = lpt(first_rebalance_compute_seconds=1000.0, default_replicas="all")
+    async with open_fleet(
+        2, memory=True, scheduling=scheduling, startup_wait_seconds=30.0, **PROBING
+    ) as fleet:
+        gateway = fleet.gateway
+        newcomer, url = await extra_worker(fleet, "worker-new")
+
+        async def add() -> None:
+            gateway.add_worker(url, "worker-new")
+
+        assert await load(fleet, 400, add) == []
+        # Once it answers ready, a repack takes it into the placement.
+        await wait_until_async(
+            lambda: url in gateway.statistics().placement.get("simple", ()), what="placed"
+        )
+        before = served(newcomer)
+        assert await load(fleet, 80, trio.lowlevel.checkpoint) == []
+        assert served(newcomer) > before, "the placement sends the new worker its share"
+
+        leaving = fleet.worker_url(0)
+
+        async def remove() -> None:
+            await gateway.remove_worker("worker0", drain_seconds=5)
+
+        assert await load(fleet, 400, remove) == []
+        await wait_until_async(
+            lambda: all(leaving not in urls for urls in gateway.statistics().placement.values()),
+            what="repacked without it",
+        )
+        exposition = gateway._service.metrics.render().decode()
+        stale = [line for line in exposition.splitlines() if leaving in line or "worker0" in line]
+        assert stale == [], stale
+
+
+async def test_the_inbound_cap_follows_the_workers(autojump_clock: MockClock) -> None:
+    grpc = GrpcLimits(max_concurrent_requests_per_worker=16)
+    async with open_fleet(2, memory=True, grpc=grpc, **PROBING) as fleet:
+        service = fleet.gateway._service
+        assert service.ledger.max_inflight == 32
+        _, url = await extra_worker(fleet, "worker-new")
+        fleet.gateway.add_worker(url)
+        assert service.ledger.max_inflight == service.queue.cap == 48
+        assert "gateway_max_concurrent_requests 48.0" in service.metrics.render().decode()
+        await fleet.gateway.remove_worker("worker0", drain_seconds=1)
+        assert service.ledger.max_inflight == 32
+
+
+async def test_rsgw_ctl_status_lists_the_members(autojump_clock: MockClock) -> None:
+    async with open_fleet(2, memory=True, **PROBING) as fleet:
+        _, url = await extra_worker(fleet, "gpu-new")
+        fleet.gateway.add_worker(url)
+        await wait_until_async(lambda: url in fleet.gateway.statistics().ready, what="ready")
+        lines = (await ctl(fleet, "status")).splitlines()
+        start = lines.index("members: 3")
+        rows = [line.split() for line in lines[start + 2 : start + 5]]
+        assert [row[0] for row in rows] == ["worker0", "worker1", url]
+        assert [row[2:5] for row in rows] == [
+            ["worker0", "config", "true"],
+            ["worker1", "config", "true"],
+            ["worker2", "operator", "true"],
+        ]
+
+
+async def test_sighup_applies_a_changed_endpoint_list(autojump_clock: MockClock) -> None:
+    """gateway.yml read again under load: a worker it no longer lists drains, a new one
+    joins, no call fails; a reload that would rename a worker changes nothing."""
+    current: list[GatewayConfig] = []
+    async with open_fleet(2, memory=True, reload_config=lambda: current[0], **PROBING) as fleet:
+        gateway = fleet.gateway
+        newcomer, url = await extra_worker(fleet, "worker-new")
+        current.append(
+            dataclasses.replace(
+                gateway.config,
+                endpoints=(fleet.worker_url(1), url),
+                worker_names=("worker1", "worker-new"),
+            )
+        )
+
+        async def reload() -> None:
+            gateway.reload()
+
+        assert await load(fleet, 400, reload) == []
+        await wait_until_async(lambda: url in gateway.statistics().ready, what="ready")
+        assert gateway.statistics().workers == (fleet.worker_url(1), url)
+        before = served(newcomer), served(fleet.workers[0])
+        assert await load(fleet, 80, trio.lowlevel.checkpoint) == []
+        assert served(newcomer) > before[0] and served(fleet.workers[0]) == before[1]
+
+        current[0] = dataclasses.replace(current[0], worker_names=("gpu-a", "worker-new"))
+        gateway.reload()  # a rename: refused, logged, nothing changes
+        assert gateway.statistics().workers == (fleet.worker_url(1), url)
+
+
+async def test_a_removed_worker_has_the_gateways_regions_unregistered() -> None:
+    """Real sockets (the worker checks who maps a region from the kernel's socket table):
+    a region registered through the gateway is registered on a worker that joins, and
+    unregistered on one that leaves."""
+    key = f"/rsgw-members-{uuid.uuid4().hex[:10]}"
+    fd = os.open("/dev/shm" + key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 64)
+        async with open_fleet(2) as fleet:
+            region = pb.SystemSharedMemoryRegisterRequest(name="r0", key=key, byte_size=64)
+            await fleet.channel().unary(Method.SHM_REGISTER.wire, region.SerializeToString())
+
+            async def regions(url: str) -> list[str]:
+                channel = Channel(url, fleet.nursery)
+                status = pb.SystemSharedMemoryStatusResponse.FromString(
+                    await channel.unary(Method.SHM_STATUS.wire, b"")
+                )
+                await channel.aclose()
+                return sorted(status.regions)
+
+            _, url = await extra_worker(fleet, "worker-new")
+            fleet.gateway.add_worker(url)
+            await wait_until_async(lambda: url in fleet.gateway.statistics().ready, what="ready")
+            assert await regions(url) == ["r0"], "registered on the worker that joined"
+            leaving = fleet.worker_url(0)
+            assert await regions(leaving) == ["r0"]
+            assert await fleet.gateway.remove_worker("worker0", drain_seconds=1) == 0
+            assert await regions(leaving) == [], "unregistered on the worker that left"
+            assert await regions(fleet.worker_url(1)) == ["r0"], "the others keep theirs"
+    finally:
+        os.close(fd)
+        os.unlink("/dev/shm" + key)

@@ -238,20 +238,38 @@ class GetSchedulingStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSchedulingStatusResponse(_message.Message):
-    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings")
+    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings", "members")
     MODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REPACK_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     policy: SchedulingPolicy
     repack: RepackStatus
     models: _containers.RepeatedCompositeFieldContainer[ModelSchedulingStatus]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSchedulingStatus]
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("worker", "address", "public_name", "source", "ready", "inflight")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    address: str
+    public_name: str
+    source: str
+    ready: bool
+    inflight: int
+    def __init__(self, worker: _Optional[str] = ..., address: _Optional[str] = ..., public_name: _Optional[str] = ..., source: _Optional[str] = ..., ready: _Optional[bool] = ..., inflight: _Optional[int] = ...) -> None: ...
 
 class SetSchedulingPolicyRequest(_message.Message):
     __slots__ = ("update_mask", "policy")
@@ -326,12 +344,14 @@ class RepackResponse(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., completed_sequence: _Optional[int] = ..., completed: _Optional[bool] = ..., waited_seconds: _Optional[float] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AddWorkerRequest(_message.Message):
-    __slots__ = ("address", "name")
+    __slots__ = ("address", "name", "metrics")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    metrics: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., metrics: _Optional[str] = ...) -> None: ...
 
 class AddWorkerResponse(_message.Message):
     __slots__ = ("worker", "workers")

@@ -55,8 +55,8 @@ commands:
   set-replicas MODEL N|all|default|- [--fill-mode M] [--fill-factor F] [--allow-unknown]
                              one model's replica count and fill override
   set-policy KEY=VALUE ...   change scheduling knobs at runtime
-  add-worker HOST:PORT [--name NAME]
-                             a worker joins now (round_robin, least_outstanding)
+  add-worker HOST:PORT [--metrics HOST:PORT] [--name NAME]
+                             a worker joins now (lpt_packing: at a repack once ready)
   remove-worker HOST:PORT|NAME [--drain-seconds S]
                              a worker leaves after its calls in flight finish
 """
@@ -237,6 +237,12 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
     add = sub("add-worker", "A worker joins the running gateway; it takes calls once ready.")
     add.add_argument("address", metavar="HOST:PORT", help="the worker's gRPC endpoint")
     add.add_argument("--name", default="", help="its metrics label and public name")
+    add.add_argument(
+        "--metrics",
+        default="",
+        metavar="HOST:PORT",
+        help="its Prometheus endpoint, merged into the gateway's /metrics",
+    )
 
     remove = sub(
         "remove-worker",
@@ -267,7 +273,7 @@ def _command(name: str, args: argparse.Namespace, usage: str) -> Command:
     if name == "repack":
         return Repack(wait_seconds=args.wait)
     if name == "add-worker":
-        return AddWorker(address=args.address, name=args.name)
+        return AddWorker(address=args.address, name=args.name, metrics=args.metrics)
     if name == "remove-worker":
         return RemoveWorker(worker=args.worker, drain_seconds=args.drain_seconds)
     if name == "set-replicas":

@@ -98,10 +98,12 @@ class SetPolicy:
 
 @dataclass(frozen=True, slots=True)
 class AddWorker:
-    """`add-worker HOST:PORT [--name NAME]`: a worker joins the running gateway."""
+    """`add-worker HOST:PORT [--metrics HOST:PORT] [--name NAME]`: a worker joins the
+    running gateway."""
 
     address: str
     name: str = ""
+    metrics: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +319,9 @@ def call_for(command: Command) -> Call:
             call = dataclasses.replace(call, progress=f"the repack (up to {wait} s)")
         return call
     if isinstance(command, AddWorker):
-        add = cpb.AddWorkerRequest(address=command.address, name=command.name)
+        add = cpb.AddWorkerRequest(
+            address=command.address, name=command.name, metrics=command.metrics
+        )
         return _call("AddWorker", add, cpb.AddWorkerResponse)
     if isinstance(command, RemoveWorker):
         # The gateway answers once the worker has drained: the drain plus slack.

@@ -78,6 +78,8 @@ def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
         lines += _model_lines(status.models)
     if status.HasField("policy") or status.workers:
         lines += _worker_lines(status.workers)
+    if status.members:
+        lines += _member_lines(status.members)
     lines += warning_lines(status.warnings)
     return "\n".join(lines)
 
@@ -151,6 +153,22 @@ def _model_lines(models: Sequence[cpb.ModelSchedulingStatus]) -> list[str]:
         for model in models
     ]
     return ["models:", *format_table(header, rows)]
+
+
+def _member_lines(members: Sequence[cpb.Member]) -> list[str]:
+    header = ("worker", "address", "name", "source", "ready", "calls")
+    rows = [
+        (
+            member.worker,
+            member.address,
+            member.public_name,
+            member.source,
+            format_bool(member.ready),
+            str(member.inflight),
+        )
+        for member in members
+    ]
+    return [f"members: {len(members)}", *format_table(header, rows)]
 
 
 def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus]) -> list[str]:

@@ -125,11 +125,11 @@ class GatewayControl:
             )
         return self._packing
 
-    # -- AddWorker, RemoveWorker (every mode but lpt_packing, for now) -------------------
+    # -- AddWorker, RemoveWorker --------------------------------------------------------
 
     async def add_worker(self, request: cpb.AddWorkerRequest) -> cpb.AddWorkerResponse:
         try:
-            label = self._members.add(request.address, request.name)
+            label = self._members.add(request.address, request.name, request.metrics)
         except MembershipRefused as exc:
             raise GrpcError(exc.status, str(exc)) from None
         except ConfigError as exc:
@@ -156,9 +156,13 @@ class GatewayControl:
         self, request: cpb.GetSchedulingStatusRequest
     ) -> cpb.GetSchedulingStatusResponse:
         packing = self._packing
-        if packing is None:
-            return cpb.GetSchedulingStatusResponse(mode=str(self.mode))
-        return status_of(packing)
+        status = (
+            cpb.GetSchedulingStatusResponse(mode=str(self.mode))
+            if packing is None
+            else status_of(packing)
+        )
+        status.members.extend(self._members.status(self._prober.ready))
+        return status
 
     # -- SetSchedulingPolicy ------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +34,7 @@ from rsgw._net import TCP, Network, split_host_port
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._control import GatewayControl
+from rsgw.gateway._discovery import Discovery
 from rsgw.gateway._guard import Guard
 from rsgw.gateway._members import Members
 from rsgw.gateway._meta_poll import MetaPoller
@@ -99,11 +100,15 @@ class RunningGateway:
         cancel_scope: trio.CancelScope,
         *,
         members: Members,
+        discovery: Discovery,
         reloadables: tuple[Reloadable, ...] = (),
+        reload_config: Callable[[], GatewayConfig] | None = None,
     ) -> None:
         self.config = config
         self._reloadables = reloadables
+        self._reload_config = reload_config
         self._members = members
+        self._discovery = discovery
         self.grpc_port = grpc_port
         self.admin_port = admin_port
         self._server = server
@@ -112,14 +117,51 @@ class RunningGateway:
         self._cancel_scope = cancel_scope
 
     def reload(self) -> None:
-        """Read the certificate and tokens files again now (what SIGHUP does).
+        """Read the certificate and tokens files, and gateway.yml's workers, again now
+        (what SIGHUP does).
 
         Each keeps what is in force if its files do not load, and says so in the log.
+        Of gateway.yml, `endpoints`, `metrics_endpoints` and `worker_names` are applied
+        (workers join, departed ones drain); any other change needs a restart, and the
+        log says so.
         """
         for reloadable in self._reloadables:
             reloadable.reload()
+        if self._reload_config is not None:
+            self._reload_workers(self._reload_config)
 
-    # -- membership (issue 24: in progress) ----------------------------------------------
+    def _reload_workers(self, load: Callable[[], GatewayConfig]) -> None:
+        try:
+            config = load()
+            change = self._members.reconfigure(config)
+            self._discovery.retarget(config)
+        except ConfigError as exc:
+            logger.error(
+                "reload: gateway.yml not applied; the workers stay as they are",
+                extra={"error": str(exc)},
+            )
+            return
+        fixed = dataclasses.replace(
+            config,
+            endpoints=self.config.endpoints,
+            metrics_endpoints=self.config.metrics_endpoints,
+            worker_names=self.config.worker_names,
+        )
+        if fixed != self.config:
+            logger.warning(
+                "reload: only endpoints, metrics_endpoints and worker_names are applied at "
+                "run time; restart the gateway for its other changes"
+            )
+        logger.info(
+            "reload: gateway.yml applied",
+            extra={
+                "added": [m.label for m in change.added],
+                "removed": [m.label for m in change.removed],
+                "workers": self._members.count,
+            },
+        )
+
+    # -- membership ------------------------------------------------------------------------
 
     def add_worker(self, url: str, name: str = "") -> None:
         """`url` joins the workers now (see `Members.add`)."""
@@ -182,13 +224,16 @@ async def serve_gateway(
     config: GatewayConfig,
     *,
     network: Network = TCP,
+    reload_config: Callable[[], GatewayConfig] | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until cancelled (or `RunningGateway.aclose()`).
 
     `network` carries the gRPC listener and the connections to the workers (TCP
     unless an embedding application or a test says otherwise); the admin HTTP
-    server and the worker metrics scrapes always use TCP.
+    server and the worker metrics scrapes always use TCP. `reload_config` reads
+    gateway.yml again for `RunningGateway.reload` (SIGHUP); without it a reload
+    reads only the certificates and tokens.
 
     Raises:
         ListenError: the gRPC or admin address is busy or cannot be bound.
@@ -227,8 +272,7 @@ async def serve_gateway(
                 ssl_context=worker_tls,
             )
 
-        names = {url: config.worker_label(url) for url in config.endpoints}
-        pool = WorkerPool(config.endpoints, names, channel)
+        pool = WorkerPool(channel)
         metrics = GatewayMetrics(pool.label)
         prober = Prober(
             pool,
@@ -239,9 +283,6 @@ async def serve_gateway(
         )
         scheduler, packing = _scheduler(config, pool, prober, metrics)
         add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
-        for url in config.endpoints:  # every worker's series from the first scrape, at 0
-            metrics.worker_ejected.labels(config.worker_label(url)).set(0)
-            metrics.worker_ejections.labels(config.worker_label(url))
 
         def ready_replicas() -> dict[str, int]:
             table, ready = prober.table, prober.ready
@@ -263,7 +304,9 @@ async def serve_gateway(
             shm=config.shm,
         )
         prober.on_swap = service.on_table_swap
-        app = _admin_app(config, metrics, prober, http)
+        members = Members(config, service, nursery)  # the configured workers join the pool
+        discovery = Discovery.from_config(config, members)
+        app = _admin_app(config, pool, metrics, prober, http)
         tls, admin_tls = _server_tls(config, ALPN), _server_tls(config, ADMIN_ALPN)
         guard = Guard(config.auth)  # a tokens file that does not load stops the start here
         await nursery.start(guard.watch)
@@ -273,6 +316,7 @@ async def serve_gateway(
             admin_host,
             admin_port,
         )
+        await nursery.start(discovery.serve)  # the dns:/// endpoints have answered once
         if packing is not None:
             await packing.start()  # waits for the fleet; the first placement is in force
             await nursery.start(packing.serve)
@@ -286,7 +330,7 @@ async def serve_gateway(
             ejection_seconds=outliers.ejection_seconds,
         )
         await nursery.start(watchdog.serve)
-        members = Members(config, service, watchdog)
+        members.attach(watchdog=watchdog, packing=packing)
         control = GatewayControl(mode, packing, prober, metrics, members)
         settings = ServerSettings(
             metrics, config.logging.format, lambda model: model in prober.known
@@ -309,6 +353,7 @@ async def serve_gateway(
             max_concurrent_streams=config.connections.max_concurrent_streams,
             tls=tls,
         )
+        members.attach(server=server)
         bound_grpc = await nursery.start(
             functools.partial(server.serve, network=network), grpc_host, grpc_port
         )
@@ -321,7 +366,7 @@ async def serve_gateway(
                 "metrics_port": bound_admin,
                 "endpoints": list(pool.urls),
                 "mode": str(mode),
-                "max_concurrent_requests": config.max_concurrent_requests,
+                "max_concurrent_requests": members.inbound_cap,
                 "outbound_streams_per_worker": config.worker_client.max_concurrent_streams,
             },
         )
@@ -335,6 +380,8 @@ async def serve_gateway(
                 packing,
                 nursery.cancel_scope,
                 members=members,
+                discovery=discovery,
+                reload_config=reload_config,
                 reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
             )
         )
@@ -421,28 +468,34 @@ def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
 
 
 def _admin_app(
-    config: GatewayConfig, metrics: GatewayMetrics, prober: Prober, http: httpx.AsyncClient
+    config: GatewayConfig,
+    pool: WorkerPool,
+    metrics: GatewayMetrics,
+    prober: Prober,
+    http: httpx.AsyncClient,
 ) -> AdminApp:
     """`/metrics` merges every worker's scrape into ours; `/readyz` follows the prober."""
 
     timeout = config.metrics.scrape_timeout_seconds
     scheme = "https" if config.worker_client.tls_ca_file else "http"
+    # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
+    unpaired = {
+        url: config.metrics_label(url) for url in config.metrics_endpoints[len(config.endpoints) :]
+    }
 
-    async def scrape(url: str) -> str:
+    async def scrape(url: str, label: str) -> str:
         with trio.fail_after(timeout):
             response = await http.get(f"{scheme}://{url}/metrics")
         response.raise_for_status()
-        return relabel_exposition(response.text, "worker", config.metrics_label(url))
+        return relabel_exposition(response.text, "worker", label)
 
     async def metrics_endpoint() -> Reply:
-        scraped: dict[str, str | Exception] = {}
-        if config.metrics_endpoints:
-            scraped = await fan_out(config.metrics_endpoints, scrape)
-            for url in config.metrics_endpoints:
-                up = isinstance(scraped[url], str)
-                metrics.worker_metrics_up.labels(config.metrics_label(url)).set(1 if up else 0)
+        targets = pool.metrics_targets() | unpaired  # the members now, in the order they joined
+        scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url]))
+        for url, label in targets.items():
+            metrics.metrics_scraped(label, isinstance(scraped[url], str))
         texts = [metrics.render().decode()]
-        for url in config.metrics_endpoints:  # endpoint order, not completion order
+        for url in targets:  # member order, not completion order
             text = scraped[url]
             if isinstance(text, str):
                 texts.append(text)

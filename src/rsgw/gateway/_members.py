@@ -1,34 +1,46 @@
-"""Workers that join and leave a running gateway: AddWorker, RemoveWorker (issue 24).
+"""Workers that join and leave a running gateway (issue 24).
 
-The shell over the pool, the prober, the ledger and the metrics: a worker added is in
-the pool (a new channel, which registers the gateway's shared-memory regions when it
-connects) and is probed at once, so round_robin and least_outstanding route to it as
-soon as it reports ready. A worker removed takes no new call at once (out of the pool's
-members and the routing table), keeps its calls in flight for the drain, then its
-channel closes and its series leave /metrics.
+Who the workers are is one immutable `Membership` (`rsgw.scheduling._membership`) over
+three sources: gateway.yml's `endpoints` (the `config` source, re-read on SIGHUP), the
+operator (AddWorker / RemoveWorker) and each `dns:///NAME:PORT` target (`Discovery`).
+`Members` is its shell: every change goes through the membership first (all or
+nothing), then the gateway follows it.
 
-Not yet (issue 24 continues): lpt_packing (the packer's placement would need the new
-worker at its next repack), the inbound cap (it stays workers x per-worker cap of the
-configured workers), unregistering shared memory on a removed worker, SIGHUP and DNS.
+A worker that joins gets a channel (which registers the gateway's shared-memory
+regions when it connects) and is probed at once, so round_robin and
+least_outstanding route to it as soon as it reports ready; under lpt_packing it joins
+the placement at a repack asked for once it is ready. A worker that leaves takes no
+new call at once (out of the pool's members and the routing table), keeps its calls
+in flight for the drain, has the gateway's regions unregistered, and then its channel
+closes and its series leave /metrics. The inbound cap follows the number of workers.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 
 import trio
 
-from rsgw._config import GatewayConfig, SchedulingMode
+from rsgw._config import GatewayConfig
 from rsgw._errors import ConfigError
+from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._schema import check_target
 from rsgw._status import StatusCode
+from rsgw.gateway._packing import Packing
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._watchdog import Watchdog
+from rsgw.grpc._server import GrpcServer
+from rsgw.scheduling._membership import Change, Member, Membership, MembershipError
 
 logger = logging.getLogger(__name__)
 
 #: How often a worker being removed is checked for calls still running on it.
 DRAIN_POLL_SECONDS = 0.05
+#: How long unregistering the gateway's regions on a departing worker may take.
+UNWIND_SECONDS = 5.0
+CONFIG = "config"
+OPERATOR = "operator"
 
 
 class MembershipRefused(ConfigError):
@@ -40,50 +52,88 @@ class MembershipRefused(ConfigError):
 
 
 class Members:
-    """Adds and removes the gateway's workers at run time."""
+    """Adds and removes the gateway's workers at run time (see the module docstring).
+
+    Departing workers drain in `nursery`. The watchdog, the repack loop and the
+    listener are attached once they exist (`attach`): the configured workers join
+    before they are built.
+    """
 
     def __init__(
-        self, config: GatewayConfig, service: GatewayService, watchdog: Watchdog | None
+        self, config: GatewayConfig, service: GatewayService, nursery: trio.Nursery
     ) -> None:
         self._config = config
+        self._nursery = nursery
         self._service = service
-        self._watchdog = watchdog
+        self._per_worker_cap = config.grpc.max_concurrent_requests_per_worker
+        self.membership = Membership()
+        self._watchdog: Watchdog | None = None
+        self._packing: Packing | None = None
+        self._server: GrpcServer | None = None
+        urls, names, metrics = config_workers(config)
+        if urls:  # none when every endpoint is a dns:/// target
+            self.sync(CONFIG, urls, names, metrics)
+
+    def attach(
+        self,
+        watchdog: Watchdog | None = None,
+        packing: Packing | None = None,
+        server: GrpcServer | None = None,
+    ) -> None:
+        """The parts built after the configured workers joined."""
+        self._watchdog = watchdog or self._watchdog
+        self._packing = packing or self._packing
+        self._server = server or self._server
+        self._resize()
 
     @property
     def count(self) -> int:
         """The workers now (a removed one is gone once its removal starts)."""
-        return len(self._service.pool.urls)
+        return len(self.membership.members)
 
-    def add(self, url: str, name: str = "") -> str:
+    @property
+    def inbound_cap(self) -> int:
+        """Calls admitted at once: the per-worker cap times the workers (0 = uncapped)."""
+        return self._per_worker_cap * self.count
+
+    def status(self, ready: frozenset[str]) -> list[cpb.Member]:
+        """The members for GetSchedulingStatus, in the order they joined."""
+        held = self._service.ledger.held
+        return [
+            cpb.Member(
+                worker=m.label,
+                address=m.url,
+                public_name=m.public_name,
+                source=m.source,
+                ready=m.url in ready,
+                inflight=held(m.url),
+            )
+            for m in self.membership.members.values()
+        ]
+
+    # -- the operator -------------------------------------------------------------------
+
+    def add(self, url: str, name: str = "", metrics: str = "") -> str:
         """`url` joins the workers now: probed at once, routed to once it is ready.
 
-        Returns its label. The inbound cap stays what start-up set; each worker keeps
-        its own per-worker cap.
+        Returns its label.
 
         Raises:
-            ConfigError: `url` is not host:port.
-            MembershipRefused: `url` is a worker already (ALREADY_EXISTS), its name is
-                taken (ALREADY_EXISTS), or the mode is lpt_packing (FAILED_PRECONDITION).
+            ConfigError: `url` or `metrics` is not host:port.
+            MembershipRefused: `url` is a worker already, or its name is taken
+                (ALREADY_EXISTS).
         """
         url = check_target(url, "worker")
-        pool = self._service.pool
-        if self._config.scheduling.mode is SchedulingMode.LPT_PACKING:
-            raise MembershipRefused(
-                StatusCode.FAILED_PRECONDITION,
-                "adding a worker at run time is not supported under lpt_packing yet",
-            )
-        if url in pool.urls:
+        metrics = check_target(metrics, "metrics") if metrics else ""
+        if url in self.membership.members:
             raise MembershipRefused(StatusCode.ALREADY_EXISTS, f"{url} is a worker already")
-        label = name or url
-        if any(label in (pool.label(u), pool.public_name(u)) for u in pool.urls):
-            raise MembershipRefused(StatusCode.ALREADY_EXISTS, f"the name {label!r} is taken")
-        pool.add(url, name)
-        metrics = self._service.metrics
-        metrics.worker_ejected.labels(label).set(0)
-        metrics.worker_ejections.labels(label)
-        logger.info("worker added", extra={"worker": label, "workers": len(pool.urls)})
-        self._service.prober.wake()
-        return label
+        try:
+            after, member = self.membership.add(url, name)
+        except MembershipError as exc:
+            raise MembershipRefused(StatusCode.ALREADY_EXISTS, str(exc)) from None
+        self.membership = after
+        self._joined((member,), {url: metrics} if metrics else {})
+        return member.label
 
     async def remove(self, key: str, drain_seconds: float | None = None) -> int:
         """The worker `key` (its address or name) leaves; returns the calls cut short.
@@ -96,37 +146,156 @@ class Members:
             MembershipRefused: no worker is called `key` (NOT_FOUND), or it is the last
                 one (FAILED_PRECONDITION).
         """
-        pool, prober = self._service.pool, self._service.prober
-        found = [u for u in pool.urls if key in (u, pool.label(u), pool.public_name(u))]
-        if not found:
-            raise MembershipRefused(StatusCode.NOT_FOUND, f"no worker is called {key!r}")
-        if len(pool.urls) == 1:
-            raise MembershipRefused(
-                StatusCode.FAILED_PRECONDITION, f"{key!r} is the last worker; it cannot leave"
+        try:
+            member = self.membership.find(key)
+        except MembershipError as exc:
+            raise MembershipRefused(StatusCode.NOT_FOUND, str(exc)) from None
+        try:
+            after, member = self.membership.remove(key)
+        except MembershipError as exc:
+            raise MembershipRefused(StatusCode.FAILED_PRECONDITION, str(exc)) from None
+        self.membership = after
+        self._retired(member)
+        return await self._drain(member, drain_seconds)
+
+    # -- a source's whole list (gateway.yml on SIGHUP, a DNS answer) ------------------------
+
+    def sync(
+        self, source: str, urls: Iterable[str], names: Mapping[str, str], metrics: Mapping[str, str]
+    ) -> Change:
+        """`source` now names exactly `urls`: the new ones join now, the departed ones
+        leave and drain in the background (`shutdown.grace_seconds`).
+
+        Raises:
+            ConfigError: the change would give two workers one name, or leave none;
+                nothing changes.
+        """
+        try:
+            after, change = self.membership.apply(source, urls, names)
+        except MembershipError as exc:
+            raise ConfigError(str(exc)) from None
+        self.membership = after
+        for member in change.removed:
+            self._retired(member)
+            self._nursery.start_soon(self._drain, member, None)
+        self._joined(change.added, metrics)
+        if change:
+            logger.info(
+                "workers changed",
+                extra={
+                    "source": source,
+                    "added": [m.label for m in change.added],
+                    "removed": [m.label for m in change.removed],
+                    "workers": self.count,
+                },
             )
-        (url,) = found
-        label = pool.label(url)
-        grace = self._config.shutdown.grace_seconds if drain_seconds is None else drain_seconds
-        pool.retire(url)
-        prober.forget(url)
+        return change
+
+    def reconfigure(self, config: GatewayConfig) -> Change:
+        """gateway.yml read again (SIGHUP): its fixed workers become the `config`
+        source's members. Its `dns:///` targets are `Discovery.retarget`'s.
+
+        Raises:
+            ConfigError: a worker would change its name (remove it and add it under the
+                new one), or the change cannot be made (see `sync`); nothing changes.
+        """
+        urls, names, metrics = config_workers(config)
+        for url in urls:
+            member = self.membership.members.get(url)
+            if member is not None and member.source == CONFIG and member.name != names.get(url, ""):
+                raise ConfigError(
+                    f"worker {url} would be renamed from '{member.label}' to "
+                    f"'{names.get(url) or url}'; remove it from endpoints, reload, then add it "
+                    "back under the new name"
+                )
+        return self.sync(CONFIG, urls, names, metrics)
+
+    # -- the steps ----------------------------------------------------------------------
+
+    def _joined(self, added: Iterable[Member], metrics: Mapping[str, str]) -> None:
+        """`added` are members now: connect, probe, and (lpt_packing) place them."""
+        service = self._service
+        for member in added:
+            service.pool.add(member, metrics.get(member.url, ""))
+            service.metrics.worker_joined(member.label)
+            logger.info("worker added", extra={"worker": member.label, "workers": self.count})
+            if self._packing is not None:
+                self._nursery.start_soon(self._place_when_ready, member.url)
+        self._resize()
+        service.prober.wake()
+
+    def _retired(self, member: Member) -> None:
+        """`member` takes no new call from now on."""
+        service = self._service
+        service.pool.retire(member.url)
+        service.prober.forget(member.url)
         if self._watchdog is not None:
-            self._watchdog.watch.forget(url)
-        ledger = self._service.ledger
+            self._watchdog.watch.forget(member.url)
+        if self._packing is not None:
+            self._packing.request_repack_now()
+        self._resize()
+
+    async def _drain(self, member: Member, drain_seconds: float | None) -> int:
+        """Wait for `member`'s calls (bounded), unwind its regions, close its channel."""
+        service = self._service
+        url, ledger = member.url, service.ledger
+        grace = self._config.shutdown.grace_seconds if drain_seconds is None else drain_seconds
         started = trio.current_time()
         with trio.move_on_after(grace):
             # The ledger is a pure core, with no event to wait on: poll it, bounded.
             while ledger.held(url) > 0:  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL_SECONDS)
         cut = ledger.held(url)
-        await pool.close(url)
-        self._service.metrics.forget_worker(label)
+        with trio.move_on_after(UNWIND_SECONDS):
+            await service.pool.regions.unwind(member.label, service.pool.channels[url].unary)
+        await service.pool.close(url)
+        service.metrics.forget_worker(member.label)
+        if self._packing is not None:
+            self._packing.forget(url)
         logger.info(
             "worker removed",
             extra={
-                "worker": label,
-                "workers": len(pool.urls),
+                "worker": member.label,
+                "workers": self.count,
                 "seconds": round(trio.current_time() - started, 3),
                 "calls_cut_short": cut,
             },
         )
         return cut
+
+    async def _place_when_ready(self, url: str) -> None:
+        """lpt_packing: ask for a repack once `url` answers ready, so the placement
+        takes it in (until then it serves nothing placed elsewhere)."""
+        prober = self._service.prober
+        while url in self._service.pool.urls:
+            if url in prober.ready:
+                assert self._packing is not None
+                self._packing.request_repack_now()
+                return
+            await prober.next_round()
+
+    def _resize(self) -> None:
+        """The inbound cap follows the workers (unless it is off)."""
+        if not self._per_worker_cap:
+            return
+        cap = self.inbound_cap
+        self._service.resize(cap)
+        if self._server is not None:
+            self._server.resize(cap)
+
+
+def config_workers(
+    config: GatewayConfig,
+) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+    """gateway.yml's fixed workers (not its `dns:///` targets): addresses, explicit
+    names and metrics endpoints, each paired by position."""
+    urls, names, metrics = [], {}, {}
+    for index, url in enumerate(config.endpoints):
+        if url.startswith("dns:///"):
+            continue
+        urls.append(url)
+        if index < len(config.worker_names) and config.worker_names[index]:
+            names[url] = config.worker_names[index]
+        if index < len(config.metrics_endpoints):
+            metrics[url] = config.metrics_endpoints[index]
+    return tuple(urls), names, metrics

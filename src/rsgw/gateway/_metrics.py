@@ -52,6 +52,8 @@ class GatewayMetrics:
     def __init__(self, names: Callable[[str], str]) -> None:
         #: URL -> friendly worker label (`worker0`), or the URL itself when unnamed.
         self.worker_label = names
+        #: Labels of workers that left (`forget_worker`), until one joins again.
+        self._departed: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter(
@@ -223,8 +225,21 @@ class GatewayMetrics:
         method = METHODS_BY_PATH.get(path)
         self.observe(method.rpc if method is not None else UNKNOWN_MODEL, "", code, None)
 
+    def worker_joined(self, label: str) -> None:
+        """A worker joined: its series exist from the next scrape, at 0."""
+        self._departed.discard(label)
+        self.worker_ejected.labels(label).set(0)
+        self.worker_ejections.labels(label)
+
+    def metrics_scraped(self, label: str, up: bool) -> None:
+        """Whether a worker's metrics endpoint answered the last scrape."""
+        if label not in self._departed:  # not one that left during the scrape
+            self.worker_metrics_up.labels(label).set(1 if up else 0)
+
     def forget_worker(self, label: str) -> None:
-        """A worker left: its series go (none stays behind at its last value)."""
+        """A worker left: its series go (none stays behind at its last value), and a
+        call to it that ends later (a fan-out it was part of) records nothing."""
+        self._departed.add(label)
         for family in (
             self.worker_ready,
             self.worker_ejected,
@@ -242,9 +257,10 @@ class GatewayMetrics:
         key = (rpc, url)
         child = self._worker_children.get(key)
         if child is None:
-            child = self._worker_children[key] = self.worker_latency.labels(
-                rpc, self.worker_label(url)
-            )
+            label = self.worker_label(url)
+            if label in self._departed:
+                return
+            child = self._worker_children[key] = self.worker_latency.labels(rpc, label)
         child.observe(seconds)
 
     def render(self) -> bytes:

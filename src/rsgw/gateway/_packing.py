@@ -265,7 +265,7 @@ class Packing:
 
     async def _compact(self, plan: CompactionPlan) -> None:
         """CompactMemory on each changed worker, concurrently (docs/original.md §4.6.5)."""
-        workers = list(plan.reloads)
+        workers = [url for url in plan.reloads if url in self._pool.urls]  # not departed ones
         deadline = trio.current_time() + COMPACTION_DEADLINE
 
         async def one(url: str) -> int:
@@ -308,6 +308,16 @@ class Packing:
                     await self._ticked.wait()
         completed = self.packer.repack_completed
         return RepackWait(sequence, completed, completed >= sequence, trio.current_time() - started)
+
+    def request_repack_now(self) -> None:
+        """Ask for a repack on the next tick without waiting for it (a worker joined
+        or left: the placement should take it in, or stop counting on it)."""
+        self.packer.request_repack()
+        self._prober.wake()
+
+    def forget(self, url: str) -> None:
+        """`url` left the fleet: its placement series go once no placement names it."""
+        self._exported_pairs = frozenset(p for p in self._exported_pairs if p[1] != url)
 
     # -- metrics ------------------------------------------------------------------------
 

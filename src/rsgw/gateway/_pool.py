@@ -9,7 +9,7 @@ took it keeps a consistent list across its awaits.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ import trio
 
 from rsgw.gateway._regions import RegionBook
 from rsgw.grpc._client import Channel
+from rsgw.scheduling._membership import Member
 
 T = TypeVar("T")
 
@@ -54,18 +55,18 @@ class RegisterGate:
 
 
 class WorkerPool:
-    """The configured workers: channels (in configured order, deduplicated) and names."""
+    """The workers: one channel each, their names, and their metrics endpoints.
 
-    def __init__(
-        self,
-        urls: Sequence[str],
-        names: Mapping[str, str],
-        make_channel: Callable[[str], Channel],
-    ) -> None:
+    Built empty; `rsgw.gateway._members.Members` adds every worker, the configured ones
+    first, as members of its `Membership` (so a worker's ordinal, and with it its
+    public name, is the membership's).
+    """
+
+    def __init__(self, make_channel: Callable[[str], Channel]) -> None:
         #: The members, in the order they joined; retired workers are not among them.
         self.urls: tuple[str, ...] = ()
-        self._names: dict[str, str] = {}
-        self._ordinals: dict[str, int] = {}
+        self._members: dict[str, Member] = {}
+        self._metrics: dict[str, str] = {}
         self._make_channel = make_channel
         #: Every worker's channel, retired ones included (closed once drained), so a
         #: call that took its URL before the worker left fails over rather than raising.
@@ -74,28 +75,30 @@ class WorkerPool:
         #: Regions registered through the gateway: every new connection to a worker
         #: registers them again before it carries a call (a restarted worker has none).
         self.regions = RegionBook()
-        for url in dict.fromkeys(urls):
-            self.add(url, names.get(url, ""))
 
-    def add(self, url: str, name: str = "") -> None:
-        """`url` joins: a new channel, which registers the pool's regions on connect.
+    def add(self, member: Member, metrics: str = "") -> None:
+        """`member` joins: a new channel, which registers the pool's regions on connect.
+
+        `metrics` is its metrics endpoint (host:port), scraped into /metrics; "" = none.
 
         Raises:
-            ValueError: `url` is a member already.
+            ValueError: its URL is a member already.
         """
+        url = member.url
         if url in self.urls:
             raise ValueError(f"{url} is already a worker")
-        if name:
-            self._names[url] = name
-        self._ordinals.setdefault(url, len(self._ordinals))
+        self._members[url] = member
+        if metrics:
+            self._metrics[url] = metrics
         channel = self._make_channel(url)
-        channel.on_connect = partial(self.regions.replay, self.label(url))
+        channel.on_connect = partial(self.regions.replay, member.label)
         self.channels[url] = channel
         self.urls = (*self.urls, url)
 
     def retire(self, url: str) -> None:
         """`url` takes no new work: out of `urls`; its channel carries what it has."""
         self.urls = tuple(u for u in self.urls if u != url)
+        self._metrics.pop(url, None)
 
     async def close(self, url: str) -> None:
         """A retired worker's channel closes (calls still on it fail over)."""
@@ -103,16 +106,23 @@ class WorkerPool:
 
     def label(self, url: str) -> str:
         """The metrics label of a worker: its friendly name, or its URL when unnamed."""
-        return self._names.get(url, url)
+        member = self._members.get(url)
+        return member.label if member is not None else url
 
     def public_name(self, url: str) -> str:
         """How client-facing messages name a worker: its name, never its address.
 
         Internal addresses go to the log and the metrics only; an unnamed worker is
-        `worker<i>` by its position in the configuration.
+        `worker<N>` by the order it joined in (the configured ones first).
         """
-        name = self._names.get(url)
-        return name if name else f"worker{self._ordinals[url]}"
+        return self._members[url].public_name
+
+    def member(self, url: str) -> Member:
+        return self._members[url]
+
+    def metrics_targets(self) -> dict[str, str]:
+        """The members' metrics endpoints: metrics URL -> the worker's label."""
+        return {metrics: self.label(url) for url, metrics in self._metrics.items()}
 
     async def aclose(self) -> None:
         for channel in self.channels.values():

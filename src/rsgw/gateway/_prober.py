@@ -93,6 +93,7 @@ class Prober:
         self._ever_responsive = False
         self._wedged = 0
         self._wake = trio.Event()
+        self._round_done = trio.Event()
         self._refreshing: trio.Event | None = None
         self._last_refresh = -math.inf
         self._nursery: trio.Nursery | None = None
@@ -119,6 +120,7 @@ class Prober:
         """
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._wake = trio.Event()  # a wake before the first round: that round
             await self._guarded_round()
             task_status.started()
             while True:
@@ -134,6 +136,13 @@ class Prober:
             raise
         except Exception:  # a bug in one round must not stop the probing
             logger.exception("probe round failed; keeping the previous state")
+        finally:
+            done, self._round_done = self._round_done, trio.Event()
+            done.set()
+
+    async def next_round(self) -> None:
+        """Wait until the round after this moment has ended."""
+        await self._round_done.wait()
 
     def wake(self) -> None:
         """Run the next round now instead of at the end of the interval."""
@@ -149,7 +158,10 @@ class Prober:
         ready: set[str] = set()
         all_timed_out = bool(urls)
         now = trio.current_time()
+        members = set(pool.urls)  # not a worker that left during the round
         for url in urls:
+            if url not in members:
+                continue
             result = results[url]
             assert isinstance(result, ProbeResult)
             is_ready = (
@@ -170,7 +182,6 @@ class Prober:
             else:
                 all_timed_out = False
                 self._ever_responsive = True
-        ready &= set(pool.urls)  # not a worker that left during the round
         if ready != self.ready:
             logger.info(
                 "worker readiness changed",

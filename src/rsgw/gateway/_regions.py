@@ -147,6 +147,35 @@ class RegionBook:
                 extra={"worker": worker, "regions": len(self._regions)},
             )
 
+    async def unwind(self, worker: str, send: Send) -> None:
+        """Unregister every region on `worker`, which is leaving the gateway (its
+        other clients, if any, keep theirs: only what the gateway registered goes).
+
+        A worker that does not answer is skipped: it is leaving anyway.
+        """
+        if not self._regions:
+            return
+        gone = 0
+        for method, name in list(self._regions):
+            try:
+                await _unwind_one(send, UNREGISTER_OF[method], name)
+                gone += 1
+            except RsgwError as exc:
+                logger.info(
+                    "could not unregister a region on a departing worker",
+                    extra={"worker": worker, "region": name[:128], "error": str(exc)[:300]},
+                )
+        logger.info("shared memory regions unregistered", extra={"worker": worker, "regions": gone})
+
+
+async def _unwind_one(send: Send, method: Method, name: str) -> None:
+    request = (
+        pb.SystemSharedMemoryUnregisterRequest(name=name)
+        if method is Method.SHM_UNREGISTER
+        else pb.CudaSharedMemoryUnregisterRequest(name=name)
+    )
+    await send(method.wire, request.SerializeToString())
+
 
 def _refused(worker: str, name: str, exc: RsgwError) -> None:
     logger.warning(

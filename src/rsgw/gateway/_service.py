@@ -131,6 +131,17 @@ class GatewayService:
         if max_concurrent_requests:
             metrics.track_inflight(lambda: self.ledger.inflight)
 
+    def resize(self, max_concurrent_requests: int) -> None:
+        """A new inbound cap (the workers changed): waiting calls take the new room."""
+        self.ledger.max_inflight = max_concurrent_requests
+        self.queue.cap = max_concurrent_requests
+        self.metrics.max_concurrent.set(max_concurrent_requests)
+        while self.queue.waiting:
+            waiting = self.queue.waiting
+            self.queue.hand_over(self.ledger.admit)
+            if self.queue.waiting == waiting:
+                break
+
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the gateway answers."""
         table: dict[Method, UnaryHandler] = {

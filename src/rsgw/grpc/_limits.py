@@ -115,6 +115,10 @@ class StreamShare:
     def sharing(self) -> bool:
         return self.current != self._full
 
+    def resize(self, running_cap: int) -> None:
+        """A new running-call cap; the next saturation or sample shares it."""
+        self._running_cap = running_cap
+
     def saturated(self, busy_connections: int) -> int | None:
         """The cap was reached: the new per-connection limit, or None if unchanged."""
         self._low_since = None

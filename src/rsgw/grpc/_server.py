@@ -363,6 +363,14 @@ class GrpcServer:
         """True from the moment `aclose()` starts."""
         return self._closing
 
+    def resize(self, max_running_calls: int) -> None:
+        """A new running-call cap (the gateway's workers changed). A server built
+        without one stays without one."""
+        if self._share is None:
+            return
+        self.intake.resize(max_running_calls)
+        self._share.resize(max_running_calls)
+
     async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> int:
         """Stop accepting, send GOAWAY, let calls in flight finish within `grace`.
 
@@ -420,6 +428,15 @@ class Intake:
         self.running = 0
         self.open = True
         self._reopened = trio.Event()
+
+    def resize(self, limit: int) -> None:
+        """A new limit (the gateway's workers changed); reopens at once if now below it."""
+        self.limit = limit
+        self._reopen_at = max(0, limit - max(1, limit // 10))
+        if not self.open and self.running <= self._reopen_at:
+            self.open = True
+            self._reopened.set()
+            self._reopened = trio.Event()
 
     def started(self) -> None:
         self.running += 1
