@@ -20,6 +20,7 @@ from rsgw._errors import ConfigError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
+from rsgw.gateway._members import is_own_address
 from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
@@ -107,6 +108,11 @@ async def test_membership_changes_that_cannot_be_made(autojump_clock: MockClock)
             gateway.add_worker("127.0.0.1:1", "worker0")
         with pytest.raises(ConfigError, match="not host:port"):
             gateway.add_worker("nocolon")
+        with pytest.raises(ConfigError, match="this gateway's own address"):
+            gateway.add_worker(f"127.0.0.1:{gateway.grpc_port}")
+        for name in ("a b", "x" * 129, "tab\there"):
+            with pytest.raises(ConfigError, match="at most 128 printable characters"):
+                gateway.add_worker("127.0.0.1:2", name)
         with pytest.raises(ConfigError, match="no worker is called 'gpu-q'"):
             await gateway.remove_worker("gpu-q")
         await gateway.remove_worker("worker0", drain_seconds=1)
@@ -267,3 +273,19 @@ async def test_a_removed_worker_has_the_gateways_regions_unregistered() -> None:
     finally:
         os.close(fd)
         os.unlink("/dev/shm" + key)
+
+
+@pytest.mark.parametrize(
+    ("url", "listen", "own"),
+    [
+        ("127.0.0.1:8001", "0.0.0.0:8001", True),
+        ("localhost:8001", "127.0.0.1:8001", True),
+        ("[::1]:8001", "[::]:8001", True),
+        ("127.0.0.2:8001", "127.0.0.1:8001", False),  # another address, same port
+        ("127.0.0.1:8002", "0.0.0.0:8001", False),
+        ("192.0.2.7:8001", "0.0.0.0:8001", False),  # TEST-NET: no address of this host
+        ("gpu7.example:8001", "0.0.0.0:8001", False),  # names are not resolved
+    ],
+)
+def test_the_gateways_own_address_is_recognised(url: str, listen: str, own: bool) -> None:
+    assert is_own_address(url, listen, 8001) is own

@@ -163,9 +163,9 @@ class RunningGateway:
 
     # -- membership ------------------------------------------------------------------------
 
-    def add_worker(self, url: str, name: str = "") -> None:
-        """`url` joins the workers now (see `Members.add`)."""
-        self._members.add(url, name)
+    def add_worker(self, url: str, name: str = "", metrics: str = "") -> str:
+        """`url` joins the workers now; its label (see `Members.add`)."""
+        return self._members.add(url, name, metrics)
 
     async def remove_worker(self, key: str, drain_seconds: float | None = None) -> int:
         """The worker `key` leaves after draining; the calls cut short (`Members.remove`)."""
@@ -357,6 +357,7 @@ async def serve_gateway(
         bound_grpc = await nursery.start(
             functools.partial(server.serve, network=network), grpc_host, grpc_port
         )
+        members.own_port = bound_grpc
         logger.info(
             "gateway serving",
             extra={

@@ -17,7 +17,9 @@ closes and its series leave /metrics. The inbound cap follows the number of work
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 from collections.abc import Iterable, Mapping
 
 import trio
@@ -35,6 +37,10 @@ from rsgw.scheduling._membership import Change, Member, Membership, MembershipEr
 
 logger = logging.getLogger(__name__)
 
+#: Workers at most: each is a channel, probes and series; more is a mistake or an attack.
+MAX_WORKERS = 1024
+#: An operator-given name is a metrics label and a log field: short and printable.
+MAX_NAME_LENGTH = 128
 #: How often a worker being removed is checked for calls still running on it.
 DRAIN_POLL_SECONDS = 0.05
 #: How long unregistering the gateway's regions on a departing worker may take.
@@ -70,6 +76,8 @@ class Members:
         self._watchdog: Watchdog | None = None
         self._packing: Packing | None = None
         self._server: GrpcServer | None = None
+        #: The gateway's own gRPC port once it listens: a worker there would be itself.
+        self.own_port: int | None = None
         urls, names, metrics = config_workers(config)
         if urls:  # none when every endpoint is a dns:/// target
             self.sync(CONFIG, urls, names, metrics)
@@ -125,8 +133,19 @@ class Members:
         """
         url = check_target(url, "worker")
         metrics = check_target(metrics, "metrics") if metrics else ""
+        _check_name(name)
         if url in self.membership.members:
             raise MembershipRefused(StatusCode.ALREADY_EXISTS, f"{url} is a worker already")
+        if self.count >= MAX_WORKERS:
+            raise MembershipRefused(
+                StatusCode.RESOURCE_EXHAUSTED, f"the gateway has {self.count} workers, its most"
+            )
+        own = self.own_port
+        if own is not None and is_own_address(url, self._config.listen.grpc, own):
+            raise MembershipRefused(
+                StatusCode.INVALID_ARGUMENT,
+                f"{url} is this gateway's own address; it would send its calls to itself",
+            )
         try:
             after, member = self.membership.add(url, name)
         except MembershipError as exc:
@@ -299,3 +318,36 @@ def config_workers(
         if index < len(config.metrics_endpoints):
             metrics[url] = config.metrics_endpoints[index]
     return tuple(urls), names, metrics
+
+
+def _check_name(name: str) -> None:
+    if len(name) > MAX_NAME_LENGTH or not all(c.isprintable() and not c.isspace() for c in name):
+        raise ConfigError(
+            f"worker name {name[:MAX_NAME_LENGTH]!r} must be at most {MAX_NAME_LENGTH} "
+            "printable characters without spaces"
+        )
+
+
+def is_own_address(url: str, listen: str, port: int) -> bool:
+    """Whether `url` reaches the gateway's own listener, `listen` bound on `port` (a
+    literal IP or localhost; a host name is not resolved here)."""
+    host, _, text = url.rpartition(":")
+    if int(text) != port:
+        return False
+    host = host.strip("[]")
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+        bound = ipaddress.ip_address(listen.rpartition(":")[0].strip("[]") or "0.0.0.0")
+    except ValueError:
+        return False
+    if not bound.is_unspecified:
+        return address == bound
+    if address.is_loopback or address.is_unspecified:
+        return True
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(address), 0))  # succeeds only for an address of this host
+        except OSError:
+            return False
+    return True
