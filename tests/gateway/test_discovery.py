@@ -236,3 +236,13 @@ def read_hosts() -> str:
 def write_hosts(text: str) -> None:
     with open(HOSTS, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+async def test_an_answer_of_too_many_addresses_changes_nothing(autojump_clock: MockClock) -> None:
+    resolver = StubResolver("10.0.0.1")
+    async with dns_fleet(resolver, hosts=1) as fleet:
+        resolver.answers = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(2000)]
+        wanted = resolver.lookups + 3
+        await wait_until_async(lambda: resolver.lookups >= wanted, what="lookups")
+        assert fleet.gateway.statistics().workers == (pod(0),)
+        await check_simple(fleet, 6)

@@ -186,13 +186,18 @@ class Members:
         leave and drain in the background (`shutdown.grace_seconds`).
 
         Raises:
-            ConfigError: the change would give two workers one name, or leave none;
-                nothing changes.
+            ConfigError: the change would give two workers one name, leave none, or pass
+                MAX_WORKERS; nothing changes.
         """
         try:
             after, change = self.membership.apply(source, urls, names)
         except MembershipError as exc:
             raise ConfigError(str(exc)) from None
+        if len(after.members) > MAX_WORKERS:
+            raise ConfigError(
+                f"{source} would bring the gateway to {len(after.members)} workers; "
+                f"{MAX_WORKERS} is its most"
+            )
         self.membership = after
         for member in change.removed:
             self._retired(member)
