@@ -32,7 +32,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-import hpack
 import trio
 
 from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
@@ -267,10 +266,8 @@ class Channel:
     def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
         headers = [*self._request_prefix, (b":path", path), *self._request_suffix]
         if deadline != math.inf:
-            # Never indexed: a new value every call would churn the HPACK table and
-            # push out the constant headers that make every other call cheap.
             timeout = format_timeout(deadline - trio.current_time())
-            headers.append(hpack.NeverIndexedHeaderTuple(b"grpc-timeout", timeout))
+            headers.append((b"grpc-timeout", timeout))
         headers.extend(metadata)
         return headers
 

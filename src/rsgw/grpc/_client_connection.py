@@ -12,12 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-import h2.errors
-import h2.events
-import h2.exceptions
-
 from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._status import StatusCode
+from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import (
     Call,
     CallEnded,
@@ -51,15 +48,15 @@ class ClientConnection(GrpcConnection):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._handlers[h2.events.ResponseReceived] = self._on_response_headers
-        self._handlers[h2.events.TrailersReceived] = self._on_trailers
+        self._handlers[http2.ResponseReceived] = self._on_response_headers
+        self._handlers[http2.TrailersReceived] = self._on_trailers
         #: The encodings the peer's responses say it reads (None until one says).
         self.peer_accepts: frozenset[bytes] | None = None
-        self._handlers[h2.events.RemoteSettingsChanged] = self._on_settings
+        self._handlers[http2.RemoteSettingsChanged] = self._on_settings
         #: The peer's first SETTINGS has arrived: its stream limit is known.
         self.settled = False
 
-    def _on_settings(self, event: h2.events.RemoteSettingsChanged, events: list[Event]) -> None:
+    def _on_settings(self, event: http2.RemoteSettingsChanged, events: list[Event]) -> None:
         if not self.settled:
             self.settled = True
             events.append(PeerSettled())
@@ -106,7 +103,7 @@ class ClientConnection(GrpcConnection):
         call.reset()
         if self.closed_reason is None:
             with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                self._h2.reset_stream(stream_id, http2.ErrorCodes.CANCEL)
 
     def _open(self, headers: Sequence[Header]) -> Call:
         if self.state is not ConnectionState.ACTIVE:
@@ -116,9 +113,9 @@ class ClientConnection(GrpcConnection):
         try:
             stream_id = self._h2.get_next_available_stream_id()
             self._h2.send_headers(stream_id, headers)
-        except h2.exceptions.TooManyStreamsError as exc:
+        except http2.TooManyStreamsError as exc:
             raise StreamLimitReached(f"{self.peer} allows no more streams now") from exc
-        except h2.exceptions.ProtocolError as exc:  # GOAWAY received, or out of stream ids
+        except http2.ProtocolError as exc:  # GOAWAY received, or out of stream ids
             raise WorkerUnavailable(f"connection to {self.peer} refused a stream: {exc}") from exc
         call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes))
         call.advance_outbound(Step.HEADERS)
@@ -127,7 +124,7 @@ class ClientConnection(GrpcConnection):
 
     # -- receiving ------------------------------------------------------------------------
 
-    def _on_response_headers(self, event: h2.events.ResponseReceived, events: list[Event]) -> None:
+    def _on_response_headers(self, event: http2.ResponseReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
         headers = event.headers or []
         call = self._calls.get(stream_id)
@@ -155,7 +152,7 @@ class ClientConnection(GrpcConnection):
             call.status = http_status_error(http_status, self.peer)
         events.append(ResponseStarted(stream_id))
 
-    def _on_trailers(self, event: h2.events.TrailersReceived, events: list[Event]) -> None:
+    def _on_trailers(self, event: http2.TrailersReceived, events: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
         if call is not None:
             self._record_status(call, event.headers or [])
@@ -188,7 +185,7 @@ class ClientConnection(GrpcConnection):
     ) -> None:
         if call.outbound < HalfState.CLOSED or call.inbound < HalfState.CLOSED:
             # The answer came before our request was all sent (or it was bad): stop.
-            self._reset_stream(call, h2.errors.ErrorCodes.CANCEL)
+            self._reset_stream(call, http2.ErrorCodes.CANCEL)
         else:
             self._calls.pop(call.stream_id, None)
         events.append(CallEnded(call.stream_id, cause, error, call.response_started))

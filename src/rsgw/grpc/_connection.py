@@ -26,12 +26,9 @@ import contextlib
 import enum
 from typing import TYPE_CHECKING
 
-import h2.errors
-import h2.events
-import h2.exceptions
-
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
+from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import (
     Call,
     CallEnded,
@@ -109,13 +106,13 @@ class GrpcConnection:
         self._calls: dict[int, Call] = {}
         self._outbound = Outbound(self._h2, ended=self._after_outbound_end, broken=self._drop)
         self._unacknowledged: dict[int, int] = {}
-        self._handlers: dict[type[h2.events.Event], _H2Handler] = {
-            h2.events.DataReceived: self._on_data,
-            h2.events.StreamEnded: self._on_end,
-            h2.events.StreamReset: self._on_reset,
-            h2.events.WindowUpdated: self._on_window,
-            h2.events.RemoteSettingsChanged: self._on_window,
-            h2.events.ConnectionTerminated: self._on_goaway,
+        self._handlers: dict[type[http2.Event], _H2Handler] = {
+            http2.DataReceived: self._on_data,
+            http2.StreamEnded: self._on_end,
+            http2.StreamReset: self._on_reset,
+            http2.WindowUpdated: self._on_window,
+            http2.RemoteSettingsChanged: self._on_window,
+            http2.ConnectionTerminated: self._on_goaway,
         }
         self.data_to_send = self._h2.data_to_send  # type: ignore[method-assign]  # the same, one call less on the hot path
         self.state = ConnectionState.ACTIVE
@@ -181,7 +178,7 @@ class GrpcConnection:
             piece = data if len(data) <= SLICE_BYTES else data[start : start + SLICE_BYTES]
             try:
                 h2_events = self._h2.receive_data(piece)
-            except h2.exceptions.ProtocolError as exc:
+            except http2.ProtocolError as exc:
                 return events + self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
             self.frames += len(h2_events)
             for h2_event in h2_events:
@@ -252,7 +249,7 @@ class GrpcConnection:
 
     # -- receiving (what both ends do alike) ------------------------------------------------
 
-    def _on_data(self, event: h2.events.DataReceived, events: list[Event]) -> None:
+    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
         self._unacknowledged[stream_id] = (
             self._unacknowledged.get(stream_id, 0) + event.flow_controlled_length
@@ -269,7 +266,7 @@ class GrpcConnection:
         for message in messages:
             events.append(MessageReceived(stream_id, message))
 
-    def _on_end(self, event: h2.events.StreamEnded, events: list[Event]) -> None:
+    def _on_end(self, event: http2.StreamEnded, events: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
         if call is None or call.inbound >= HalfState.CLOSED:
             return
@@ -279,7 +276,7 @@ class GrpcConnection:
         else:
             self._fail(call, _incomplete(), events)
 
-    def _on_reset(self, event: h2.events.StreamReset, events: list[Event]) -> None:
+    def _on_reset(self, event: http2.StreamReset, events: list[Event]) -> None:
         stream_id = event.stream_id
         call = self._calls.pop(stream_id, None)
         self._outbound.forget(stream_id)
@@ -291,11 +288,11 @@ class GrpcConnection:
         cause, error = reset_by_peer(call, code, self.peer, client_side=self.client_side)
         events.append(self._ended(call, cause, error))
 
-    def _on_window(self, event: h2.events.Event, events: list[Event]) -> None:
+    def _on_window(self, event: http2.Event, events: list[Event]) -> None:
         for stream_id in self._outbound.resume():
             events.append(OutboxDrained(stream_id))
 
-    def _on_goaway(self, event: h2.events.ConnectionTerminated, events: list[Event]) -> None:
+    def _on_goaway(self, event: http2.ConnectionTerminated, events: list[Event]) -> None:
         """The peer takes no new calls on this connection."""
         last_stream_id = event.last_stream_id or 0
         if self.state is ConnectionState.ACTIVE:
@@ -334,7 +331,7 @@ class GrpcConnection:
         for stream_id, size in pending.items():
             self._h2.acknowledge_received_data(size, stream_id)
 
-    def _reset_stream(self, call: Call, code: h2.errors.ErrorCodes) -> None:
+    def _reset_stream(self, call: Call, code: http2.ErrorCodes) -> None:
         with contextlib.suppress(*SEND_FAILURES):
             self._h2.reset_stream(call.stream_id, code)
         self._drop(call)

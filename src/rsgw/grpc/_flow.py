@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import h2.connection
-import h2.exceptions
-
+from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import Call, Step
 from rsgw.grpc._compression import Compressed
 from rsgw.grpc._framing import message_prefix
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
     from rsgw.grpc._metadata import HeaderBlock
 
 #: What h2 raises when a stream went away under a send.
-SEND_FAILURES = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError)
+SEND_FAILURES = (http2.StreamClosedError, http2.ProtocolError)
 
 
 class Outbound:
@@ -41,7 +39,7 @@ class Outbound:
 
     def __init__(
         self,
-        conn: h2.connection.H2Connection,
+        conn: http2.Http2Connection,
         *,
         ended: Callable[[Call], None],
         broken: Callable[[Call], None],

@@ -81,7 +81,7 @@ class MessageDecoder:
         self._wrap: type[Compressed] | None = None  # the current message's, if compressed
         self._head = b""  # a partial prefix (fewer than 5 bytes)
         self._need = -1  # payload bytes of the current message, -1 while reading a prefix
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | memoryview] = []
         #: Bytes of the message being gathered (0 between messages).
         self.buffered = 0
 
@@ -90,11 +90,13 @@ class MessageDecoder:
         """True when no partial message is buffered (a clean end of stream)."""
         return self._need < 0 and not self._head
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """Consume one chunk; return the messages completed by it, in order."""
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
+        """Consume one chunk (bytes, or a view of a read); return the messages it
+        completed, in order, as bytes."""
         out: list[bytes] = []
         pos = 0
         end = len(data)
+        head: bytes | memoryview
         while pos < end:
             if self._need < 0:
                 if self._head or end - pos < PREFIX_BYTES:
@@ -115,7 +117,7 @@ class MessageDecoder:
                 if length > self.max_message_bytes:
                     raise too_large(length, self.max_message_bytes)
                 if length <= end - pos:  # fast path: the whole payload is here
-                    payload = data[pos : pos + length]
+                    payload = bytes(data[pos : pos + length])  # (a view's bytes, once)
                     out.append(payload if wrap is None else wrap(payload))
                     pos += length
                     continue
@@ -126,7 +128,8 @@ class MessageDecoder:
             self.buffered += take
             pos += take
             if self.buffered == self._need:
-                payload = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+                chunks = self._chunks
+                payload = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
                 out.append(payload if self._wrap is None else self._wrap(payload))
                 self._chunks = []
                 self.buffered = 0

@@ -13,12 +13,9 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-import h2.errors
-import h2.events
-import h2.settings
-
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
+from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import Call, CallStarted, EndCause, Event, HalfClosed, HalfState, Step
 from rsgw.grpc._connection import ConnectionState, GrpcConnection
 from rsgw.grpc._flow import SEND_FAILURES
@@ -52,9 +49,9 @@ class ServerConnection(GrpcConnection):
         self.limits = ConnectionLimits() if limits is None else limits
         options.setdefault("max_header_list_bytes", self.limits.max_header_list_bytes)
         super().__init__(**options)
-        self._handlers[h2.events.RequestReceived] = self._on_request
+        self._handlers[http2.RequestReceived] = self._on_request
         self.guard = FloodGuard(self.limits.flood_budget)
-        for control in (h2.events.PingReceived, h2.events.PriorityUpdated):
+        for control in (http2.PingReceived, http2.PriorityUpdated):
             self._handlers[control] = self._on_control
 
     def receive_data(self, data: bytes) -> list[Event]:
@@ -129,7 +126,7 @@ class ServerConnection(GrpcConnection):
         """
         if self.closed_reason is None:
             with contextlib.suppress(*SEND_FAILURES):
-                self._h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limit})
+                self._h2.update_settings({http2.SettingCodes.MAX_CONCURRENT_STREAMS: limit})
 
     def go_away(self) -> None:
         """Take no new calls; send GOAWAY as soon as the calls in flight are answered."""
@@ -140,14 +137,14 @@ class ServerConnection(GrpcConnection):
 
     # -- receiving ------------------------------------------------------------------------
 
-    def _on_control(self, event: h2.events.Event, events: list[Event]) -> None:
+    def _on_control(self, event: http2.Event, events: list[Event]) -> None:
         self.guard.spend()
 
-    def _on_window(self, event: h2.events.Event, events: list[Event]) -> None:
+    def _on_window(self, event: http2.Event, events: list[Event]) -> None:
         self.guard.spend()
         super()._on_window(event, events)
 
-    def _on_reset(self, event: h2.events.StreamReset, events: list[Event]) -> None:
+    def _on_reset(self, event: http2.StreamReset, events: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
         # Opened and reset in the same read or the next: the rapid-reset pattern. A
         # client giving up on a call later (its deadline) costs one frame.
@@ -155,7 +152,7 @@ class ServerConnection(GrpcConnection):
         self.guard.spend(RESET_COST if rapid else 1)
         super()._on_reset(event, events)
 
-    def _on_data(self, event: h2.events.DataReceived, events: list[Event]) -> None:
+    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> None:
         if not event.data and not event.stream_ended:
             self.guard.spend()  # an empty DATA frame carries nothing but work
         super()._on_data(event, events)
@@ -190,11 +187,11 @@ class ServerConnection(GrpcConnection):
         """The client overdrew its flood budget: GOAWAY ENHANCE_YOUR_CALM, and we are done."""
         return self.close("sent control frames faster than its budget allows", ENHANCE_YOUR_CALM)
 
-    def _on_request(self, event: h2.events.RequestReceived, events: list[Event]) -> None:
+    def _on_request(self, event: http2.RequestReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
         if self.state is not ConnectionState.ACTIVE:
             with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                self._h2.reset_stream(stream_id, http2.ErrorCodes.REFUSED_STREAM)
             return
         self.guard.earn()
         headers = event.headers or []
@@ -224,14 +221,14 @@ class ServerConnection(GrpcConnection):
                 self._h2.send_headers(
                     call.stream_id, trailers_only(error.code, error.message), end_stream=True
                 )
-        self._reset_stream(call, h2.errors.ErrorCodes.NO_ERROR)
+        self._reset_stream(call, http2.ErrorCodes.NO_ERROR)
         events.append(self._ended(call, EndCause.FAILED, error))
 
     def _after_outbound_end(self, call: Call) -> None:
         if call.inbound is HalfState.OPEN:
             # Answered while the client still uploads: stop the upload.
             with contextlib.suppress(*SEND_FAILURES):
-                self._h2.reset_stream(call.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self._h2.reset_stream(call.stream_id, http2.ErrorCodes.NO_ERROR)
             call.advance_inbound(Step.RESET)
         super()._after_outbound_end(call)
 
@@ -243,7 +240,7 @@ class ServerConnection(GrpcConnection):
             )
             stream = self._h2.streams.get(stream_id)
             if stream is not None and stream.open:
-                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self._h2.reset_stream(stream_id, http2.ErrorCodes.NO_ERROR)
 
 
 #: Below this, a call's partial message is not worth adding up the connection's.
