@@ -115,6 +115,7 @@ class GrpcConnection:
             http2.ConnectionTerminated: self._on_goaway,
         }
         self.data_to_send = self._h2.data_to_send  # type: ignore[method-assign]  # the same, one call less on the hot path
+        self.pieces_to_send = self._h2.pieces_to_send  # type: ignore[method-assign]  # likewise
         self.state = ConnectionState.ACTIVE
         #: Why the connection ended (None while it has not).
         self.closed_reason: str | None = None
@@ -156,7 +157,11 @@ class GrpcConnection:
 
     def data_to_send(self) -> bytes:
         """Everything queued for the peer since the last call."""
-        return self._h2.data_to_send()  # replaced per instance by h2's own (one call less)
+        return self._h2.data_to_send()  # replaced per instance by the codec's (one call less)
+
+    def pieces_to_send(self) -> list[bytes | memoryview]:
+        """`data_to_send`, not joined (for a gather write)."""
+        return self._h2.pieces_to_send()  # replaced per instance, likewise
 
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes read from the peer; `b""` means it closed its side (EOF).

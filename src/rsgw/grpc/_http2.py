@@ -290,6 +290,12 @@ class Http2Connection:
         out.clear()
         return data
 
+    def pieces_to_send(self) -> list[bytes | memoryview]:
+        """What `data_to_send` would join, unjoined: for a gather write (`os.writev`),
+        which spares a copy of every DATA payload."""
+        out, self._out = self._out, []
+        return out
+
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes = b"") -> None:
         length = len(payload)
         self._out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id))

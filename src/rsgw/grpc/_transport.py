@@ -6,12 +6,15 @@ one boundary where the stream's failures (EOF, a reset socket, a broken pipe)
 become the connection's `connection_lost`, so every call ends exactly once
 whatever happened to the bytes underneath.
 
-Writing: `flush` writes what the connection queued straight to the socket when
-the kernel takes it all at once, which is nearly always: no task switch, no
-scheduler round. What the socket cannot take now goes to the writer task, which
-then owns the send side until its backlog is gone, so bytes never leave out of
-order. Streams that are not sockets (memory streams in tests, TLS later) always
-go through the writer task.
+Writing: with one call on the connection, `flush` writes what the connection
+queued straight to the socket when the kernel takes it all at once, which is nearly
+always: no task switch, no scheduler round. With several, it leaves the write to the
+writer task, which runs after every task Trio is running in this round: the answers
+(or requests) that finished together leave in one write instead of one each (at 32
+calls in flight, a system call per call was a tenth of the gateway's CPU). What the
+socket cannot take goes to the writer task too, which then owns the send side until
+its backlog is gone, so bytes never leave out of order. Streams that are not sockets
+(memory streams in tests, TLS) always go through the writer task.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: Bytes asked of the stream per read (the core parses them in slices; see
 #: `GrpcConnection.receive_data`).
 RECEIVE_BYTES = 256 * 1024
+#: Buffers one gather write takes at most (Linux's UIO_MAXIOV).
+IOV_MAX = 1024
 #: How long closing a stream may take before we give up on it.
 CLOSE_SECONDS = 1.0
 
@@ -59,21 +64,35 @@ class Transport:
         self.intake: Intake | None = None
 
     def flush(self) -> None:
-        """Send whatever the connection has queued, now if the socket takes it, else soon."""
-        if self._sending or self._backlog or self._fd < 0:
+        """Send whatever the connection has queued: now if it is the only call's and the
+        socket takes it, else at the end of this scheduling round (see the module
+        docstring)."""
+        if self._sending or self._backlog or self._fd < 0 or self.connection.active_calls > 1:
             self._flush_wanted.set()
             return
-        data = self.connection.data_to_send()
-        if not data:
+        self._write_now(self.connection.pieces_to_send())
+
+    def _write_now(self, pieces: list[bytes | memoryview]) -> None:
+        """Write `pieces` without blocking, gathered (no copy to join them); what the
+        socket does not take waits for the writer task."""
+        if not pieces:
             return
+        total = sum(len(piece) for piece in pieces)
+        sent = 0
         try:
-            sent = os.write(self._fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # broken or closed: the writer task meets the error through trio
-            sent = 0
-        if sent < len(data):
-            self._backlog = data[sent:]
+            if len(pieces) == 1:
+                sent = os.write(self._fd, pieces[0])
+            else:
+                for start in range(0, len(pieces), IOV_MAX):
+                    batch = pieces[start : start + IOV_MAX]
+                    wrote = os.writev(self._fd, batch)
+                    sent += wrote
+                    if wrote < sum(len(piece) for piece in batch):
+                        break  # the socket is full: the rest, in order, waits
+        except OSError:  # full (BlockingIOError), or broken: the writer task takes over
+            pass
+        if sent < total:
+            self._backlog = b"".join(pieces)[sent:]
             self._flush_wanted.set()
         elif self.after_write is not None:
             self.after_write()
@@ -138,6 +157,13 @@ class Transport:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
+            if self._fd >= 0 and not self._backlog:  # a deferred flush: try it at once
+                self._write_now(self.connection.pieces_to_send())
+                if not self._backlog:
+                    self._wrote.set()
+                    self._wrote = trio.Event()
+                    continue
+                self._flush_wanted = trio.Event()
             data = self._backlog + self.connection.data_to_send()
             self._backlog = b""
             if data:
