@@ -179,8 +179,9 @@ class GrpcConnection:
         events: list[Event] = []
         self.receives += 1
         handlers = self._handlers  # one dict lookup per h2 event on the hot path
+        view = memoryview(data) if len(data) > SLICE_BYTES else data  # slices, not copies
         for start in range(0, len(data), SLICE_BYTES):
-            piece = data if len(data) <= SLICE_BYTES else data[start : start + SLICE_BYTES]
+            piece = data if len(data) <= SLICE_BYTES else view[start : start + SLICE_BYTES]
             try:
                 h2_events = self._h2.receive_data(piece)
             except http2.ProtocolError as exc:

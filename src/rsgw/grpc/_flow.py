@@ -60,10 +60,10 @@ class Outbound:
         room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
         call.end_pending = end
         if total + 5 <= room and not call.outbox:
-            # The common case, a message that fits: one copy, one frame, no outbox.
+            # The common case, a message that fits: one frame, no outbox, no copy.
             try:
                 last = end and not call.trailers
-                h2conn.send_data(stream_id, prefix + message, end_stream=last)
+                h2conn.send_data(stream_id, message, end_stream=last, prefix=prefix)
                 if last:
                     self._end(call)
                 elif end:

@@ -227,7 +227,7 @@ class Http2Connection:
         self._out: list[bytes | memoryview] = []
         #: The start of a frame still incomplete: its pieces, their size, and the
         #: size at which the frame (or the preface) is whole.
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_size = 0
         self._needed = 0
         self._awaiting_preface = not client_side
@@ -361,12 +361,19 @@ class Http2Connection:
         self.streams[stream_id] = stream
         return stream
 
-    def send_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool = False) -> None:
-        """One DATA frame; it must fit the windows and the peer's frame size."""
+    def send_data(
+        self,
+        stream_id: int,
+        data: bytes | memoryview,
+        end_stream: bool = False,
+        prefix: bytes = b"",
+    ) -> None:
+        """One DATA frame of `prefix` then `data` (sent as they are, not joined); it
+        must fit the windows and the peer's frame size."""
         stream = self.streams.get(stream_id)
         if stream is None or not stream.local_open:
             raise StreamClosedError(f"stream {stream_id} is closed for sending")
-        length = len(data)
+        length = len(prefix) + len(data)
         if length > stream.outbound or length > self.outbound_flow_control_window:
             raise FlowControlError(f"{length} bytes do not fit the window")
         if length > self.remote_settings.max_frame_size:
@@ -374,9 +381,10 @@ class Http2Connection:
         stream.outbound -= length
         self.outbound_flow_control_window -= length
         flags = END_STREAM if end_stream else 0
-        self._out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id))
-        if length:
-            self._out.append(data)
+        out = self._out
+        out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id) + prefix)
+        if data:
+            out.append(data)
         if end_stream:
             self._close_local(stream)
 
@@ -449,7 +457,7 @@ class Http2Connection:
 
     # -- bytes in -------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | memoryview) -> list[Event]:
         """Parse what the peer sent; the events its complete frames make, in order.
 
         The bytes of a frame not yet complete wait as pieces, joined once the frame
@@ -460,6 +468,7 @@ class Http2Connection:
             ProtocolError: the peer broke HTTP/2; GOAWAY is queued, the connection is over.
         """
         events: list[Event] = []
+        buffer: bytes | memoryview
         pending = self._pending
         if pending:
             pending.append(data)
@@ -476,7 +485,7 @@ class Http2Connection:
                     self._fail("the client did not send the HTTP/2 preface")
                 self._wait_for(buffer, len(PREFACE))
                 return events
-            if not buffer.startswith(PREFACE):
+            if bytes(buffer[: len(PREFACE)]) != PREFACE:
                 self._fail("the client did not send the HTTP/2 preface")
             self._awaiting_preface = False
             buffer = buffer[len(PREFACE) :]
@@ -506,14 +515,14 @@ class Http2Connection:
                 if kind == DATA:
                     self._on_data(stream_id, flags, view[start:position], events)
                 elif kind < 10:  # unknown frame types are ignored (RFC 9113 §4.1)
-                    dispatch[kind](stream_id, flags, buffer[start:position], events)
+                    dispatch[kind](stream_id, flags, bytes(buffer[start:position]), events)
         except ProtocolError as exc:
             self._fail(str(exc), exc.error_code)
         if position < end:
             self._wait_for(buffer[position:], needed)
         return events
 
-    def _wait_for(self, rest: bytes, needed: int) -> None:
+    def _wait_for(self, rest: bytes | memoryview, needed: int) -> None:
         """Keep `rest` until `needed` bytes are here."""
         self._pending.append(rest)
         self._pending_size = len(rest)

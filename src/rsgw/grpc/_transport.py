@@ -50,7 +50,7 @@ class Transport:
         self.connection = connection
         self.stream = stream
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
-        self._backlog = b""
+        self._backlog: list[bytes | memoryview] = []
         self._sending = False
         self._flush_wanted = trio.Event()
         self._wrote = trio.Event()
@@ -74,25 +74,15 @@ class Transport:
 
     def _write_now(self, pieces: list[bytes | memoryview]) -> None:
         """Write `pieces` without blocking, gathered (no copy to join them); what the
-        socket does not take waits for the writer task."""
+        socket does not take waits, in order, for the writer task."""
         if not pieces:
             return
-        total = sum(len(piece) for piece in pieces)
-        sent = 0
         try:
-            if len(pieces) == 1:
-                sent = os.write(self._fd, pieces[0])
-            else:
-                for start in range(0, len(pieces), IOV_MAX):
-                    batch = pieces[start : start + IOV_MAX]
-                    wrote = os.writev(self._fd, batch)
-                    sent += wrote
-                    if wrote < sum(len(piece) for piece in batch):
-                        break  # the socket is full: the rest, in order, waits
+            rest = _write_gathered(self._fd, pieces)
         except OSError:  # full (BlockingIOError), or broken: the writer task takes over
-            pass
-        if sent < total:
-            self._backlog = b"".join(pieces)[sent:]
+            rest = pieces
+        if rest:
+            self._backlog = rest
             self._flush_wanted.set()
         elif self.after_write is not None:
             self.after_write()
@@ -157,22 +147,46 @@ class Transport:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
-            if self._fd >= 0 and not self._backlog:  # a deferred flush: try it at once
-                self._write_now(self.connection.pieces_to_send())
-                if not self._backlog:
-                    self._wrote.set()
-                    self._wrote = trio.Event()
-                    continue
-                self._flush_wanted = trio.Event()
-            data = self._backlog + self.connection.data_to_send()
-            self._backlog = b""
-            if data:
+            pieces = self._backlog + self.connection.pieces_to_send()
+            self._backlog = []
+            if pieces:
                 self._sending = True
                 try:
-                    await self.stream.send_all(data)
+                    if self._fd >= 0:
+                        while pieces := _write_gathered(self._fd, pieces):
+                            await trio.lowlevel.wait_writable(self._fd)
+                    else:
+                        await self.stream.send_all(b"".join(pieces))
                 finally:
                     self._sending = False
             self._wrote.set()
             self._wrote = trio.Event()
             if self.after_write is not None:
                 self.after_write()
+
+
+def _write_gathered(fd: int, pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Write as much of `pieces` as the socket takes now; what is left, in order.
+
+    Raises:
+        OSError: the socket is broken (a full socket is not an error: all is left).
+    """
+    sent = 0
+    try:
+        if len(pieces) == 1:
+            sent = os.write(fd, pieces[0])
+        else:
+            for start in range(0, len(pieces), IOV_MAX):
+                batch = pieces[start : start + IOV_MAX]
+                wrote = os.writev(fd, batch)
+                sent += wrote
+                if wrote < sum(len(piece) for piece in batch):
+                    break
+    except BlockingIOError:
+        pass
+    for index, piece in enumerate(pieces):
+        if sent < len(piece):
+            head = memoryview(piece)[sent:] if sent else piece
+            return [head, *pieces[index + 1 :]]
+        sent -= len(piece)
+    return []
