@@ -128,19 +128,33 @@ class Transport:
     async def _read_loop(self, dispatch: Callable[[Event], None], first: bytes) -> None:
         connection = self.connection
         receive = self.stream.receive_some
+        fd = self._fd
         data = first
         intake = self.intake
         while connection.closed_reason is None:
             if not first:
                 if intake is not None and not intake.open:
                     await intake.wait()
-                data = bytes(await receive(RECEIVE_BYTES))
+                data = await self._read_socket() if fd >= 0 else bytes(await receive(RECEIVE_BYTES))
             first = b""
             self.reads += 1
             self.received_bytes += len(data)
             for event in connection.receive_data(data):
                 dispatch(event)
             self.flush()  # window updates, h2's GOAWAY after a protocol error, answers
+
+    async def _read_socket(self) -> bytes:
+        """One read straight from the socket (trio's `receive_some` wraps the same
+        system call in more bookkeeping than the read itself costs); a checkpoint
+        after each, so a peer that never stops sending cannot starve other tasks."""
+        while True:
+            try:
+                data = os.read(self._fd, RECEIVE_BYTES)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self._fd)
+                continue
+            await trio.lowlevel.checkpoint()
+            return data
 
     async def _run_writer(self) -> None:
         """Sends what `flush` could not; runs until cancelled or the stream breaks."""
