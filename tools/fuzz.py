@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Long fuzzing runs of what reads hostile bytes first: the partial decoder and the header path.
+"""Long fuzzing runs of what reads hostile bytes first: HTTP/2 frames, HPACK, the headers,
+the partial decoder.
 
 The same properties run in CI as hypothesis tests (tests/scheduling/test_wire.py,
-tests/grpc/test_metadata.py), a few hundred examples each. For hours or days, run
+tests/grpc/test_metadata.py, tests/grpc/test_http2.py, tests/grpc/test_hpack.py), a few
+hundred examples each. For hours or days, run
 them under atheris (coverage-guided, libFuzzer), which is not a test dependency:
 
     pip install atheris
@@ -18,6 +20,10 @@ which `python tools/fuzz.py decoder crash-<sha1>` replays.
   parses the bytes the answers are protobuf's.
 - `headers`: any header block through `parse_request_headers` gives a request head
   or a `GrpcError` with a short, printable message.
+- `frames`: any bytes after the client preface, fed to a server's HTTP/2 connection in
+  two pieces, give events or `ProtocolError` (with its GOAWAY queued), nothing else.
+- `hpack`: any header block through rsgw's HPACK decoder gives headers or `HpackError`,
+  and where the hpack library decodes the block, the same headers.
 """
 
 from __future__ import annotations
@@ -25,12 +31,15 @@ from __future__ import annotations
 import sys
 
 import atheris
+import hpack
 
 with atheris.instrument_imports():
     from google.protobuf.message import DecodeError as ProtobufDecodeError
 
     from rsgw._errors import DecodeError, GrpcError
     from rsgw._proto import grpc_predict_v2_pb2 as pb
+    from rsgw.grpc import _http2 as http2
+    from rsgw.grpc._hpack import HeaderDecoder, HpackError
     from rsgw.grpc._metadata import parse_request_headers
     from rsgw.scheduling._wire import head_length, peek_batch_size, peek_header, peek_routing
 
@@ -67,7 +76,32 @@ def headers(data: bytes) -> None:
         exc.message.encode("utf-8")
 
 
-TARGETS = {"decoder": decoder, "headers": headers}
+def frames(data: bytes) -> None:
+    conn = http2.Http2Connection(client_side=False, window_bytes=1 << 20)
+    conn.initiate_connection()
+    cut = data[0] if data else 0
+    stream = http2.PREFACE + data[1:]
+    try:
+        conn.receive_data(stream[: len(http2.PREFACE) + cut])
+        conn.receive_data(stream[len(http2.PREFACE) + cut :])
+    except http2.ProtocolError:
+        assert conn.data_to_send(), "a protocol error queues GOAWAY"
+
+
+def hpack_block(data: bytes) -> None:
+    try:
+        ours: list[tuple[bytes, bytes]] | None = HeaderDecoder().decode(data)
+    except HpackError:
+        ours = None
+    try:
+        theirs = [tuple(h) for h in hpack.Decoder().decode(data, raw=True)]
+    except Exception:  # hpack's HPACKError family, and what it lets slip
+        return
+    if ours is not None:
+        assert ours == theirs, (ours, theirs)
+
+
+TARGETS = {"decoder": decoder, "headers": headers, "frames": frames, "hpack": hpack_block}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
