@@ -350,8 +350,14 @@ def _run_gateway(args: argparse.Namespace) -> None:
             message = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", flag, message)
         raise ConfigError(message) from None
     configure_logging(config.logging.level, config.logging.format)
-    # SIGHUP reads gateway.yml again, through the same flags and environment.
-    serve = partial(serve_gateway, config, reload_config=partial(load_config, args.config, env))
+    # SIGHUP (or a change to the file) reads gateway.yml again, through the same flags
+    # and environment.
+    serve = partial(
+        serve_gateway,
+        config,
+        reload_config=partial(load_config, args.config, env),
+        config_file=args.config,
+    )
     trio.run(partial(_until_terminated, serve, what="gateway"))
 
 

@@ -117,6 +117,7 @@ async def open_fleet(
     catalogues: list[Catalogue] | None = None,
     worker_overrides: dict[str, Any] | list[dict[str, Any]] | None = None,
     reload_config: Callable[[], GatewayConfig] | None = None,
+    config_file: str | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Fleet]:
     network: Network = MemoryNetwork() if memory else TCP
@@ -137,7 +138,9 @@ async def open_fleet(
             workers.append(await nursery.start(start_worker, worker_config, network))
         config = gateway_config(workers, with_metrics=not memory, **gateway_overrides)
         gateway = await nursery.start(
-            functools.partial(start_gateway, reload_config=reload_config), config, network
+            functools.partial(start_gateway, reload_config=reload_config, config_file=config_file),
+            config,
+            network,
         )
         try:
             yield Fleet(workers, gateway, nursery, network)
@@ -166,8 +169,13 @@ async def start_gateway(
     network: Network,
     *,
     reload_config: Callable[[], GatewayConfig] | None = None,
+    config_file: str | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await serve_gateway(
-        config, network=network, reload_config=reload_config, task_status=task_status
+        config,
+        network=network,
+        reload_config=reload_config,
+        config_file=config_file,
+        task_status=task_status,
     )

@@ -8,14 +8,17 @@ read again on SIGHUP), and no call fails. DNS discovery is tests/gateway/test_di
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 import trio
+import yaml
 from trio.testing import MockClock
 
-from rsgw._config import GatewayConfig, GrpcLimits
+from rsgw._config import GatewayConfig, GrpcLimits, load_config
 from rsgw._errors import ConfigError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -239,6 +242,31 @@ async def test_sighup_applies_a_changed_endpoint_list(autojump_clock: MockClock)
         current[0] = dataclasses.replace(current[0], worker_names=("gpu-a", "worker-new"))
         gateway.reload()  # a rename: refused, logged, nothing changes
         assert gateway.statistics().workers == (fleet.worker_url(1), url)
+
+
+async def test_a_changed_gateway_yml_is_applied_without_a_signal(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    """The file watch: gateway.yml rewritten (a ConfigMap update, say) is applied as
+    SIGHUP would apply it, within a check interval; a file that does not parse is not."""
+    path = tmp_path / "gateway.yml"
+    path.write_text("endpoints: []\n")
+    load = functools.partial(load_config, str(path), {})
+    async with open_fleet(
+        2, memory=True, reload_config=load, config_file=str(path), **PROBING
+    ) as fleet:
+        gateway = fleet.gateway
+        mapping = gateway.config.to_mapping()
+        path.write_text("endpoints: [\n")  # half written: refused, nothing changes
+        await trio.sleep(3)
+        assert gateway.statistics().workers == (fleet.worker_url(0), fleet.worker_url(1))
+        mapping["endpoints"] = [fleet.worker_url(1)]
+        mapping["worker_names"] = ["worker1"]
+        mapping["metrics_endpoints"] = []
+        path.write_text(yaml.safe_dump(mapping))
+        await wait_until_async(
+            lambda: gateway.statistics().workers == (fleet.worker_url(1),), what="applied"
+        )
 
 
 async def test_a_removed_worker_has_the_gateways_regions_unregistered() -> None:

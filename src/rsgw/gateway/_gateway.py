@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,7 +36,7 @@ from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._discovery import Discovery
-from rsgw.gateway._guard import Guard
+from rsgw.gateway._guard import RELOAD_CHECK_SECONDS, Guard
 from rsgw.gateway._members import Members
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
@@ -127,12 +128,15 @@ class RunningGateway:
         """
         for reloadable in self._reloadables:
             reloadable.reload()
-        if self._reload_config is not None:
-            self._reload_workers(self._reload_config)
+        self.reload_workers()
 
-    def _reload_workers(self, load: Callable[[], GatewayConfig]) -> None:
+    def reload_workers(self) -> None:
+        """Read gateway.yml's workers again and apply them (see `reload`); nothing
+        without `reload_config`."""
+        if self._reload_config is None:
+            return
         try:
-            config = load()
+            config = self._reload_config()
             change = self._members.reconfigure(config)
             self._discovery.retarget(config)
         except ConfigError as exc:
@@ -225,6 +229,7 @@ async def serve_gateway(
     *,
     network: Network = TCP,
     reload_config: Callable[[], GatewayConfig] | None = None,
+    config_file: str | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until cancelled (or `RunningGateway.aclose()`).
@@ -233,7 +238,8 @@ async def serve_gateway(
     unless an embedding application or a test says otherwise); the admin HTTP
     server and the worker metrics scrapes always use TCP. `reload_config` reads
     gateway.yml again for `RunningGateway.reload` (SIGHUP); without it a reload
-    reads only the certificates and tokens.
+    reads only the certificates and tokens. With `config_file` too, the workers are
+    applied again whenever that file changes (checked every second).
 
     Raises:
         ListenError: the gRPC or admin address is busy or cannot be bound.
@@ -371,22 +377,44 @@ async def serve_gateway(
                 "outbound_streams_per_worker": config.worker_client.max_concurrent_streams,
             },
         )
-        task_status.started(
-            RunningGateway(
-                config,
-                bound_grpc,
-                bound_admin,
-                server,
-                service,
-                packing,
-                nursery.cancel_scope,
-                members=members,
-                discovery=discovery,
-                reload_config=reload_config,
-                reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
-            )
+        running = RunningGateway(
+            config,
+            bound_grpc,
+            bound_admin,
+            server,
+            service,
+            packing,
+            nursery.cancel_scope,
+            members=members,
+            discovery=discovery,
+            reload_config=reload_config,
+            reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
         )
+        if config_file and reload_config is not None:
+            nursery.start_soon(_watch_config, config_file, running.reload_workers)
+        task_status.started(running)
         await trio.sleep_forever()
+
+
+async def _watch_config(path: str, changed: Callable[[], None]) -> None:
+    """Apply gateway.yml's workers whenever the file changes (checked every second),
+    as SIGHUP does: an operator, or a ConfigMap update, need not signal."""
+    stamp = _stamp(path)
+    while True:
+        await trio.sleep(RELOAD_CHECK_SECONDS)
+        now = _stamp(path)
+        if now != stamp:
+            stamp = now
+            logger.info("gateway.yml changed; applying its workers", extra={"file": path})
+            changed()
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size)
 
 
 def _scheduler(
