@@ -245,7 +245,7 @@ async def test_sighup_applies_a_changed_endpoint_list(autojump_clock: MockClock)
 
 
 async def test_a_changed_gateway_yml_is_applied_without_a_signal(
-    autojump_clock: MockClock, tmp_path: Path
+    autojump_clock: MockClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The file watch: gateway.yml rewritten (a ConfigMap update, say) is applied as
     SIGHUP would apply it, within a check interval; a file that does not parse is not."""
@@ -258,7 +258,10 @@ async def test_a_changed_gateway_yml_is_applied_without_a_signal(
         gateway = fleet.gateway
         mapping = gateway.config.to_mapping()
         path.write_text("endpoints: [\n")  # half written: refused, nothing changes
-        await trio.sleep(3)
+        await wait_until_async(
+            lambda: any("gateway.yml not applied" in r.getMessage() for r in caplog.records),
+            what="the refusal logged",
+        )
         assert gateway.statistics().workers == (fleet.worker_url(0), fleet.worker_url(1))
         mapping["endpoints"] = [fleet.worker_url(1)]
         mapping["worker_names"] = ["worker1"]

@@ -391,15 +391,19 @@ async def serve_gateway(
             reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
         )
         if config_file and reload_config is not None:
-            nursery.start_soon(_watch_config, config_file, running.reload_workers)
+            # Stamped now, so a change made once `started` returns is never missed.
+            nursery.start_soon(
+                _watch_config, config_file, _stamp(config_file), running.reload_workers
+            )
         task_status.started(running)
         await trio.sleep_forever()
 
 
-async def _watch_config(path: str, changed: Callable[[], None]) -> None:
-    """Apply gateway.yml's workers whenever the file changes (checked every second),
-    as SIGHUP does: an operator, or a ConfigMap update, need not signal."""
-    stamp = _stamp(path)
+async def _watch_config(
+    path: str, stamp: tuple[int, int] | None, changed: Callable[[], None]
+) -> None:
+    """Apply gateway.yml's workers whenever the file changes from `stamp` (checked every
+    second), as SIGHUP does: an operator, or a ConfigMap update, need not signal."""
     while True:
         await trio.sleep(RELOAD_CHECK_SECONDS)
         now = _stamp(path)

@@ -581,10 +581,7 @@ class Http2Connection:
         event = DataReceived(stream_id, payload, length)
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id)
-            event.stream_ended = ended
-            events.append(ended)
-            self._close_remote(stream)
+            self._remote_ended(stream, event, events)
 
     def _on_headers(self, stream_id: int, flags: int, payload: bytes, events: list[Event]) -> None:
         if flags & PADDED:
@@ -659,10 +656,16 @@ class Http2Connection:
             event = TrailersReceived(stream_id, headers)
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id)
-            event.stream_ended = ended
-            events.append(ended)
-            self._close_remote(stream)
+            self._remote_ended(stream, event, events)
+
+    def _remote_ended(
+        self, stream: Stream, event: DataReceived | _HeadersEvent, events: list[Event]
+    ) -> None:
+        """END_STREAM on `event`'s frame: a `StreamEnded` after it, and the half closed."""
+        ended = StreamEnded(stream.stream_id)
+        event.stream_ended = ended
+        events.append(ended)
+        self._close_remote(stream)
 
     def _decode(self, block: bytes) -> list[Header]:
         try:
