@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
@@ -10,10 +11,17 @@ from hypothesis import strategies as st
 
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
-from rsgw.grpc._framing import MessageDecoder, frame_message, message_prefix
+from rsgw.grpc._framing import (
+    SMALL_PIECE_BYTES,
+    Gathered,
+    MessageDecoder,
+    frame_message,
+    joined,
+    message_prefix,
+)
 
 
-def feed_all(decoder: MessageDecoder, chunks: list[bytes]) -> list[bytes]:
+def feed_all(decoder: MessageDecoder, chunks: Sequence[bytes | memoryview]) -> list[bytes]:
     out: list[bytes] = []
     for chunk in chunks:
         out.extend(decoder.feed(chunk))
@@ -83,3 +91,48 @@ def test_any_chunking_gives_back_the_messages(messages: list[bytes], cuts: list[
     decoder = MessageDecoder()
     assert feed_all(decoder, chunks) == messages
     assert decoder.at_boundary
+
+
+@given(
+    st.lists(st.binary(max_size=5000), max_size=6),
+    st.lists(st.integers(min_value=0, max_value=30000), max_size=12),
+)
+def test_gathering_gives_back_the_same_messages(messages: list[bytes], cuts: list[int]) -> None:
+    """A gathering decoder's messages, joined, are the plain decoder's; a message
+    that came whole is plain bytes, and the pieces are never more than the chunks."""
+    wire = b"".join(frame_message(m) for m in messages)
+    points = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
+    chunks = [memoryview(wire)[a:b] for a, b in itertools.pairwise(points)]
+    decoder = MessageDecoder(gather=True)
+    out = feed_all(decoder, chunks)  # views, as the core feeds them
+    assert [joined(m) for m in out] == messages
+    assert decoder.at_boundary
+    for message in out:
+        if isinstance(message, Gathered):
+            assert len(message) == len(bytes(message))
+            assert 1 < len(message.pieces) <= len(chunks)
+            assert message.head(7) == bytes(message)[:7]
+        else:
+            assert type(message) is bytes
+
+
+def test_large_pieces_stay_views_of_the_reads() -> None:
+    payload = bytes(range(256)) * 256  # 64 KiB
+    wire = frame_message(payload)
+    reads = [wire[i : i + 16384] for i in range(0, len(wire), 16384)]
+    decoder = MessageDecoder(gather=True)
+    (message,) = feed_all(decoder, [memoryview(r) for r in reads])
+    assert isinstance(message, Gathered)
+    assert all(isinstance(piece, memoryview) for piece in message.pieces)
+    assert bytes(message) == payload
+
+
+def test_tiny_pieces_are_kept_in_one_buffer() -> None:
+    """A message sent a byte at a time costs its bytes, not a view object per byte."""
+    payload = b"y" * (3 * SMALL_PIECE_BYTES)
+    wire = frame_message(payload)
+    decoder = MessageDecoder(gather=True)
+    out = feed_all(decoder, [wire[i : i + 1] for i in range(len(wire))])
+    assert out == [payload]  # one piece: plain bytes
+    decoder = MessageDecoder()
+    assert feed_all(decoder, [wire[i : i + 1] for i in range(len(wire))]) == [payload]

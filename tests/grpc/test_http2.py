@@ -152,6 +152,39 @@ def test_a_server_sees_what_h2_sees(
     assert failed(got) == failed(expected)
 
 
+def feed_in_slices(
+    conn: http2.Http2Connection, data: bytes, cuts: list[int], size: int
+) -> list[Any]:
+    """`feed`, but each piece parsed through `receive_some` in slices of about `size`."""
+    events: list[Any] = []
+    points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    for start, end in itertools.pairwise(points):
+        piece = memoryview(data)[start:end]
+        try:
+            while piece:
+                got, taken = conn.receive_some(piece, size)
+                assert 0 < taken <= len(piece)
+                events += got
+                piece = piece[taken:]
+        except http2.ProtocolError as exc:
+            events.append(("error", type(exc).__name__))
+            break
+    return events
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(actions, st.lists(st.integers(0, 100_000), max_size=6), st.integers(1, 5000))
+def test_slices_cut_on_frame_boundaries_change_nothing(
+    script: list[tuple[Any, ...]], cuts: list[int], size: int
+) -> None:
+    """What a flood guard's slicing (`receive_some`) sees is what one parse sees."""
+    data = play(rsgw_side(True), script)
+    whole = feed(rsgw_side(False), data, cuts)
+    sliced = feed_in_slices(rsgw_side(False), data, cuts, size)
+    assert normal(sliced) == normal(whole)
+    assert failed(sliced) == failed(whole)
+
+
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=2000), min_size=1, max_size=4), st.booleans())
 def test_a_client_sees_answers_as_h2_sees_them(messages: list[bytes], ours: bool) -> None:

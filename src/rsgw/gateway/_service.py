@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
@@ -40,7 +41,7 @@ from rsgw.gateway._metrics import UNKNOWN_MODEL, GatewayMetrics
 from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._compression import inflate_prefix
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, Gathered
 from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._metering import Meter, metered
 from rsgw.scheduling._budget import RetryBudget
@@ -221,10 +222,10 @@ class GatewayService:
         self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter
     ) -> bytes:
         meter.timed = False  # refused before routing: counted, but no latency observed
-        head = body  # what routing reads: the body itself, or a compressed body's head
+        head = body  # what routing reads: the body itself, or its head
         try:
             if type(body) is not bytes:
-                head = inflate_prefix(body, head_length, self.max_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+                head = self._head_of(body)
             model, sequence = peek_routing(head)
             if len(self.pool.regions):
                 self.pool.regions.check_request(head, call.owner)
@@ -271,18 +272,30 @@ class GatewayService:
         # The client's request id goes on to the worker (its logs can name the call).
         rid = request_id(call.metadata) if call.metadata else None
         metadata = () if rid is None else ((REQUEST_ID, rid),)
-        with trio.move_on_at(deadline):
-            try:
-                response = await self._forward(body, walk, ticket, deadline, metadata)
-            except Shed:
-                meter.timed = False  # the replicas filled up meanwhile: still a refusal
-                raise
-            finally:
-                meter.upstream = walk.answered or ""
-            if sequence is not None:
-                self._sequence_answered(model, sequence, walk.answered)
-            return response
-        raise gateway_deadline(model)  # the scope caught the deadline (at a gate, say)
+        # The handler's scope ends the call at the deadline (at a gate, say), answering
+        # as the gateway's deadline; `trio.Cancelled` passes through here.
+        call.limit(deadline, partial(gateway_deadline, model))
+        try:
+            response = await self._forward(body, walk, ticket, deadline, metadata)
+        except Shed:
+            meter.timed = False  # the replicas filled up meanwhile: still a refusal
+            raise
+        finally:
+            meter.upstream = walk.answered or ""
+        if sequence is not None:
+            self._sequence_answered(model, sequence, walk.answered)
+        return response
+
+    def _head_of(self, body: bytes) -> bytes:
+        """What routing reads of a body that is not plain bytes: a compressed body's
+        head inflated, a large body's head from its first pieces (`Gathered`)."""
+        if isinstance(body, Gathered):
+            first = body.pieces[0]
+            end = head_length(first, complete=False)
+            if end is None:  # the head goes on past the first piece (rare): the whole body
+                return bytes(body)
+            return bytes(first[:end])
+        return inflate_prefix(body, head_length, self.max_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
 
     def _sequence_holder(
         self, model: str, sequence_id: int | str, replicas: tuple[str, ...]

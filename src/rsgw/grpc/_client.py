@@ -67,18 +67,38 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
-    """A caller waiting for its unary call to end (fed as a `ClientStream` is)."""
+    """A caller waiting for its unary call to end (fed as a `ClientStream` is).
+
+    It parks its task itself rather than on a `trio.Event`: one waiter, woken once,
+    and it sits on every proxied call.
+    """
 
     messages: list[bytes] = field(default_factory=list)
     error: RsgwError | None = None
-    done: trio.Event = field(default_factory=trio.Event)
+    done: bool = False
+    _task: trio.lowlevel.Task | None = None
+
+    async def wait(self) -> None:
+        """Until the call ends; a schedule point, and `trio.Cancelled` if cancelled first."""
+        if self.done:
+            await trio.lowlevel.checkpoint()
+            return
+        self._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def deliver(self, message: bytes) -> None:
         self.messages.append(message)
 
     def finish(self, error: RsgwError | None) -> None:
         self.error = error
-        self.done.set()
+        self.done = True
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
     def drained(self) -> None:
         pass  # a unary request never waits for window: the core queues it whole
@@ -196,8 +216,9 @@ class Channel:
         """Call `path` with `request`; return the response message.
 
         A `Compressed` request goes out compressed (decompressed first if the peer
-        said it does not read that encoding). The reply comes back decompressed,
-        or, with `raw`, as it came (a pass-through relays it compressed).
+        said it does not read that encoding), a `Gathered` one as its pieces. The
+        reply comes back decompressed, or, with `raw`, as it came (a pass-through
+        relays it compressed, or `Gathered` if it was large).
 
         Args:
             deadline: absolute, on the Trio clock; forwarded as `grpc-timeout`.
@@ -217,15 +238,24 @@ class Channel:
             raise too_large(len(request), self.max_send_message_bytes, "sent")
         scope: trio.CancelScope | None
         with trio.CancelScope(deadline=deadline) if enforce_deadline else _UNSCOPED as scope:
-            async with contextlib.nullcontext() if uncapped else self._slots:
+            slots = None if uncapped else self._slots
+            if slots is not None:
+                if slots.value:  # free: no schedule point here, waiting for the reply is one
+                    slots.acquire_nowait()
+                else:
+                    await slots.acquire()
+            try:
                 connection = await self._connect()
                 headers = self._headers(path, deadline, metadata)
                 if type(request) is not bytes:
                     request = self._encoded(request, headers, connection.connection.peer_accepts)
-                reply = await connection.call(headers, request)
-                if raw or type(reply) is bytes:
-                    return reply
-                return decompress(reply, self.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+                reply = await connection.call(headers, request, raw)
+            finally:
+                if slots is not None:
+                    slots.release()
+            if raw or type(reply) is bytes:
+                return reply
+            return decompress(reply, self.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
         assert scope is not None and scope.cancelled_caught
         raise GrpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded calling {self.target}")
 
@@ -407,19 +437,19 @@ class _ClientConnection:
             except StreamLimitReached:
                 continue
 
-    async def call(self, headers: list[Header], request: bytes) -> bytes:
+    async def call(self, headers: list[Header], request: bytes, gather: bool = False) -> bytes:
         try:
-            stream_id = self.connection.start_call(headers, request)
+            stream_id = self.connection.start_call(headers, request, gather)
         except StreamLimitReached:  # the peer's limit, not ours: wait for a stream
             stream_id = await self._once_a_stream_frees(
-                partial(self.connection.start_call, headers, request)
+                partial(self.connection.start_call, headers, request, gather)
             )
         waiter = self._waiters[stream_id] = _Waiter()
         self._transport.flush()
         try:
-            await waiter.done.wait()
+            await waiter.wait()
         finally:
-            if not waiter.done.is_set():  # cancelled (deadline or caller): stop the peer's work
+            if not waiter.done:  # cancelled (deadline or caller): stop the peer's work
                 del self._waiters[stream_id]
                 self.connection.cancel(stream_id)
                 self._transport.flush()

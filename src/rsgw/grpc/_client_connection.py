@@ -64,10 +64,11 @@ class ClientConnection(GrpcConnection):
 
     # -- calling --------------------------------------------------------------------------
 
-    def start_call(self, headers: Sequence[Header], message: bytes) -> int:
+    def start_call(self, headers: Sequence[Header], message: bytes, gather: bool = False) -> int:
         """Open a call, send `headers` and one message, and end the request.
 
-        Returns the call's stream id; its outcome arrives as a `CallEnded`.
+        Returns the call's stream id; its outcome arrives as a `CallEnded`. With
+        `gather`, a large response may arrive `Gathered` (`rsgw.grpc._framing`).
 
         Raises:
             GrpcError: RESOURCE_EXHAUSTED, the message is over the send limit.
@@ -77,6 +78,7 @@ class ClientConnection(GrpcConnection):
         if len(message) > self.max_send_message_bytes:
             raise too_large(len(message), self.max_send_message_bytes, "sent")
         call = self._open(headers)
+        call.decoder.gather = gather
         self._outbound.queue(call, message, end=True)
         return call.stream_id
 

@@ -168,9 +168,10 @@ class GrpcConnection:
 
         Returns the events these bytes completed, in order. A peer that breaks
         HTTP/2 ends the connection: h2 queues its GOAWAY, every call ends, and the
-        state becomes CLOSED. A large read goes to h2 in slices of `SLICE_BYTES`, and
-        `_overdrawn()` is asked after each: a flood of tiny frames stops being parsed
-        within one slice of going over budget (h2 parses a buffer whole).
+        state becomes CLOSED. A large read goes to the codec in slices of about
+        `SLICE_BYTES` (cut on frame boundaries), and `_overdrawn()` is asked after
+        each: a flood of tiny frames stops being parsed within one slice of going
+        over budget.
         """
         if not data:
             return self.connection_lost("closed by the peer")
@@ -180,12 +181,15 @@ class GrpcConnection:
         self.receives += 1
         handlers = self._handlers  # one dict lookup per h2 event on the hot path
         view = memoryview(data) if len(data) > SLICE_BYTES else data  # slices, not copies
-        for start in range(0, len(data), SLICE_BYTES):
-            piece = data if len(data) <= SLICE_BYTES else view[start : start + SLICE_BYTES]
+        start = 0
+        while start < len(data):
             try:
-                h2_events = self._h2.receive_data(piece)
+                h2_events, taken = self._h2.receive_some(
+                    view[start:] if start else view, SLICE_BYTES
+                )
             except http2.ProtocolError as exc:
                 return events + self.connection_lost(f"broke the HTTP/2 protocol: {exc}")
+            start += taken
             self.frames += len(h2_events)
             for h2_event in h2_events:
                 handler = handlers.get(type(h2_event))

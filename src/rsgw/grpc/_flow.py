@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import Call, Step
 from rsgw.grpc._compression import Compressed
-from rsgw.grpc._framing import message_prefix
+from rsgw.grpc._framing import Gathered, message_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,6 +59,10 @@ class Outbound:
         stream_id = call.stream_id
         room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
         call.end_pending = end
+        if isinstance(message, Gathered):  # its pieces as they are: no join
+            call.outbox += (prefix, *message.pieces)
+            self._send(call)
+            return
         if total + 5 <= room and not call.outbox:
             # The common case, a message that fits: one frame, no outbox, no copy.
             try:

@@ -12,6 +12,14 @@ own call (purerpc's oversized message killed every call on the connection).
 A compressed message (flag 1) is accepted only on a call whose headers named an
 encoding, and comes out wrapped in that encoding's `Compressed` class, still
 compressed; the flag of a message sent follows its class the same way.
+
+A decoder told to `gather` (the gateway's pass-through calls) hands a message that
+arrived in several pieces over as a `Gathered`, the pieces as they came, instead of
+joining them: a 1 MiB tensor then crosses the gateway without ever being made
+contiguous (the join was the one copy of its bytes in user space). Like `Compressed`,
+a `Gathered` travels where the core's types say `bytes`; only calls that asked for
+it get one, and the places that take it (`rsgw.grpc._flow`, the gateway's routing)
+check for it.
 """
 
 from __future__ import annotations
@@ -34,6 +42,51 @@ def message_prefix(length: int, compressed: bool = False) -> bytes:
 def frame_message(payload: bytes) -> bytes:
     """Prefix and payload in one buffer (flagged if `payload` is `Compressed`; a copy)."""
     return message_prefix(len(payload), isinstance(payload, Compressed)) + payload
+
+
+#: Pieces smaller than this are copied into one growing buffer rather than kept as
+#: views: a peer that sends a message in 1-byte DATA frames must not make us hold a
+#: view object (about 200 bytes) per byte.
+SMALL_PIECE_BYTES = 1024
+
+
+class Gathered:
+    """A message received in several pieces (views of the reads), not joined.
+
+    `len()` is the message's length; `bytes()` joins it (a copy); `head(n)` joins
+    only as many pieces as the first `n` bytes need.
+    """
+
+    __slots__ = ("_length", "pieces")
+
+    def __init__(self, pieces: list[bytes | memoryview], length: int) -> None:
+        self.pieces = pieces
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+    def head(self, size: int) -> bytes:
+        """The message's first `size` bytes (all of it if shorter)."""
+        taken: list[bytes | memoryview] = []
+        have = 0
+        for piece in self.pieces:
+            if have >= size:
+                break
+            taken.append(piece)
+            have += len(piece)
+        return b"".join(taken)[:size]
+
+    def __repr__(self) -> str:
+        return f"Gathered({self._length} bytes in {len(self.pieces)} pieces)"
+
+
+def joined(message: bytes) -> bytes:
+    """`message` as contiguous bytes (a `Gathered` joined; anything else as it is)."""
+    return bytes(message) if isinstance(message, Gathered) else message
 
 
 def too_large(length: int, limit: int, what: str = "received") -> GrpcError:
@@ -59,6 +112,8 @@ class MessageDecoder:
     Args:
         compressed: the call's encoding, which compressed messages come wrapped in;
             None while the call named none.
+        gather: hand an uncompressed message that arrived in several pieces over as
+            a `Gathered` (see the module docstring).
     """
 
     __slots__ = (
@@ -68,6 +123,7 @@ class MessageDecoder:
         "_wrap",
         "buffered",
         "compressed",
+        "gather",
         "max_message_bytes",
     )
 
@@ -75,13 +131,15 @@ class MessageDecoder:
         self,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         compressed: type[Compressed] | None = None,
+        gather: bool = False,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.compressed = compressed
+        self.gather = gather
         self._wrap: type[Compressed] | None = None  # the current message's, if compressed
         self._head = b""  # a partial prefix (fewer than 5 bytes)
         self._need = -1  # payload bytes of the current message, -1 while reading a prefix
-        self._chunks: list[bytes | memoryview] = []
+        self._chunks: list[bytes | bytearray | memoryview] = []
         #: Bytes of the message being gathered (0 between messages).
         self.buffered = 0
 
@@ -124,13 +182,22 @@ class MessageDecoder:
                 self._wrap = wrap
                 self._need = length
             take = min(self._need - self.buffered, end - pos)
-            self._chunks.append(data[pos : pos + take])
+            chunks = self._chunks
+            if take >= SMALL_PIECE_BYTES:
+                chunks.append(data[pos : pos + take])
+            elif chunks and type(chunks[-1]) is bytearray:
+                chunks[-1] += data[pos : pos + take]
+            else:
+                chunks.append(bytearray(data[pos : pos + take]))
             self.buffered += take
             pos += take
             if self.buffered == self._need:
-                chunks = self._chunks
-                payload = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
-                out.append(payload if self._wrap is None else self._wrap(payload))
+                if self._wrap is None and self.gather and len(chunks) > 1:
+                    pieces = [memoryview(c) if type(c) is bytearray else c for c in chunks]
+                    out.append(Gathered(pieces, self._need))  # type: ignore[arg-type]  # see the module docstring
+                else:
+                    payload = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
+                    out.append(payload if self._wrap is None else self._wrap(payload))
                 self._chunks = []
                 self.buffered = 0
                 self._need = -1

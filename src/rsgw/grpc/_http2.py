@@ -21,6 +21,7 @@ A peer that breaks the protocol gets GOAWAY with the error's code, and
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 
@@ -460,35 +461,60 @@ class Http2Connection:
     def receive_data(self, data: bytes | memoryview) -> list[Event]:
         """Parse what the peer sent; the events its complete frames make, in order.
 
-        The bytes of a frame not yet complete wait as pieces, joined once the frame
-        is whole (a 1 MiB frame read 64 KiB at a time is copied once, not sixteen
-        times). A DATA frame's payload is a view of the read, not a copy.
+        The bytes of a frame not yet complete wait as pieces; once it is whole, only
+        that frame's bytes are joined, and the rest of the read is parsed where it
+        lies (reads rarely end on a frame boundary, and joining the whole read to
+        the rest of a frame would copy every byte received). A DATA frame's payload
+        is a view of the read, not a copy.
 
         Raises:
             ProtocolError: the peer broke HTTP/2; GOAWAY is queued, the connection is over.
         """
+        return self.receive_some(data, math.inf)[0]
+
+    def receive_some(self, data: bytes | memoryview, at_least: float) -> tuple[list[Event], int]:
+        """`receive_data` of `data`'s first frames: at least `at_least` bytes of them if
+        there are, stopping at the first frame boundary after; the events and how many
+        bytes of `data` were taken (the caller feeds the rest later).
+
+        A caller that must look up between slices of a large read (a flood guard)
+        slices it here, on frame boundaries: a slice cut inside a frame would have
+        that frame joined, a copy of up to a frame's bytes per slice.
+        """
         events: list[Event] = []
-        buffer: bytes | memoryview
+        taken = 0
         pending = self._pending
-        if pending:
-            pending.append(data)
-            self._pending_size += len(data)
-            if self._pending_size < self._needed:
-                return events
-            buffer = b"".join(pending)
+        while pending:
+            missing = self._needed - self._pending_size
+            if len(data) - taken < missing:
+                pending.append(data[taken:] if taken else data)
+                self._pending_size += len(data) - taken
+                return events, len(data)
+            pending.append(data[taken : taken + missing])
+            taken += missing
+            joined = b"".join(pending)
             pending.clear()
-        else:
-            buffer = data
+            self._parse(joined, events, math.inf)  # a frame, or a head that asks for more
+        if taken < len(data):
+            taken += self._parse(data[taken:] if taken else data, events, at_least - taken)
+        return events, taken
+
+    def _parse(self, buffer: bytes | memoryview, events: list[Event], at_least: float) -> int:
+        """Parse the whole frames at the start of `buffer`, stopping at the first frame
+        boundary past `at_least` bytes; keep a partial frame at its end pending.
+        Returns the bytes taken (all of them unless it stopped at `at_least`)."""
+        skipped = 0
         if self._awaiting_preface:
             if len(buffer) < len(PREFACE):
                 if not PREFACE.startswith(bytes(buffer)):
                     self._fail("the client did not send the HTTP/2 preface")
                 self._wait_for(buffer, len(PREFACE))
-                return events
+                return len(buffer)
             if bytes(buffer[: len(PREFACE)]) != PREFACE:
                 self._fail("the client did not send the HTTP/2 preface")
             self._awaiting_preface = False
             buffer = buffer[len(PREFACE) :]
+            skipped = len(PREFACE)
         position, end = 0, len(buffer)
         view = memoryview(buffer)
         unpack = _FRAME_HEAD.unpack_from
@@ -496,7 +522,7 @@ class Http2Connection:
         dispatch = self._dispatch
         needed = 9
         try:
-            while end - position >= 9:
+            while end - position >= 9 and position < at_least:
                 high, low, kind, flags, stream_id = unpack(buffer, position)
                 length = (high << 8) | low
                 if length > limit:
@@ -518,9 +544,11 @@ class Http2Connection:
                     dispatch[kind](stream_id, flags, bytes(buffer[start:position]), events)
         except ProtocolError as exc:
             self._fail(str(exc), exc.error_code)
+        if position >= at_least:
+            return skipped + position
         if position < end:
             self._wait_for(buffer[position:], needed)
-        return events
+        return skipped + end
 
     def _wait_for(self, rest: bytes | memoryview, needed: int) -> None:
         """Keep `rest` until `needed` bytes are here."""
@@ -576,8 +604,8 @@ class Http2Connection:
         if length > stream.inbound:
             raise ProtocolError("DATA over the stream window", ErrorCodes.FLOW_CONTROL_ERROR)
         stream.inbound -= length
-        if flags & PADDED:
-            payload = _unpad(payload)
+        if flags & PADDED:  # a copy: a view would keep the padding's bytes alive too
+            payload = bytes(_unpad(payload))
         event = DataReceived(stream_id, payload, length)
         events.append(event)
         if flags & END_STREAM:

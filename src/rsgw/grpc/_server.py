@@ -17,10 +17,12 @@ Streaming handlers take a `ServerStream`, fed by the same `MessageReceived` /
 Compression (gzip, deflate): a handler sees its request decompressed, unless its
 path is one of `raw_paths` (a pass-through), which gets a compressed request as it
 came (`rsgw.grpc._compression.Compressed`) and may answer with a compressed
-reply. A reply goes out compressed only in an encoding the client accepts: a
-compressed reply it does not accept is decompressed, and with `response_encoding`
-set, a plain reply is compressed when the client accepts that encoding. Streamed
-messages are decompressed as the handler reads them and sent as they are given.
+reply; a large request on such a path may also come `Gathered` (in the pieces it
+arrived in, `rsgw.grpc._framing`), and the reply may be one. A reply goes out
+compressed only in an encoding the client accepts: a compressed reply it does not
+accept is decompressed, and with `response_encoding` set, a plain reply is
+compressed when the client accepts that encoding. Streamed messages are
+decompressed as the handler reads them and sent as they are given.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from rsgw.grpc._calls import (
 )
 from rsgw.grpc._compression import Compressed, compress, decompress
 from rsgw.grpc._connection import ConnectionState
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, joined
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
 from rsgw.grpc._limits import ConnectionLimits, StreamShare
 from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
@@ -101,6 +103,22 @@ class ServerCall:
     client: Peer = field(default_factory=lambda: _IN_PROCESS)
     #: Who the call proved to be, once the gateway's guard checked it (auth on).
     principal: Principal | None = None
+    #: What the call answers if `limit`'s deadline ends it (else "deadline exceeded").
+    expired: Callable[[], RsgwError] | None = None
+    #: The cancel scope the handler runs under (None outside a server).
+    scope: trio.CancelScope | None = None
+
+    def limit(self, deadline: float, expired: Callable[[], RsgwError]) -> None:
+        """End the handler at `deadline` if that is sooner, answering `expired()` then.
+
+        The handler's own scope takes the deadline: the request path needs no cancel
+        scope of its own (a scope costs more than the rest of a small call's routing).
+        """
+        self.expired = expired
+        if deadline < self.deadline:
+            self.deadline = deadline
+            if self.scope is not None:
+                self.scope.deadline = deadline
 
     @property
     def owner(self) -> str:
@@ -463,6 +481,7 @@ class _ServerConnection:
         self._server = server
         self.connection = ServerConnection(
             limits=server.limits,
+            gather_paths=server._raw_paths,
             max_receive_message_bytes=server.max_receive_message_bytes,
             max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server._window_bytes,
@@ -645,7 +664,7 @@ class _ServerConnection:
             response: bytes | None = None
             assert pending.handler is not None
             with trio.CancelScope(deadline=call.deadline) as scope:
-                pending.scope = scope
+                pending.scope = call.scope = scope
                 try:
                     request = pending.messages.pop()
                     if type(request) is not bytes and not pending.raw:
@@ -660,7 +679,7 @@ class _ServerConnection:
                 except Exception as exc:
                     logger.exception("handler for %s failed", call.path)
                     code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-            pending.scope = None
+            pending.scope = call.scope = None
             if pending.ended:
                 return  # the client reset the call, or the connection died
             self._calls.pop(stream_id, None)
@@ -678,7 +697,7 @@ class _ServerConnection:
         code = StatusCode.OK
         message = ""
         with trio.CancelScope(deadline=call.deadline) as scope:
-            pending.scope = scope
+            pending.scope = call.scope = scope
             try:
                 await handler(pending.stream)
             except RsgwError as exc:
@@ -688,7 +707,7 @@ class _ServerConnection:
             except Exception as exc:
                 logger.exception("stream handler for %s failed", call.path)
                 code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-        pending.scope = None
+        pending.scope = call.scope = None
         if pending.ended:
             return
         self._calls.pop(stream_id, None)
@@ -705,7 +724,7 @@ class _ServerConnection:
             return decompress(response, self._server.max_send_message_bytes)
         encoding = self._server.response_encoding
         if encoding is not None and encoding.encoding in call.accept:
-            return compress(response, encoding)
+            return compress(joined(response), encoding)
         return response
 
     def _refused(self, path: bytes, code: StatusCode) -> None:
@@ -722,4 +741,7 @@ def _cut_short(pending: _Pending) -> tuple[StatusCode, str]:
     """The status of a call whose handler was cancelled: its deadline, or the drain's end."""
     if pending.abandoned:
         return StatusCode.UNAVAILABLE, pending.abandoned
+    if pending.call.expired is not None:
+        error = pending.call.expired()
+        return error.code, error.message
     return StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"

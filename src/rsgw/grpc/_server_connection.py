@@ -44,9 +44,17 @@ class ServerConnection(GrpcConnection):
 
     client_side = False
 
-    def __init__(self, *, limits: ConnectionLimits | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        limits: ConnectionLimits | None = None,
+        gather_paths: frozenset[bytes] = frozenset(),
+        **options: Any,
+    ) -> None:
         options.setdefault("peer", "the client")
         self.limits = ConnectionLimits() if limits is None else limits
+        #: Methods whose large requests arrive `Gathered` (the pass-through ones).
+        self.gather_paths = gather_paths
         options.setdefault("max_header_list_bytes", self.limits.max_header_list_bytes)
         super().__init__(**options)
         self._handlers[http2.RequestReceived] = self._on_request
@@ -204,7 +212,10 @@ class ServerConnection(GrpcConnection):
         except RsgwError as exc:  # not a gRPC call we can serve: answer and forget it
             self._answer_unregistered(stream_id, exc)
             return
-        call = Call(stream_id, MessageDecoder(self.max_receive_message_bytes, head.encoding))
+        decoder = MessageDecoder(
+            self.max_receive_message_bytes, head.encoding, head.path in self.gather_paths
+        )
+        call = Call(stream_id, decoder)
         call.opened = self.receives
         call.advance_inbound(Step.HEADERS)
         self._calls[stream_id] = call

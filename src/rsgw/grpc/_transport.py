@@ -182,25 +182,31 @@ class Transport:
 def _write_gathered(fd: int, pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """Write as much of `pieces` as the socket takes now; what is left, in order.
 
+    The cost is in the pieces written, not in those left: a backlog of thousands
+    of frames drains over many partial writes, and each one only steps over what
+    it sent.
+
     Raises:
         OSError: the socket is broken (a full socket is not an error: all is left).
     """
-    sent = 0
-    try:
-        if len(pieces) == 1:
-            sent = os.write(fd, pieces[0])
+    while pieces:
+        batch = pieces if len(pieces) <= IOV_MAX else pieces[:IOV_MAX]
+        try:
+            sent = os.writev(fd, batch) if len(batch) > 1 else os.write(fd, batch[0])
+        except BlockingIOError:
+            return pieces
+        done = 0
+        for piece in batch:
+            size = len(piece)
+            if sent < size:
+                break
+            sent -= size
+            done += 1
         else:
-            for start in range(0, len(pieces), IOV_MAX):
-                batch = pieces[start : start + IOV_MAX]
-                wrote = os.writev(fd, batch)
-                sent += wrote
-                if wrote < sum(len(piece) for piece in batch):
-                    break
-    except BlockingIOError:
-        pass
-    for index, piece in enumerate(pieces):
-        if sent < len(piece):
-            head = memoryview(piece)[sent:] if sent else piece
-            return [head, *pieces[index + 1 :]]
-        sent -= len(piece)
+            pieces = pieces[done:]  # the whole batch went: on to the next, if any
+            continue
+        rest = pieces[done:]
+        if sent:
+            rest[0] = memoryview(rest[0])[sent:]
+        return rest
     return []
