@@ -48,6 +48,14 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
     async def aclose(self) -> None:
         self.closed = True
         self._network.forget(self)
+        # Connections nobody accepted are reset, as TCP resets a closed listener's backlog.
+        while True:
+            try:
+                stream = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            assert isinstance(stream, _Gated)
+            stream.close_now()
         await self._receive.aclose()
         await trio.lowlevel.checkpoint()
 
@@ -93,6 +101,13 @@ class _Gated(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+    def close_now(self) -> None:
+        """Close both directions without a checkpoint (the peer reads EOF)."""
+        stream = self._stream
+        assert isinstance(stream, trio.StapledStream)
+        stream.send_stream.close()
+        stream.receive_stream.close()
 
 
 class MemoryNetwork:

@@ -39,9 +39,12 @@ class Handlers:
         self.gate = trio.Event()
         self.gated_started = trio.Event()
         self.metadata: list[tuple[tuple[bytes, bytes], ...]] = []
+        #: The tasks Echo ran on.
+        self.tasks: set[trio.lowlevel.Task] = set()
 
     async def echo(self, request: bytes, call: ServerCall) -> bytes:
         self.metadata.append(call.metadata)
+        self.tasks.add(trio.lowlevel.current_task())
         return request
 
     async def slow(self, request: bytes, call: ServerCall) -> bytes:
@@ -240,6 +243,24 @@ async def test_many_concurrent_calls_on_one_connection(
     assert channel.connects == 1
 
 
+async def test_handler_tasks_are_kept_between_calls(
+    served: Served, autojump_clock: MockClock
+) -> None:
+    """Rounds of 8 concurrent calls on one connection run on a handful of tasks, not
+    a task each; a call that fails or is cancelled leaves its task usable."""
+    channel = served.channel()
+    for _ in range(10):
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(channel.unary, b"/t.Test/Echo", b"%d" % i)
+        with pytest.raises(GrpcError):
+            await channel.unary(b"/t.Test/Boom", b"")
+        with trio.move_on_after(1):
+            await channel.unary(b"/t.Test/Slow", b"")
+    assert len(served.handlers.tasks) <= 10  # 80 calls
+    assert await channel.unary(b"/t.Test/Echo", b"still") == b"still"
+
+
 async def test_graceful_close_lets_calls_finish_and_refuses_new_ones(
     served: Served, autojump_clock: MockClock
 ) -> None:
@@ -291,6 +312,48 @@ async def test_a_second_listener_on_a_busy_address_is_a_listen_error(
     port = int(served.target.rpartition(":")[2])
     with pytest.raises(ListenError, match="address already in use"):
         await GrpcServer({}).serve("gw", port, network=served.network)
+
+
+async def test_a_cancelled_server_refuses_new_connections_while_old_ones_finish(
+    autojump_clock: MockClock,
+) -> None:
+    """A server cancelled (an embedded one stopped, a worker killed in a test) closes its
+    listener at once: a client connecting while a handler still finishes is refused,
+    not left unserved in the backlog until its connect timeout."""
+    started = trio.Event()
+
+    async def stubborn(request: bytes, call: ServerCall) -> bytes:
+        started.set()
+        with trio.CancelScope(shield=True):  # takes a while to stop
+            await trio.sleep(0.5)
+        return request
+
+    server = GrpcServer({"/t.Test/Stubborn": stubborn})
+    network = MemoryNetwork()
+    seen: list[tuple[str, float]] = []
+
+    async def call(channel: Channel) -> None:
+        with pytest.raises(WorkerUnavailable):  # the server went away under it
+            await channel.unary(b"/t.Test/Stubborn", b"")
+
+    async def call_and_connect(target: str) -> None:
+        outer.start_soon(call, Channel(target, outer, network=network))
+        await started.wait()
+        cancelled_at = trio.current_time()
+        serving.cancel_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            await network.connect(target)
+            seen.append(("accepted", trio.current_time() - cancelled_at))
+        except ConnectionRefusedError:
+            seen.append(("refused", trio.current_time() - cancelled_at))
+
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as serving:
+            port = await serving.start(lambda **kw: server.serve("gw", 0, network=network, **kw))
+            outer.start_soon(call_and_connect, f"gw:{port}")
+        outer.cancel_scope.cancel()
+    assert seen == [("refused", 0.0)]
 
 
 async def test_a_client_that_hangs_up_cancels_its_calls(

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
+import outcome
 import trio
 
 from rsgw._auth import Principal
@@ -80,6 +81,8 @@ SWEEP_SECONDS = 1.0
 #: A connection whose bytes complete no frame for `header_seconds` is a slowloris
 #: unless they came at least this fast (a slow link sending one big frame).
 SLOW_BYTES_PER_SECOND = 1024
+#: Handler tasks a connection keeps between unary calls (`_run_unaries`).
+IDLE_RUNNERS = 64
 
 
 _IN_PROCESS: Peer = Peer(IN_PROCESS, "in-process")
@@ -278,29 +281,32 @@ class GrpcServer:
     async def _accept_loop(
         self, listener: trio.abc.Listener[trio.abc.Stream], nursery: trio.Nursery
     ) -> None:
-        with trio.CancelScope() as accepting:
-            self._accepting.add(accepting)
-            if self._closing:
-                accepting.cancel()
-            while True:
-                slots = self._connection_slots
-                if slots is not None:
-                    await slots.acquire()  # at the cap: new clients wait in the backlog
-                try:
-                    stream = await listener.accept()
-                except BaseException as exc:
+        try:
+            with trio.CancelScope() as accepting:
+                self._accepting.add(accepting)
+                if self._closing:
+                    accepting.cancel()
+                while True:
+                    slots = self._connection_slots
                     if slots is not None:
-                        slots.release()
-                    if not isinstance(exc, OSError) or exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                        raise
-                    self._accept_failed(exc)
-                    await trio.sleep(ACCEPT_RETRY_SECONDS)
-                    continue
-                nursery.start_soon(self._serve_connection, stream)
-        # Closing: the listening socket goes now, so new connections are refused
-        # (and a client or balancer tries elsewhere) rather than left in the backlog.
-        with trio.CancelScope(shield=True):
-            await listener.aclose()
+                        await slots.acquire()  # at the cap: new clients wait in the backlog
+                    try:
+                        stream = await listener.accept()
+                    except BaseException as exc:
+                        if slots is not None:
+                            slots.release()
+                        if not isinstance(exc, OSError) or exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        self._accept_failed(exc)
+                        await trio.sleep(ACCEPT_RETRY_SECONDS)
+                        continue
+                    nursery.start_soon(self._serve_connection, stream)
+        finally:
+            # Closing, or cancelled: the listening socket goes now, so new connections
+            # are refused (and a client or balancer tries elsewhere) rather than left
+            # in the backlog while the open ones finish (they may linger a second).
+            with trio.CancelScope(shield=True):
+                await listener.aclose()
 
     def _accept_failed(self, exc: OSError) -> None:
         """Out of file descriptors or memory: say so (at most every 10 s), keep serving."""
@@ -496,6 +502,8 @@ class _ServerConnection:
         self._peer = self._client.address
         self._calls: dict[int, _Pending] = {}
         self._nursery: trio.Nursery | None = None
+        #: Handler tasks waiting for the next unary call (`_run_unaries`).
+        self._idle_runners: list[trio.lowlevel.Task] = []
         #: Set once GOAWAY has left and no call is in flight.
         self.quiet = trio.Event()
         #: Set when the connection is over (the client hung up, or we closed it).
@@ -653,10 +661,35 @@ class _ServerConnection:
             return
         assert self._nursery is not None
         self._server.intake.started()
-        self._nursery.start_soon(self._run_unary, stream_id, pending)
+        if self._idle_runners:
+            handover = outcome.Value((stream_id, pending))
+            trio.lowlevel.reschedule(self._idle_runners.pop(), handover)
+        else:
+            self._nursery.start_soon(self._run_unaries, stream_id, pending)
+
+    async def _run_unaries(self, stream_id: int, pending: _Pending) -> None:
+        """Run this unary call, then those `_on_half_closed` hands over while we wait.
+
+        A task per call cost more than a small call's routing; a task kept between
+        calls costs a wake-up. At most `IDLE_RUNNERS` wait; the connection's end
+        cancels them.
+        """
+        task = trio.lowlevel.current_task()
+        idle = self._idle_runners
+
+        def give_up(_: object) -> trio.lowlevel.Abort:
+            idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        while True:
+            await self._run_unary(stream_id, pending)
+            if len(idle) >= IDLE_RUNNERS:
+                return
+            idle.append(task)
+            stream_id, pending = await trio.lowlevel.wait_task_rescheduled(give_up)
 
     async def _run_unary(self, stream_id: int, pending: _Pending) -> None:
-        # Counted from spawn (`_on_half_closed`) to here, for the server's intake.
+        # Counted from the handover (`_on_half_closed`) to here, for the server's intake.
         try:
             call = pending.call
             code = StatusCode.OK
