@@ -314,6 +314,29 @@ async def test_a_second_listener_on_a_busy_address_is_a_listen_error(
         await GrpcServer({}).serve("gw", port, network=served.network)
 
 
+async def test_a_cancel_too_late_for_its_call_harms_no_other(autojump_clock: MockClock) -> None:
+    """Calls on a connection share a cancel scope while none is cut short. One cancelled
+    after its handler's last checkpoint (here: by itself) is answered as it finished,
+    and the calls after it, on the same task, are not cancelled."""
+    handlers = Handlers()
+
+    async def late(request: bytes, call: ServerCall) -> bytes:
+        assert call.scope is not None
+        call.scope.cancel()  # as a reset or a deadline arriving just as it returns
+        return b"finished"
+
+    server = GrpcServer({"/t.Test/Late": late, "/t.Test/Echo": handlers.echo})
+    network = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda **kw: server.serve("gw", 0, network=network, **kw))
+        channel = Channel(f"gw:{port}", nursery, network=network)
+        assert await channel.unary(b"/t.Test/Late", b"") == b"finished"
+        for i in range(5):
+            assert await channel.unary(b"/t.Test/Echo", b"%d" % i) == b"%d" % i
+        assert len(handlers.tasks) == 1
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancelled_server_refuses_new_connections_while_old_ones_finish(
     autojump_clock: MockClock,
 ) -> None:

@@ -671,8 +671,11 @@ class _ServerConnection:
         """Run this unary call, then those `_on_half_closed` hands over while we wait.
 
         A task per call cost more than a small call's routing; a task kept between
-        calls costs a wake-up. At most `IDLE_RUNNERS` wait; the connection's end
-        cancels them.
+        calls costs a wake-up. So does a cancel scope per call: the calls share one,
+        which takes each call's deadline while it runs, and which only a call that
+        must end early cancels (its deadline, its client's reset, the drain); that
+        call is answered and the next one gets a new scope. At most `IDLE_RUNNERS`
+        tasks wait; the connection's end cancels them.
         """
         task = trio.lowlevel.current_task()
         idle = self._idle_runners
@@ -682,47 +685,71 @@ class _ServerConnection:
             return trio.lowlevel.Abort.SUCCEEDED
 
         while True:
-            await self._run_unary(stream_id, pending)
+            running: _Pending | None = None
+            with trio.CancelScope() as scope:
+                while True:
+                    running = pending
+                    await self._run_unary(stream_id, pending, scope)
+                    running = None
+                    if len(idle) >= IDLE_RUNNERS:
+                        return
+                    idle.append(task)
+                    stream_id, pending = await trio.lowlevel.wait_task_rescheduled(give_up)
+            # Cancelled for the call it ran: answer it. (A cancel that came too late to
+            # stop the call it was meant for ends an idle wait instead: nothing to answer.)
+            if running is not None:
+                self._answer(stream_id, running, None, *_cut_short(running))
             if len(idle) >= IDLE_RUNNERS:
                 return
             idle.append(task)
             stream_id, pending = await trio.lowlevel.wait_task_rescheduled(give_up)
 
-    async def _run_unary(self, stream_id: int, pending: _Pending) -> None:
+    async def _run_unary(self, stream_id: int, pending: _Pending, scope: trio.CancelScope) -> None:
+        """Run one call's handler under `scope` and answer it; `trio.Cancelled` (the
+        scope's, for this call) leaves unanswered: `_run_unaries` answers it."""
         # Counted from the handover (`_on_half_closed`) to here, for the server's intake.
+        call = pending.call
+        code = StatusCode.OK
+        message = ""
+        response: bytes | None = None
+        assert pending.handler is not None
+        pending.scope = call.scope = scope
+        if call.deadline != math.inf:
+            scope.deadline = call.deadline
         try:
-            call = pending.call
-            code = StatusCode.OK
-            message = ""
-            response: bytes | None = None
-            assert pending.handler is not None
-            with trio.CancelScope(deadline=call.deadline) as scope:
-                pending.scope = call.scope = scope
-                try:
-                    request = pending.messages.pop()
-                    if type(request) is not bytes and not pending.raw:
-                        request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
-                    response = await pending.handler(request, call)
-                    if type(response) is not bytes or self._server.response_encoding is not None:
-                        response = self._recode(response, call)
-                except RsgwError as exc:
-                    code, message = exc.code, exc.message
-                    if exc.trailers:
-                        call.trailers = call.trailers + exc.trailers
-                except Exception as exc:
-                    logger.exception("handler for %s failed", call.path)
-                    code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-            pending.scope = call.scope = None
-            if pending.ended:
-                return  # the client reset the call, or the connection died
-            self._calls.pop(stream_id, None)
-            if scope.cancelled_caught:
-                code, message = _cut_short(pending)
-                response = None
-            self.connection.send_response(stream_id, response, code, message, call.trailers)
-            self.transport.flush()
+            request = pending.messages.pop()
+            if type(request) is not bytes and not pending.raw:
+                request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+            response = await pending.handler(request, call)
+            if type(response) is not bytes or self._server.response_encoding is not None:
+                response = self._recode(response, call)
+        except RsgwError as exc:
+            code, message = exc.code, exc.message
+            if exc.trailers:
+                call.trailers = call.trailers + exc.trailers
+        except Exception as exc:
+            logger.exception("handler for %s failed", call.path)
+            code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         finally:
             self._server.intake.ended()
+            pending.scope = call.scope = None
+            if call.deadline != math.inf:  # (`ServerCall.limit` may have set one too)
+                scope.deadline = math.inf
+        self._answer(stream_id, pending, response, code, message)
+
+    def _answer(
+        self,
+        stream_id: int,
+        pending: _Pending,
+        response: bytes | None,
+        code: StatusCode,
+        message: str,
+    ) -> None:
+        if pending.ended:
+            return  # the client reset the call, or the connection died
+        self._calls.pop(stream_id, None)
+        self.connection.send_response(stream_id, response, code, message, pending.call.trailers)
+        self.transport.flush()
 
     async def _run_stream(self, stream_id: int, pending: _Pending, handler: StreamHandler) -> None:
         call = pending.call
