@@ -257,3 +257,47 @@ def test_a_protocol_error_sends_goaway_with_its_code() -> None:
     events = h2_side(True).receive_data(conn.data_to_send())
     (goaway,) = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
     assert goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+
+
+def big_request(size: int) -> tuple[http2.Http2Connection, bytes, bytes]:
+    """A server, the client's preface and headers for stream 1, and one DATA frame of
+    `size` bytes ending the stream (the server allows frames that large)."""
+    server = http2.Http2Connection(client_side=False, window_bytes=1 << 22, max_frame_bytes=1 << 20)
+    server.initiate_connection()
+    client = rsgw_side(True)
+    client.receive_data(server.data_to_send())  # its SETTINGS: big frames, big windows
+    client.send_headers(1, REQUEST)
+    head = client.data_to_send()
+    payload = bytes(range(256)) * (size // 256)
+    # Length, type DATA, flags END_STREAM, stream 1.
+    frame = len(payload).to_bytes(3, "big") + b"\x00\x01" + (1).to_bytes(4, "big")
+    return server, head, frame + payload
+
+
+def test_a_large_data_frame_is_passed_on_as_it_arrives_not_joined() -> None:
+    server, head, frame = big_request(60_000)
+    server.receive_data(head)
+    reads = [frame[i : i + 7_000] for i in range(0, len(frame), 7_000)]
+    events: list[Any] = []
+    for read in reads:
+        got = server.receive_data(read)
+        assert any(type(e).__name__ == "DataReceived" for e in got)  # every read, at once
+        events += got
+    data = [e for e in events if type(e).__name__ == "DataReceived"]
+    assert all(isinstance(e.data, memoryview) for e in data)  # views of the reads
+    assert b"".join(bytes(e.data) for e in data) == frame[9:]
+    assert sum(e.flow_controlled_length for e in data) == len(frame) - 9
+    assert type(events[-1]).__name__ == "StreamEnded"
+    assert data[-1].stream_ended is events[-1]
+
+
+def test_the_rest_of_a_frame_for_a_reset_stream_is_given_back() -> None:
+    server, head, frame = big_request(60_000)
+    server.receive_data(head)
+    server.receive_data(frame[:1000])
+    server.reset_stream(1, http2.ErrorCodes.CANCEL)
+    server.data_to_send()
+    window = server._inbound_window + server._processed
+    assert server.receive_data(frame[1000:]) == []
+    # Every byte of the frame counts as received and given back: nothing was lost.
+    assert server._inbound_window + server._processed == window + (len(frame) - 1000)

@@ -131,14 +131,24 @@ class Outbound:
             room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
             if room <= 0:
                 return
-            piece = outbox[0]
-            if len(piece) > room:
-                h2conn.send_data(stream_id, piece[:room])
-                outbox[0] = piece[room:]
-                continue
-            outbox.pop(0)
+            # As many pieces as the frame holds (a `Gathered` message is many pieces,
+            # and a peer that takes 4 MiB frames should get one frame, not one a piece).
+            size = taken = 0
+            for piece in outbox:
+                if size + len(piece) > room:
+                    break
+                size += len(piece)
+                taken += 1
+            parts = outbox[:taken]
+            del outbox[:taken]
+            if size < room and outbox:  # the frame's last part: the head of the next piece
+                cut = room - size
+                piece = outbox[0]
+                parts.append(piece[:cut])
+                outbox[0] = piece[cut:]
+                size = room
             last = not outbox and call.end_pending and not call.trailers
-            h2conn.send_data(stream_id, piece, end_stream=last)
+            h2conn.send_data_parts(stream_id, parts, size, end_stream=last)
             if last:
                 self._end(call)
                 return

@@ -231,6 +231,11 @@ class Http2Connection:
         self._pending: list[bytes | memoryview] = []
         self._pending_size = 0
         self._needed = 0
+        #: A DATA frame whose payload is still arriving: the bytes to come, the stream
+        #: they go to (None: dropped, the stream is gone), and the frame's flags.
+        self._data_left = 0
+        self._data_stream: Stream | None = None
+        self._data_flags = 0
         self._awaiting_preface = not client_side
         self._header_block: tuple[int, int, list[bytes]] | None = None  # (stream, flags, parts)
         self._goaway_sent = False
@@ -389,6 +394,29 @@ class Http2Connection:
         if end_stream:
             self._close_local(stream)
 
+    def send_data_parts(
+        self,
+        stream_id: int,
+        parts: list[bytes | memoryview],
+        length: int,
+        end_stream: bool = False,
+    ) -> None:
+        """One DATA frame of `parts` (`length` bytes in all, sent as they are)."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.local_open:
+            raise StreamClosedError(f"stream {stream_id} is closed for sending")
+        if length > stream.outbound or length > self.outbound_flow_control_window:
+            raise FlowControlError(f"{length} bytes do not fit the window")
+        if length > self.remote_settings.max_frame_size:
+            raise ProtocolError(f"{length} bytes are over the peer's frame size")
+        stream.outbound -= length
+        self.outbound_flow_control_window -= length
+        flags = END_STREAM if end_stream else 0
+        self._out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id))
+        self._out.extend(parts)
+        if end_stream:
+            self._close_local(stream)
+
     def end_stream(self, stream_id: int) -> None:
         """END_STREAM on an empty DATA frame."""
         self.send_data(stream_id, b"", end_stream=True)
@@ -483,21 +511,46 @@ class Http2Connection:
         """
         events: list[Event] = []
         taken = 0
+        size = len(data)
         pending = self._pending
-        while pending:
-            missing = self._needed - self._pending_size
-            if len(data) - taken < missing:
-                pending.append(data[taken:] if taken else data)
-                self._pending_size += len(data) - taken
-                return events, len(data)
-            pending.append(data[taken : taken + missing])
-            taken += missing
-            joined = b"".join(pending)
-            pending.clear()
-            self._parse(joined, events, math.inf)  # a frame, or a head that asks for more
-        if taken < len(data):
+        while taken < size:
+            if self._data_left:  # the rest of a DATA frame: passed on as it comes
+                taken += self._data_piece(data, taken, events)
+                continue
+            if pending:  # the rest of another frame: joined, it is small
+                missing = self._needed - self._pending_size
+                if size - taken < missing:
+                    pending.append(data[taken:] if taken else data)
+                    self._pending_size += size - taken
+                    return events, size
+                pending.append(data[taken : taken + missing])
+                taken += missing
+                joined = b"".join(pending)
+                pending.clear()
+                self._parse(joined, events, math.inf)  # a frame, or a head asking for more
+                continue
+            if taken >= at_least:
+                break
             taken += self._parse(data[taken:] if taken else data, events, at_least - taken)
+            break
         return events, taken
+
+    def _data_piece(self, data: bytes | memoryview, taken: int, events: list[Event]) -> int:
+        """The next bytes of a DATA frame still arriving: an event, or (its stream gone)
+        given back at once. Returns how many were taken."""
+        count = min(self._data_left, len(data) - taken)
+        self._data_left -= count
+        stream = self._data_stream
+        if stream is None or not count:
+            return count  # (given back when the frame began)
+        if not stream.remote_open:  # reset or ended since the frame began: give it back
+            self.acknowledge_received_data(count, 0)
+            return count
+        event = DataReceived(stream.stream_id, memoryview(data)[taken : taken + count], count)
+        events.append(event)
+        if not self._data_left and self._data_flags & END_STREAM:
+            self._remote_ended(stream, event, events)
+        return count
 
     def _parse(self, buffer: bytes | memoryview, events: list[Event], at_least: float) -> int:
         """Parse the whole frames at the start of `buffer`, stopping at the first frame
@@ -532,6 +585,15 @@ class Http2Connection:
                     )
                 start = position + 9
                 if end - start < length:
+                    if kind == DATA and not flags & PADDED and self._header_block is None:
+                        # Pass on what is here and the rest as it comes, rather than
+                        # join a frame of up to a megabyte once it is whole.
+                        stream_id &= 0x7FFFFFFF
+                        self._data_stream = self._data_starts(stream_id, length)
+                        self._data_flags = flags
+                        self._data_left = length
+                        self._data_piece(view, start, events)
+                        return skipped + end
                     needed = 9 + length
                     break
                 position = start + length
@@ -585,25 +647,32 @@ class Http2Connection:
         if self._closed.get(stream_id) != _RESET_SENT:
             self._frame(RST_STREAM, 0, stream_id, _U32.pack(ErrorCodes.STREAM_CLOSED))
 
-    def _on_data(
-        self, stream_id: int, flags: int, payload: bytes | memoryview, events: list[Event]
-    ) -> None:
-        length = len(payload)
+    def _data_starts(self, stream_id: int, length: int) -> Stream | None:
+        """A DATA frame of `length` bytes begins: charge the windows; the stream it is
+        for, or None when nobody will read it (then it is given back at once)."""
         if length > self._inbound_window:
             raise ProtocolError("DATA over the connection window", ErrorCodes.FLOW_CONTROL_ERROR)
         self._inbound_window -= length
         stream = self._inbound_stream(stream_id)
         if stream is None or not stream.remote_open:
-            # Count it and give it back at once: nobody will consume it.
             self.acknowledge_received_data(length, 0)
             if stream is None:
                 self._stream_closed(stream_id)
             else:
                 self.reset_stream(stream_id, ErrorCodes.STREAM_CLOSED)
-            return
+            return None
         if length > stream.inbound:
             raise ProtocolError("DATA over the stream window", ErrorCodes.FLOW_CONTROL_ERROR)
         stream.inbound -= length
+        return stream
+
+    def _on_data(
+        self, stream_id: int, flags: int, payload: bytes | memoryview, events: list[Event]
+    ) -> None:
+        length = len(payload)
+        stream = self._data_starts(stream_id, length)
+        if stream is None:
+            return
         if flags & PADDED:  # a copy: a view would keep the padding's bytes alive too
             payload = bytes(_unpad(payload))
         event = DataReceived(stream_id, payload, length)
