@@ -376,16 +376,8 @@ class Http2Connection:
     ) -> None:
         """One DATA frame of `prefix` then `data` (sent as they are, not joined); it
         must fit the windows and the peer's frame size."""
-        stream = self.streams.get(stream_id)
-        if stream is None or not stream.local_open:
-            raise StreamClosedError(f"stream {stream_id} is closed for sending")
         length = len(prefix) + len(data)
-        if length > stream.outbound or length > self.outbound_flow_control_window:
-            raise FlowControlError(f"{length} bytes do not fit the window")
-        if length > self.remote_settings.max_frame_size:
-            raise ProtocolError(f"{length} bytes are over the peer's frame size")
-        stream.outbound -= length
-        self.outbound_flow_control_window -= length
+        stream = self._charge(stream_id, length)
         flags = END_STREAM if end_stream else 0
         out = self._out
         out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id) + prefix)
@@ -402,6 +394,16 @@ class Http2Connection:
         end_stream: bool = False,
     ) -> None:
         """One DATA frame of `parts` (`length` bytes in all, sent as they are)."""
+        stream = self._charge(stream_id, length)
+        flags = END_STREAM if end_stream else 0
+        self._out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id))
+        self._out.extend(parts)
+        if end_stream:
+            self._close_local(stream)
+
+    def _charge(self, stream_id: int, length: int) -> Stream:
+        """A DATA frame of `length` bytes may leave on `stream_id`: take it from the
+        windows; the stream."""
         stream = self.streams.get(stream_id)
         if stream is None or not stream.local_open:
             raise StreamClosedError(f"stream {stream_id} is closed for sending")
@@ -411,11 +413,7 @@ class Http2Connection:
             raise ProtocolError(f"{length} bytes are over the peer's frame size")
         stream.outbound -= length
         self.outbound_flow_control_window -= length
-        flags = END_STREAM if end_stream else 0
-        self._out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id))
-        self._out.extend(parts)
-        if end_stream:
-            self._close_local(stream)
+        return stream
 
     def end_stream(self, stream_id: int) -> None:
         """END_STREAM on an empty DATA frame."""
