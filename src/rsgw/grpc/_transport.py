@@ -52,6 +52,8 @@ class Transport:
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._backlog: list[bytes | memoryview] = []
         self._sending = False
+        #: The last read took less than it asked for: the socket is probably empty.
+        self._drained = False
         self._flush_wanted = trio.Event()
         self._wrote = trio.Event()
         #: Called after each write, e.g. to notice that a draining connection went quiet.
@@ -145,15 +147,24 @@ class Transport:
 
     async def _read_socket(self) -> bytes:
         """One read straight from the socket (trio's `receive_some` wraps the same
-        system call in more bookkeeping than the read itself costs); a checkpoint
-        after each, so a peer that never stops sending cannot starve other tasks."""
+        system call in more bookkeeping than the read itself costs).
+
+        A read that filled the buffer is followed by a checkpoint, so a peer that never
+        stops sending cannot starve other tasks; after one that did not, the socket is
+        most likely empty, so the next read waits for it to be readable first (a
+        schedule point either way, and no read that only says "nothing yet").
+        """
         while True:
+            if self._drained:
+                await trio.lowlevel.wait_readable(self._fd)
             try:
                 data = os.read(self._fd, RECEIVE_BYTES)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(self._fd)
+                self._drained = True
                 continue
-            await trio.lowlevel.checkpoint()
+            self._drained = len(data) < RECEIVE_BYTES
+            if not self._drained:
+                await trio.lowlevel.checkpoint()
             return data
 
     async def _run_writer(self) -> None:
