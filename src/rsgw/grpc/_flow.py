@@ -55,14 +55,14 @@ class Outbound:
         call.advance_outbound(Step.MESSAGE)
         total = len(message)
         prefix = message_prefix(total, isinstance(message, Compressed))
-        h2conn = self._h2
-        stream_id = call.stream_id
-        room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
         call.end_pending = end
         if isinstance(message, Gathered):  # its pieces as they are: no join
             call.outbox += (prefix, *message.pieces)
             self._send(call)
             return
+        h2conn = self._h2
+        stream_id = call.stream_id
+        room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
         if total + 5 <= room and not call.outbox:
             # The common case, a message that fits: one frame, no outbox, no copy.
             try:

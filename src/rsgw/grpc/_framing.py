@@ -53,8 +53,7 @@ SMALL_PIECE_BYTES = 1024
 class Gathered:
     """A message received in several pieces (views of the reads), not joined.
 
-    `len()` is the message's length; `bytes()` joins it (a copy); `head(n)` joins
-    only as many pieces as the first `n` bytes need.
+    `len()` is the message's length; `bytes()` joins it (a copy).
     """
 
     __slots__ = ("_length", "pieces")
@@ -68,17 +67,6 @@ class Gathered:
 
     def __bytes__(self) -> bytes:
         return b"".join(self.pieces)
-
-    def head(self, size: int) -> bytes:
-        """The message's first `size` bytes (all of it if shorter)."""
-        taken: list[bytes | memoryview] = []
-        have = 0
-        for piece in self.pieces:
-            if have >= size:
-                break
-            taken.append(piece)
-            have += len(piece)
-        return b"".join(taken)[:size]
 
     def __repr__(self) -> str:
         return f"Gathered({self._length} bytes in {len(self.pieces)} pieces)"

@@ -684,6 +684,14 @@ class _ServerConnection:
             idle.remove(task)
             return trio.lowlevel.Abort.SUCCEEDED
 
+        async def next_call() -> tuple[int, _Pending] | None:
+            """Wait to be handed a call; None when enough tasks wait already."""
+            if len(idle) >= IDLE_RUNNERS:
+                return None
+            idle.append(task)
+            handed: tuple[int, _Pending] = await trio.lowlevel.wait_task_rescheduled(give_up)
+            return handed
+
         while True:
             running: _Pending | None = None
             with trio.CancelScope() as scope:
@@ -691,18 +699,16 @@ class _ServerConnection:
                     running = pending
                     await self._run_unary(stream_id, pending, scope)
                     running = None
-                    if len(idle) >= IDLE_RUNNERS:
+                    if (handed := await next_call()) is None:
                         return
-                    idle.append(task)
-                    stream_id, pending = await trio.lowlevel.wait_task_rescheduled(give_up)
+                    stream_id, pending = handed
             # Cancelled for the call it ran: answer it. (A cancel that came too late to
             # stop the call it was meant for ends an idle wait instead: nothing to answer.)
             if running is not None:
                 self._answer(stream_id, running, None, *_cut_short(running))
-            if len(idle) >= IDLE_RUNNERS:
+            if (handed := await next_call()) is None:
                 return
-            idle.append(task)
-            stream_id, pending = await trio.lowlevel.wait_task_rescheduled(give_up)
+            stream_id, pending = handed
 
     async def _run_unary(self, stream_id: int, pending: _Pending, scope: trio.CancelScope) -> None:
         """Run one call's handler under `scope` and answer it; `trio.Cancelled` (the
@@ -723,13 +729,8 @@ class _ServerConnection:
             response = await pending.handler(request, call)
             if type(response) is not bytes or self._server.response_encoding is not None:
                 response = self._recode(response, call)
-        except RsgwError as exc:
-            code, message = exc.code, exc.message
-            if exc.trailers:
-                call.trailers = call.trailers + exc.trailers
         except Exception as exc:
-            logger.exception("handler for %s failed", call.path)
-            code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            code, message = _failed(call, exc, "handler")
         finally:
             self._server.intake.ended()
             pending.scope = call.scope = None
@@ -760,13 +761,8 @@ class _ServerConnection:
             pending.scope = call.scope = scope
             try:
                 await handler(pending.stream)
-            except RsgwError as exc:
-                code, message = exc.code, exc.message
-                if exc.trailers:
-                    call.trailers = call.trailers + exc.trailers
             except Exception as exc:
-                logger.exception("stream handler for %s failed", call.path)
-                code, message = StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+                code, message = _failed(call, exc, "stream handler")
         pending.scope = call.scope = None
         if pending.ended:
             return
@@ -795,6 +791,17 @@ class _ServerConnection:
         fits = self.connection.send_message(stream_id, message)
         self.transport.flush()
         return fits
+
+
+def _failed(call: ServerCall, exc: Exception, what: str) -> tuple[StatusCode, str]:
+    """The status a handler's exception answers: an `RsgwError`'s own (its trailers
+    added to the call's), anything else INTERNAL, logged as the bug it is."""
+    if isinstance(exc, RsgwError):
+        if exc.trailers:
+            call.trailers = call.trailers + exc.trailers
+        return exc.code, exc.message
+    logger.exception("%s for %s failed", what, call.path)
+    return StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
 
 
 def _cut_short(pending: _Pending) -> tuple[StatusCode, str]:
