@@ -19,6 +19,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -301,3 +302,38 @@ def test_the_rest_of_a_frame_for_a_reset_stream_is_given_back() -> None:
     assert server.receive_data(frame[1000:]) == []
     # Every byte of the frame counts as received and given back: nothing was lost.
     assert server._inbound_window + server._processed == window + (len(frame) - 1000)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 40_000), min_size=1, max_size=8), st.integers(1, 100_000))
+def test_an_outbox_goes_in_full_frames_as_far_as_the_window_allows(
+    sizes: list[int], window: int
+) -> None:
+    """`send_data_from` to an h2 client whose stream window is `window`: the bytes in
+    order, in as few frames as the peer's frame size allows, the rest left in the
+    outbox (a piece cut in two stays as its rest), END_STREAM with the last byte."""
+    client = h2_side(True)
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    client.increment_flow_control_window(1 << 20)
+    server = rsgw_side(False)
+    server.receive_data(client.data_to_send())
+    stream_id = client.get_next_available_stream_id()
+    client.send_headers(stream_id, REQUEST, end_stream=True)
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    data = bytes(i % 251 for i in range(sum(sizes)))
+    outbox: list[bytes | memoryview] = []
+    start = 0
+    for size in sizes:
+        outbox.append(memoryview(data)[start : start + size])
+        start += size
+    server.send_headers(stream_id, RESPONSE)
+    server.send_data_from(stream_id, outbox, end_stream=True)
+    events = client.receive_data(server.data_to_send())
+    frames = [e for e in events if isinstance(e, h2.events.DataReceived)]
+    sent = min(len(data), window)
+    assert b"".join(e.data for e in frames) == data[:sent]
+    assert b"".join(bytes(piece) for piece in outbox) == data[sent:]
+    assert len(frames) == max(1, -(-sent // 16384))  # full frames but the last
+    ended = any(isinstance(e, h2.events.StreamEnded) for e in events)
+    assert ended == (sent == len(data))

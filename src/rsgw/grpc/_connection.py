@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    _H2Handler = Callable[[Any, list[Event]], None]
+    _H2Handler = Callable[[Any, list[Event]], object]  # (`_on_data` returns the call it fed)
 
 
 #: How much of a read h2 parses before we look at what it cost (see `receive_data`).
@@ -259,22 +259,23 @@ class GrpcConnection:
 
     # -- receiving (what both ends do alike) ------------------------------------------------
 
-    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> None:
+    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> Call | None:
+        """Feed a DATA frame's bytes to its call's decoder; the call fed, if one was."""
         stream_id = event.stream_id
-        self._unacknowledged[stream_id] = (
-            self._unacknowledged.get(stream_id, 0) + event.flow_controlled_length
-        )
+        unacknowledged = self._unacknowledged
+        unacknowledged[stream_id] = unacknowledged.get(stream_id, 0) + event.flow_controlled_length
         call = self._calls.get(stream_id)
         if call is None or call.inbound is not HalfState.OPEN or call.status is not None:
-            return
+            return None
         try:
             messages = call.decoder.feed(event.data or b"")
         except RsgwError as exc:
             self._fail(call, exc, events)
-            return
+            return None
         # The half is OPEN (checked above), where a message leaves it as it is.
         for message in messages:
             events.append(MessageReceived(stream_id, message))
+        return call
 
     def _on_end(self, event: http2.StreamEnded, events: list[Event]) -> None:
         call = self._calls.get(event.stream_id)

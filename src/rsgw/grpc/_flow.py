@@ -125,38 +125,20 @@ class Outbound:
     def _drain(self, call: Call) -> None:
         """Send what the window allows of `call`'s outbox, then its end once it is empty."""
         h2conn = self._h2
-        stream_id = call.stream_id
         outbox = call.outbox
-        while outbox:
-            room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
-            if room <= 0:
+        if outbox:
+            last = call.end_pending and not call.trailers
+            h2conn.send_data_from(call.stream_id, outbox, end_stream=last)
+            if outbox:
                 return
-            # As many pieces as the frame holds (a `Gathered` message is many pieces,
-            # and a peer that takes 4 MiB frames should get one frame, not one a piece).
-            size = taken = 0
-            for piece in outbox:
-                if size + len(piece) > room:
-                    break
-                size += len(piece)
-                taken += 1
-            parts = outbox[:taken]
-            del outbox[:taken]
-            if size < room and outbox:  # the frame's last part: the head of the next piece
-                cut = room - size
-                piece = outbox[0]
-                parts.append(piece[:cut])
-                outbox[0] = piece[cut:]
-                size = room
-            last = not outbox and call.end_pending and not call.trailers
-            h2conn.send_data_parts(stream_id, parts, size, end_stream=last)
             if last:
                 self._end(call)
                 return
         if call.end_pending:
             if call.trailers:
-                h2conn.send_headers(stream_id, call.trailers, end_stream=True)
+                h2conn.send_headers(call.stream_id, call.trailers, end_stream=True)
             else:
-                h2conn.end_stream(stream_id)
+                h2conn.end_stream(call.stream_id)
             self._end(call)
 
     def _end(self, call: Call) -> None:

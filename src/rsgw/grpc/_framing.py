@@ -139,9 +139,14 @@ class MessageDecoder:
     def feed(self, data: bytes | memoryview) -> list[bytes]:
         """Consume one chunk (bytes, or a view of a read); return the messages it
         completed, in order, as bytes."""
+        end = len(data)
+        if end >= SMALL_PIECE_BYTES and 0 <= self._need > self.buffered + end:
+            # A piece from the middle of a large message (most frames of one): kept.
+            self._chunks.append(data)
+            self.buffered += end
+            return []
         out: list[bytes] = []
         pos = 0
-        end = len(data)
         head: bytes | memoryview
         while pos < end:
             if self._need < 0:

@@ -160,13 +160,13 @@ class ServerConnection(GrpcConnection):
         self.guard.spend(RESET_COST if rapid else 1)
         super()._on_reset(event, events)
 
-    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> None:
+    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> Call | None:
         if not event.data and not event.stream_ended:
             self.guard.spend()  # an empty DATA frame carries nothing but work
-        super()._on_data(event, events)
-        call = self._calls.get(event.stream_id)
+        call = super()._on_data(event, events)
         if call is not None and call.decoder.buffered > _CHECK_BUFFERED_ABOVE:
             self._check_buffered(call, events)
+        return call
 
     def _check_buffered(self, call: Call, events: list[Event]) -> None:
         """Over the connection's budget of unfinished request bytes: fail this call.
