@@ -15,7 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw.grpc._hpack import HeaderDecoder, HeaderEncoder, HpackError, encode_integer
+from rsgw.grpc._hpack import (
+    HeaderDecoder,
+    HeaderEncoder,
+    HpackError,
+    encode_headers,
+    encode_integer,
+)
 
 BLOCK = [
     (b":method", b"POST"),
@@ -74,6 +80,17 @@ def test_what_rsgw_encodes_hpack_decodes(blocks: list[list[tuple[bytes, bytes]]]
     encoder, oracle = HeaderEncoder(), hpack.Decoder()
     for block in blocks:
         assert oracle.decode(encoder.encode(block), raw=True) == block
+
+
+@settings(max_examples=300)
+@given(header_lists, header_lists)
+def test_blocks_encoded_apart_join_into_the_block_of_both(
+    first: list[tuple[bytes, bytes]], second: list[tuple[bytes, bytes]]
+) -> None:
+    """What a channel relies on: a constant part encoded once, the rest per call."""
+    joined = encode_headers(first) + encode_headers(second)
+    assert joined == encode_headers(first + second)
+    assert hpack.Decoder().decode(joined, raw=True) == first + second
 
 
 def test_the_encoder_uses_the_static_table_and_never_indexes() -> None:

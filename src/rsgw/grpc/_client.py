@@ -50,7 +50,8 @@ from rsgw.grpc._client_connection import ClientConnection, StreamLimitReached
 from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
-from rsgw.grpc._metadata import CONTENT_TYPE, Header, HeaderBlock, format_timeout
+from rsgw.grpc._hpack import encode_headers
+from rsgw.grpc._metadata import CONTENT_TYPE, HeaderBlock, format_timeout
 from rsgw.grpc._streams import ClientStream
 from rsgw.grpc._transport import Transport
 
@@ -63,6 +64,8 @@ _UNSCOPED: contextlib.nullcontext[None] = contextlib.nullcontext()
 #: Concurrent calls per channel (the original's `max_concurrent_streams_per_worker`).
 DEFAULT_MAX_CONCURRENT_STREAMS = 32
 DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Paths whose request header block a channel keeps (its callers use a few methods).
+_MAX_BLOCKS = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -167,6 +170,8 @@ class Channel:
             (b"te", b"trailers"),
             (b"grpc-accept-encoding", ACCEPT_ENCODING),
         )
+        #: Request header blocks by path, their constant part (`_headers`).
+        self._blocks: dict[bytes, bytes] = {}
         #: Connections made so far (a reset or a dead peer makes the next call reconnect).
         self.connects = 0
 
@@ -248,7 +253,9 @@ class Channel:
                 connection = await self._connect()
                 headers = self._headers(path, deadline, metadata)
                 if type(request) is not bytes:
-                    request = self._encoded(request, headers, connection.connection.peer_accepts)
+                    accepts = connection.connection.peer_accepts
+                    request, naming = self._encoded(request, accepts)
+                    headers += naming
                 reply = await connection.call(headers, request, raw)
             finally:
                 if slots is not None:
@@ -282,24 +289,30 @@ class Channel:
                 if not stream.ended:
                     connection.abandon(stream_id)
 
-    def _encoded(
-        self, request: bytes, headers: list[Header], accepts: frozenset[bytes] | None
-    ) -> bytes:
-        """A compressed request as the peer can read it, its encoding named in `headers`."""
+    def _encoded(self, request: bytes, accepts: frozenset[bytes] | None) -> tuple[bytes, bytes]:
+        """A compressed request as the peer can read it, and the header naming its
+        encoding (encoded; b"" when it goes uncompressed)."""
         if not isinstance(request, Compressed):
-            return request
+            return request, b""
         if accepts is not None and request.encoding not in accepts:
-            return decompress(request, self.max_send_message_bytes)
-        headers.append((b"grpc-encoding", request.encoding))
-        return request
+            return decompress(request, self.max_send_message_bytes), b""
+        return request, encode_headers(((b"grpc-encoding", request.encoding),))
 
-    def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> list[Header]:
-        headers = [*self._request_prefix, (b":path", path), *self._request_suffix]
+    def _headers(self, path: bytes, deadline: float, metadata: HeaderBlock) -> bytes:
+        """A call's request header block: the path's constant part, encoded once,
+        then its timeout and metadata."""
+        block = self._blocks.get(path)
+        if block is None:
+            if len(self._blocks) >= _MAX_BLOCKS:
+                self._blocks.clear()
+            headers = (*self._request_prefix, (b":path", path), *self._request_suffix)
+            block = self._blocks[path] = encode_headers(headers)
         if deadline != math.inf:
             timeout = format_timeout(deadline - trio.current_time())
-            headers.append((b"grpc-timeout", timeout))
-        headers.extend(metadata)
-        return headers
+            block += encode_headers(((b"grpc-timeout", timeout),))
+        if metadata:
+            block += encode_headers(metadata)
+        return block
 
     async def _connect(self) -> _ClientConnection:
         connection = self._connection
@@ -437,7 +450,7 @@ class _ClientConnection:
             except StreamLimitReached:
                 continue
 
-    async def call(self, headers: list[Header], request: bytes, gather: bool = False) -> bytes:
+    async def call(self, headers: bytes, request: bytes, gather: bool = False) -> bytes:
         try:
             stream_id = self.connection.start_call(headers, request, gather)
         except StreamLimitReached:  # the peer's limit, not ours: wait for a stream
@@ -455,7 +468,7 @@ class _ClientConnection:
                 self._transport.flush()
         return waiter.reply(self._channel.target)
 
-    def open_stream(self, headers: list[Header]) -> tuple[int, ClientStream]:
+    def open_stream(self, headers: bytes) -> tuple[int, ClientStream]:
         """A streaming call: opened now, fed by `_dispatch`; see `Channel.stream`."""
         stream_id = self.connection.open_call(headers)
         stream = ClientStream(

@@ -64,7 +64,9 @@ class ClientConnection(GrpcConnection):
 
     # -- calling --------------------------------------------------------------------------
 
-    def start_call(self, headers: Sequence[Header], message: bytes, gather: bool = False) -> int:
+    def start_call(
+        self, headers: Sequence[Header] | bytes, message: bytes, gather: bool = False
+    ) -> int:
         """Open a call, send `headers` and one message, and end the request.
 
         Returns the call's stream id; its outcome arrives as a `CallEnded`. With
@@ -82,7 +84,7 @@ class ClientConnection(GrpcConnection):
         self._outbound.queue(call, message, end=True)
         return call.stream_id
 
-    def open_call(self, headers: Sequence[Header]) -> int:
+    def open_call(self, headers: Sequence[Header] | bytes) -> int:
         """Open a streaming call: send `headers` only; messages and the end follow.
 
         Raises:
@@ -107,7 +109,7 @@ class ClientConnection(GrpcConnection):
             with contextlib.suppress(*SEND_FAILURES):
                 self._h2.reset_stream(stream_id, http2.ErrorCodes.CANCEL)
 
-    def _open(self, headers: Sequence[Header]) -> Call:
+    def _open(self, headers: Sequence[Header] | bytes) -> Call:
         if self.state is not ConnectionState.ACTIVE:
             raise WorkerUnavailable(
                 f"connection to {self.peer} {self.closed_reason or 'is going away'}"

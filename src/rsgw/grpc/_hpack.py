@@ -3,7 +3,8 @@
 The encoder never indexes: each header is the static table's entry, or a literal
 "without indexing" naming the static table's name where it has one, never Huffman
 coded. So a header's encoding depends on nothing but the header, and each distinct
-header is encoded once and then looked up (`HeaderEncoder._known`). It costs bytes on
+header is encoded once and then looked up (`encode_headers`), and a block's
+constant part can be encoded once by its user (a channel's request headers). It costs bytes on
 the wire (a request's headers are about 150 bytes where a peer with a warm table
 sends 10), which on a LAN is noise beside the CPU it saves.
 
@@ -60,44 +61,55 @@ def _literal(data: bytes) -> bytes:
 
 #: Headers whose values change from call to call: encoded each time, not remembered.
 _VOLATILE = frozenset((b"grpc-timeout", b"grpc-message", b"content-length"))
+#: The encoded names of those the static table does not name.
+_VOLATILE_NAMES = {name: b"\x00" + _literal(name) for name in _VOLATILE if name not in _STATIC_NAME}
+
+
+def encode_headers(headers: Iterable[Header]) -> bytes:
+    """The header block of `headers` (see the module docstring: it depends on nothing
+    but the headers, so a caller may encode a constant part once and keep it)."""
+    known = _KNOWN
+    parts = []
+    for header in headers:
+        encoded = known.get(header)
+        if encoded is None:
+            encoded = _encode(header)
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+#: Each header's encoding once computed (bounded: cleared when full).
+_KNOWN: dict[Header, bytes] = {}
+_MAX_KNOWN = 4096
+
+
+def _encode(header: Header) -> bytes:
+    name, value = header
+    index = _STATIC_FULL.get(header)
+    if index is not None:
+        encoded = encode_integer(index, 7, 0x80)
+    else:
+        name_index = _STATIC_NAME.get(name)
+        if name_index is not None:  # literal without indexing, indexed name
+            encoded = encode_integer(name_index, 4, 0x00) + _literal(value)
+        else:
+            encoded = _VOLATILE_NAMES.get(name) or b"\x00" + _literal(name)
+            encoded += _literal(value)
+    if name not in _VOLATILE:
+        if len(_KNOWN) >= _MAX_KNOWN:
+            _KNOWN.clear()
+        _KNOWN[header] = encoded
+    return encoded
 
 
 class HeaderEncoder:
-    """Header lists to header blocks, each header's encoding computed once."""
-
-    _MAX_KNOWN = 4096
+    """A connection's encoder: `encode_headers`, and what the peer allows."""
 
     def __init__(self) -> None:
-        self._known: dict[Header, bytes] = {}
         #: What the peer allows our dynamic table (unused: we never index).
         self.header_table_size = 4096
 
-    def encode(self, headers: Iterable[Header]) -> bytes:
-        known = self._known
-        parts = []
-        for header in headers:
-            encoded = known.get(header)
-            if encoded is None:
-                encoded = self._encode(header)
-            parts.append(encoded)
-        return b"".join(parts)
-
-    def _encode(self, header: Header) -> bytes:
-        name, value = header
-        index = _STATIC_FULL.get(header)
-        if index is not None:
-            encoded = encode_integer(index, 7, 0x80)
-        else:
-            name_index = _STATIC_NAME.get(name)
-            if name_index is not None:  # literal without indexing, indexed name
-                encoded = encode_integer(name_index, 4, 0x00) + _literal(value)
-            else:
-                encoded = b"\x00" + _literal(name) + _literal(value)
-        if name not in _VOLATILE:
-            if len(self._known) >= self._MAX_KNOWN:
-                self._known.clear()
-            self._known[header] = encoded
-        return encoded
+    encode = staticmethod(encode_headers)
 
 
 class HeaderDecoder:

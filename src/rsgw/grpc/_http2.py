@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from rsgw.grpc._hpack import HeaderDecoder, HeaderEncoder, HpackError
@@ -213,7 +214,7 @@ class Http2Connection:
             max(DEFAULT_MAX_HEADER_LIST_SIZE, 2 * (max_header_list_bytes or 0))
         )
         self.streams: dict[int, Stream] = {}
-        self._closed: dict[int, int] = {}
+        self._closed: OrderedDict[int, int] = OrderedDict()  # (its oldest go first, in O(1))
         #: What we may send on the connection, and what the peer may.
         self.outbound_flow_control_window = INITIAL_WINDOW
         self._inbound_window = INITIAL_WINDOW
@@ -327,15 +328,17 @@ class Http2Connection:
         return self._next_stream_id
 
     def send_headers(
-        self, stream_id: int, headers: Iterable[Header], end_stream: bool = False
+        self, stream_id: int, headers: Iterable[Header] | bytes, end_stream: bool = False
     ) -> None:
-        """HEADERS (and CONTINUATION) on `stream_id`; a client's first opens it."""
+        """HEADERS (and CONTINUATION) on `stream_id`; a client's first opens it.
+
+        `headers` may come encoded already (`rsgw.grpc._hpack.encode_headers`)."""
         stream = self.streams.get(stream_id)
         if stream is None:
             stream = self._open_outbound_stream(stream_id)
         elif not stream.local_open:
             raise StreamClosedError(f"stream {stream_id} is closed for sending")
-        block = self.encoder.encode(headers)
+        block = headers if isinstance(headers, bytes) else self.encoder.encode(headers)
         flags = END_STREAM if end_stream else 0
         size = self.remote_settings.max_frame_size
         if len(block) <= size:
@@ -513,7 +516,7 @@ class Http2Connection:
         closed = self._closed
         closed[stream.stream_id] = how
         if len(closed) > MAX_CLOSED_STREAMS:
-            del closed[next(iter(closed))]
+            closed.popitem(last=False)
 
     # -- bytes in -------------------------------------------------------------------------
 

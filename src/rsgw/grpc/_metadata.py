@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 from rsgw._errors import GrpcError, clip, shown
 from rsgw._status import StatusCode
 from rsgw.grpc._compression import ACCEPT_ENCODING, CODECS, Compressed, parse_accept
+from rsgw.grpc._hpack import encode_headers
 
 Header = tuple[bytes, bytes]
 HeaderBlock = tuple[Header, ...]
@@ -35,9 +36,17 @@ COMPRESSED_RESPONSE_HEADERS: dict[type[bytes], HeaderBlock] = {
 OK_TRAILERS: HeaderBlock = ((b"grpc-status", b"0"),)
 
 
-def response_headers(first_message: bytes) -> HeaderBlock:
-    """The response headers of a call whose first message is `first_message`."""
-    return COMPRESSED_RESPONSE_HEADERS.get(type(first_message), RESPONSE_HEADERS)
+#: Those response headers, encoded once (`_hpack.encode_headers`), by message type.
+_RESPONSE_BLOCKS: dict[type[bytes], bytes] = {
+    kind: encode_headers(block) for kind, block in COMPRESSED_RESPONSE_HEADERS.items()
+}
+_RESPONSE_BLOCK = encode_headers(RESPONSE_HEADERS)
+
+
+def response_headers(first_message: bytes) -> bytes:
+    """The response header block (encoded) of a call whose first message is
+    `first_message`: its encoding named if it is compressed."""
+    return _RESPONSE_BLOCKS.get(type(first_message), _RESPONSE_BLOCK)
 
 
 #: No encoding listed as accepted: identity only.
