@@ -34,6 +34,7 @@ SHELL_MODULES = {
         "_admin",
         "_net",
         "_exposition",
+        "_hot_series",
         "_process",
         "_tls",
         "_peer",

@@ -171,7 +171,7 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
             assert caught.value.code is StatusCode.UNIMPLEMENTED
         # Refusals are counted too, under a bounded label (paths are client-chosen).
         counter = fleet.gateway._service.metrics.requests
-        assert counter.labels("_unknown_", "", "Unimplemented")._value.get() == 2
+        assert counter.labels("_unknown_", "", "Unimplemented").value == 2
         # A known method refused before its handler (a unary call with two messages).
         async with fleet.channel().stream(Method.MODEL_INFER.wire) as stream:
             await stream.send(b"")
@@ -179,7 +179,7 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
             stream.end()
             with pytest.raises(GrpcError):
                 await stream.receive()
-        assert counter.labels("ModelInfer", "", "Internal")._value.get() == 1
+        assert counter.labels("ModelInfer", "", "Internal").value == 1
 
 
 async def test_worker_series_carry_the_gateways_name_for_the_worker() -> None:

@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rsgw._exposition import LATENCY_BUCKETS, render_registry
+from rsgw._hot_series import Count, CounterFamily, HistogramFamily, Latencies
 from rsgw._methods import METHODS_BY_PATH
 from rsgw._status import StatusCode
 
@@ -56,25 +57,26 @@ class GatewayMetrics:
         self._departed: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
+        # The three series every proxied call updates: lock-free children (`_hot_series`).
+        self.requests = CounterFamily(
             "gateway_requests",
             "Count of gateway RPCs by method, model, and gRPC status code.",
             ["rpc", "model", "status"],
-            registry=r,
+            r,
         )
-        self.request_latency = Histogram(
+        self.request_latency = HistogramFamily(
             "gateway_request_latency_seconds",
             "Gateway-internal latency.",
             ["rpc", "model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            r,
+            LATENCY_BUCKETS,
         )
-        self.worker_latency = Histogram(
+        self.worker_latency = HistogramFamily(
             "gateway_worker_latency_seconds",
             "Latency of calls from the gateway to each worker.",
             ["rpc", "worker"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            r,
+            LATENCY_BUCKETS,
         )
         self.routing_table_size = Gauge(
             "gateway_routing_table_size", "Models in the routing table.", registry=r
@@ -122,9 +124,9 @@ class GatewayMetrics:
         )
         for stage in ("tick", "compaction"):
             self.repack_failures.labels(stage)
-        self._latency_children: dict[tuple[str, str], Histogram] = {}
-        self._count_children: dict[tuple[str, str, StatusCode], Counter] = {}
-        self._worker_children: dict[tuple[str, str], Histogram] = {}
+        self._latency_children: dict[tuple[str, str], Latencies] = {}
+        self._count_children: dict[tuple[str, str, StatusCode], Count] = {}
+        self._worker_children: dict[tuple[str, str], Latencies] = {}
 
     def track_inflight(self, read: Callable[[], int]) -> None:
         """Export `gateway_inflight_requests`, read at scrape time (cap enabled only)."""
