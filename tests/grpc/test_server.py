@@ -337,6 +337,43 @@ async def test_a_cancel_too_late_for_its_call_harms_no_other(autojump_clock: Moc
         nursery.cancel_scope.cancel()
 
 
+async def test_a_method_time_limit_cuts_calls_and_never_the_next(autojump_clock: MockClock) -> None:
+    """`timeouts`: a call to a method with a time limit ends at it when its client set
+    no sooner deadline. The scope keeps that deadline between calls, so: a call to a
+    method without a limit, on the same task, runs past it; a task idle past it
+    serves the next call; and a client's sooner deadline still wins."""
+    handlers = Handlers()
+    server = GrpcServer(
+        {
+            "/t.Test/Slow": handlers.slow,
+            "/t.Test/Gated": handlers.gated,
+            "/t.Test/Deadline": handlers.deadline,
+        },
+        timeouts={"/t.Test/Slow": 2.0, "/t.Test/Deadline": 2.0},
+    )
+    network = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda **kw: server.serve("gw", 0, network=network, **kw))
+        channel = Channel(f"gw:{port}", nursery, network=network)
+        started = trio.current_time()
+        with pytest.raises(GrpcError) as caught:
+            await channel.unary(b"/t.Test/Slow", b"")
+        assert caught.value.code is StatusCode.DEADLINE_EXCEEDED
+        assert 2.0 <= trio.current_time() - started < 2.1
+        # This call leaves its task's scope holding a deadline 2 s out.
+        assert float(await channel.unary(b"/t.Test/Deadline", b"")) == 2.0
+        async with trio.open_nursery() as calls:
+            calls.start_soon(channel.unary, b"/t.Test/Gated", b"")
+            await handlers.gated_started.wait()
+            await trio.sleep(5)  # past that deadline: the gated call runs on
+            handlers.gate.set()
+        await trio.sleep(10)  # idle tasks outlive the deadlines they kept
+        assert float(await channel.unary(b"/t.Test/Deadline", b"")) == 2.0
+        sooner = trio.current_time() + 0.5
+        assert float(await channel.unary(b"/t.Test/Deadline", b"", deadline=sooner)) <= 0.5
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancelled_server_refuses_new_connections_while_old_ones_finish(
     autojump_clock: MockClock,
 ) -> None:

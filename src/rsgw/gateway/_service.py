@@ -14,8 +14,8 @@ the worker gets the compressed bytes, and its answer comes back as it was sent
 (the server shell decompresses it only for a client that does not accept it).
 
 One deadline per call: the client's `grpc-timeout` or `request_timeout_seconds`,
-whichever is sooner, covers everything after admission, the wait at a worker's
-register gate included. No per-request log lines, no per-request tasks:
+whichever is sooner, covers the whole call, the wait for admission and the wait at
+a worker's register gate included. No per-request log lines, no per-request tasks:
 outcomes are counted in metrics.
 """
 
@@ -100,6 +100,10 @@ class GatewayService:
         self.prober = prober
         self.metrics = metrics
         self.request_timeout = request_timeout
+        #: The server cuts ModelInfer short at `request_timeout` from its start, when
+        #: the client set no sooner deadline (`GrpcServer(timeouts=)`): the deadline
+        #: is on the call's scope from the start, at one setter per call.
+        self.timeouts = {Method.MODEL_INFER.path: request_timeout}
         #: The receive limit, which a compressed request's inflated head is held to.
         self.max_message_bytes = max_message_bytes
         self.scheduler: Scheduler = scheduler or RoundRobinScheduler()

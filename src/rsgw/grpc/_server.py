@@ -155,6 +155,8 @@ class _Pending:
     call: ServerCall
     #: The handler takes compressed requests as they came (a pass-through).
     raw: bool = False
+    #: The method's own time limit (`GrpcServer(timeouts=)`), if it has one.
+    timeout: float | None = None
     messages: list[bytes] = field(default_factory=list)
     stream: ServerStream | None = None
     scope: trio.CancelScope | None = None
@@ -176,6 +178,9 @@ class GrpcServer:
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
         raw_paths: unary methods whose handlers take compressed requests as they
             came and may answer compressed (see the module docstring).
+        timeouts: unary methods' own time limits, in seconds from when the handler
+            starts: a call whose client set no sooner deadline is cut short then
+            (DEADLINE_EXCEEDED, or what `ServerCall.limit` chose).
         response_encoding: compress unary replies in this encoding where the client
             accepts it (None: never compress a reply ourselves).
         limits: what one client connection may cost (`ConnectionLimits`): header
@@ -204,6 +209,7 @@ class GrpcServer:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         raw_paths: Collection[str] = (),
+        timeouts: Mapping[str, float] | None = None,
         response_encoding: type[Compressed] | None = None,
         limits: ConnectionLimits | None = None,
         max_running_calls: int = 0,
@@ -211,6 +217,7 @@ class GrpcServer:
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._raw_paths = frozenset(path.encode() for path in raw_paths)
+        self._timeouts = {path.encode(): seconds for path, seconds in (timeouts or {}).items()}
         self.response_encoding = response_encoding
         self._stream_handlers = {
             path.encode(): handler for path, handler in (stream_handlers or {}).items()
@@ -633,8 +640,10 @@ class _ServerConnection:
             client=self._client,
         )
         if stream_handler is None:
-            raw = head.path in self._server._raw_paths
-            self._calls[event.stream_id] = _Pending(handler, call, raw)
+            server = self._server
+            self._calls[event.stream_id] = _Pending(
+                handler, call, head.path in server._raw_paths, server._timeouts.get(head.path)
+            )
             return
         stream = ServerStream(
             call, partial(self._send, event.stream_id), self._server.max_receive_message_bytes
@@ -672,10 +681,11 @@ class _ServerConnection:
 
         A task per call cost more than a small call's routing; a task kept between
         calls costs a wake-up. So does a cancel scope per call: the calls share one,
-        which takes each call's deadline while it runs, and which only a call that
-        must end early cancels (its deadline, its client's reset, the drain); that
-        call is answered and the next one gets a new scope. At most `IDLE_RUNNERS`
-        tasks wait; the connection's end cancels them.
+        which takes each call's deadline when it starts (and keeps it until the next
+        one, so a method with a time limit costs one deadline setter per call), and
+        which only a call that must end early cancels (its deadline, its client's
+        reset, the drain); that call is answered and the next one gets a new scope.
+        At most `IDLE_RUNNERS` tasks wait; the connection's end cancels them.
         """
         task = trio.lowlevel.current_task()
         idle = self._idle_runners
@@ -703,7 +713,8 @@ class _ServerConnection:
                         return
                     stream_id, pending = handed
             # Cancelled for the call it ran: answer it. (A cancel that came too late to
-            # stop the call it was meant for ends an idle wait instead: nothing to answer.)
+            # stop the call it was meant for, or the last call's deadline passing, ends
+            # an idle wait instead: nothing to answer.)
             if running is not None:
                 self._answer(stream_id, running, None, *_cut_short(running))
             if (handed := await next_call()) is None:
@@ -720,7 +731,11 @@ class _ServerConnection:
         response: bytes | None = None
         assert pending.handler is not None
         pending.scope = call.scope = scope
-        if call.deadline != math.inf:
+        if pending.timeout is not None:  # the method's own limit, if it is sooner
+            call.deadline = min(call.deadline, trio.current_time() + pending.timeout)
+        # The scope still holds the last call's deadline (not reset after each call: a
+        # method with a time limit then costs one setter per call, not two).
+        if scope.deadline != call.deadline:
             scope.deadline = call.deadline
         try:
             request = pending.messages.pop()
@@ -734,8 +749,6 @@ class _ServerConnection:
         finally:
             self._server.intake.ended()
             pending.scope = call.scope = None
-            if call.deadline != math.inf:  # (`ServerCall.limit` may have set one too)
-                scope.deadline = math.inf
         self._answer(stream_id, pending, response, code, message)
 
     def _answer(
