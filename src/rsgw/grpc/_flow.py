@@ -60,22 +60,20 @@ class Outbound:
             call.outbox += (prefix, *message.pieces)
             self._send(call)
             return
-        h2conn = self._h2
-        stream_id = call.stream_id
-        room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
-        if total + 5 <= room and not call.outbox:
+        if not call.outbox:
             # The common case, a message that fits: one frame, no outbox, no copy.
+            h2conn = self._h2
+            last = end and not call.trailers
             try:
-                last = end and not call.trailers
-                h2conn.send_data(stream_id, message, end_stream=last, prefix=prefix)
-                if last:
-                    self._end(call)
-                elif end:
-                    h2conn.send_headers(stream_id, call.trailers, end_stream=True)
-                    self._end(call)
+                if h2conn.send_data_if_it_fits(call.stream_id, message, last, prefix):
+                    if end and not last:
+                        h2conn.send_headers(call.stream_id, call.trailers, end_stream=True)
+                    if end:
+                        self._end(call)
+                    return
             except SEND_FAILURES:
                 self._broken(call)
-            return
+                return
         call.outbox += (prefix, memoryview(message))
         self._send(call)
 

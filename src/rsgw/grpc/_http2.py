@@ -378,9 +378,33 @@ class Http2Connection:
         prefix: bytes = b"",
     ) -> None:
         """One DATA frame of `prefix` then `data` (sent as they are, not joined); it
-        must fit the windows and the peer's frame size."""
+        must fit the windows and the peer's frame size (else `FlowControlError`)."""
+        if not self.send_data_if_it_fits(stream_id, data, end_stream, prefix):
+            length = len(prefix) + len(data)
+            raise FlowControlError(f"{length} bytes do not fit the windows and frame size")
+
+    def send_data_if_it_fits(
+        self,
+        stream_id: int,
+        data: bytes | memoryview,
+        end_stream: bool = False,
+        prefix: bytes = b"",
+    ) -> bool:
+        """`send_data` if the frame fits the windows and the peer's frame size now;
+        False, with nothing sent, if it does not (a message then waits in its
+        outbox). One look at the stream for both, on every unary answer's path."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.local_open:
+            raise StreamClosedError(f"stream {stream_id} is closed for sending")
         length = len(prefix) + len(data)
-        stream = self._charge(stream_id, length)
+        if (
+            length > stream.outbound
+            or length > self.outbound_flow_control_window
+            or length > self.remote_settings.max_frame_size
+        ):
+            return False
+        stream.outbound -= length
+        self.outbound_flow_control_window -= length
         flags = END_STREAM if end_stream else 0
         out = self._out
         out.append(_FRAME_HEAD.pack(length >> 8, length & 0xFF, DATA, flags, stream_id) + prefix)
@@ -388,6 +412,7 @@ class Http2Connection:
             out.append(data)
         if end_stream:
             self._close_local(stream)
+        return True
 
     def send_data_from(
         self, stream_id: int, pieces: list[bytes | memoryview], end_stream: bool = False
@@ -436,20 +461,6 @@ class Http2Connection:
         self.outbound_flow_control_window -= sent
         if end_stream and not pieces and count:
             self._close_local(stream)
-
-    def _charge(self, stream_id: int, length: int) -> Stream:
-        """A DATA frame of `length` bytes may leave on `stream_id`: take it from the
-        windows; the stream."""
-        stream = self.streams.get(stream_id)
-        if stream is None or not stream.local_open:
-            raise StreamClosedError(f"stream {stream_id} is closed for sending")
-        if length > stream.outbound or length > self.outbound_flow_control_window:
-            raise FlowControlError(f"{length} bytes do not fit the window")
-        if length > self.remote_settings.max_frame_size:
-            raise ProtocolError(f"{length} bytes are over the peer's frame size")
-        stream.outbound -= length
-        self.outbound_flow_control_window -= length
-        return stream
 
     def end_stream(self, stream_id: int) -> None:
         """END_STREAM on an empty DATA frame."""
