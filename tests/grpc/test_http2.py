@@ -305,7 +305,7 @@ def test_the_rest_of_a_frame_for_a_reset_stream_is_given_back() -> None:
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.integers(0, 40_000), min_size=1, max_size=8), st.integers(1, 100_000))
+@given(st.lists(st.integers(0, 100_000), min_size=1, max_size=8), st.integers(1, 200_000))
 def test_an_outbox_goes_in_full_frames_as_far_as_the_window_allows(
     sizes: list[int], window: int
 ) -> None:

@@ -51,11 +51,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    _H2Handler = Callable[[Any, list[Event]], object]  # (`_on_data` returns the call it fed)
+    _H2Handler = Callable[[Any, list[Event]], None]
 
 
 #: How much of a read h2 parses before we look at what it cost (see `receive_data`).
 SLICE_BYTES = 64 * 1024
+#: Below this, a call's unfinished message is not worth adding up the connection's
+#: (`_holding_large`).
+LARGE_UNFINISHED_BYTES = 1024 * 1024
 
 
 class ConnectionState(enum.Enum):
@@ -259,23 +262,35 @@ class GrpcConnection:
 
     # -- receiving (what both ends do alike) ------------------------------------------------
 
-    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> Call | None:
-        """Feed a DATA frame's bytes to its call's decoder; the call fed, if one was."""
+    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> None:
         stream_id = event.stream_id
+        data = event.data
+        if not data and not event.stream_ended:
+            self._empty_data()
         unacknowledged = self._unacknowledged
         unacknowledged[stream_id] = unacknowledged.get(stream_id, 0) + event.flow_controlled_length
         call = self._calls.get(stream_id)
         if call is None or call.inbound is not HalfState.OPEN or call.status is not None:
-            return None
+            return
+        decoder = call.decoder
         try:
-            messages = call.decoder.feed(event.data or b"")
+            messages = decoder.feed(data or b"")
         except RsgwError as exc:
             self._fail(call, exc, events)
-            return None
+            return
         # The half is OPEN (checked above), where a message leaves it as it is.
         for message in messages:
             events.append(MessageReceived(stream_id, message))
-        return call
+        if decoder.buffered > LARGE_UNFINISHED_BYTES:
+            self._holding_large(call, events)
+
+    def _empty_data(self) -> None:
+        """An empty DATA frame that ends nothing came (a server counts it against the
+        client's flood budget)."""
+
+    def _holding_large(self, call: Call, events: list[Event]) -> None:
+        """`call` holds over `LARGE_UNFINISHED_BYTES` of a message not yet whole (a
+        server checks the connection's total)."""
 
     def _on_end(self, event: http2.StreamEnded, events: list[Event]) -> None:
         call = self._calls.get(event.stream_id)

@@ -434,7 +434,19 @@ class Http2Connection:
         pack = _FRAME_HEAD.pack
         count = len(pieces)
         taken = sent = 0
+        full_head = pack(frame_max >> 8, frame_max & 0xFF, DATA, 0, stream_id)
         while taken < count and window > 0:
+            piece = pieces[taken]
+            whole = min((len(piece) - 1) // frame_max, window // frame_max)
+            if whole > 0:  # full frames from inside one large piece: a view and a shared head
+                view = piece if type(piece) is memoryview else memoryview(piece)
+                for start in range(0, whole * frame_max, frame_max):
+                    out.append(full_head)
+                    out.append(view[start : start + frame_max])
+                pieces[taken] = view[whole * frame_max :]
+                window -= whole * frame_max
+                sent += whole * frame_max
+                continue
             room = window if window < frame_max else frame_max
             size = 0
             first = taken

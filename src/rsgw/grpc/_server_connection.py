@@ -160,15 +160,10 @@ class ServerConnection(GrpcConnection):
         self.guard.spend(RESET_COST if rapid else 1)
         super()._on_reset(event, events)
 
-    def _on_data(self, event: http2.DataReceived, events: list[Event]) -> Call | None:
-        if not event.data and not event.stream_ended:
-            self.guard.spend()  # an empty DATA frame carries nothing but work
-        call = super()._on_data(event, events)
-        if call is not None and call.decoder.buffered > _CHECK_BUFFERED_ABOVE:
-            self._check_buffered(call, events)
-        return call
+    def _empty_data(self) -> None:
+        self.guard.spend()  # an empty DATA frame carries nothing but work
 
-    def _check_buffered(self, call: Call, events: list[Event]) -> None:
+    def _holding_large(self, call: Call, events: list[Event]) -> None:
         """Over the connection's budget of unfinished request bytes: fail this call.
 
         One call may buffer its one message alone (up to the message limit); only
@@ -252,10 +247,6 @@ class ServerConnection(GrpcConnection):
             stream = self._h2.streams.get(stream_id)
             if stream is not None and stream.open:
                 self._h2.reset_stream(stream_id, http2.ErrorCodes.NO_ERROR)
-
-
-#: Below this, a call's partial message is not worth adding up the connection's.
-_CHECK_BUFFERED_ABOVE = 1024 * 1024
 
 
 def _headers_too_large(size: int, limits: ConnectionLimits) -> GrpcError:
