@@ -374,6 +374,52 @@ async def test_a_method_time_limit_cuts_calls_and_never_the_next(autojump_clock:
         nursery.cancel_scope.cancel()
 
 
+class _CancelOnHandover(trio.abc.Instrument):
+    """Cancels `scope` the moment `task` is next scheduled: a kept deadline passing
+    just after a call was handed to the task, before the task ran."""
+
+    def __init__(self) -> None:
+        self.task: trio.lowlevel.Task | None = None
+        self.scope: trio.CancelScope | None = None
+        self.fired = False
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task and self.scope is not None and not self.fired:
+            self.fired = True
+            self.scope.cancel()
+
+
+async def test_a_scope_cancelled_as_a_call_is_handed_over_spares_that_call(
+    autojump_clock: MockClock,
+) -> None:
+    """The scope a task keeps between calls may be cancelled after a call was handed
+    to the task and before it ran (its kept deadline passing then); that call runs in
+    a fresh scope, not cut short."""
+    spy = _CancelOnHandover()
+
+    async def first(request: bytes, call: ServerCall) -> bytes:
+        spy.task, spy.scope = trio.lowlevel.current_task(), call.scope
+        return b"first"
+
+    async def second(request: bytes, call: ServerCall) -> bytes:
+        await trio.lowlevel.checkpoint()  # where a cancelled scope would strike
+        return b"second"
+
+    server = GrpcServer({"/t.Test/First": first, "/t.Test/Second": second})
+    network = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda **kw: server.serve("gw", 0, network=network, **kw))
+        channel = Channel(f"gw:{port}", nursery, network=network)
+        assert await channel.unary(b"/t.Test/First", b"") == b"first"
+        trio.lowlevel.add_instrument(spy)
+        try:
+            assert await channel.unary(b"/t.Test/Second", b"") == b"second"
+        finally:
+            trio.lowlevel.remove_instrument(spy)
+        assert spy.fired  # the call was handed to the same task, and its scope cancelled
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancelled_server_refuses_new_connections_while_old_ones_finish(
     autojump_clock: MockClock,
 ) -> None:

@@ -699,27 +699,30 @@ class _ServerConnection:
             if len(idle) >= IDLE_RUNNERS:
                 return None
             idle.append(task)
-            handed: tuple[int, _Pending] = await trio.lowlevel.wait_task_rescheduled(give_up)
-            return handed
+            call: tuple[int, _Pending] = await trio.lowlevel.wait_task_rescheduled(give_up)
+            return call
 
-        while True:
+        handed: tuple[int, _Pending] | None = (stream_id, pending)
+        while handed is not None:
             running: _Pending | None = None
             with trio.CancelScope() as scope:
-                while True:
-                    running = pending
-                    await self._run_unary(stream_id, pending, scope)
+                # A scope cancelled after a call was handed over, before this task ran
+                # (the last call's kept deadline passing just then), must not cut that
+                # call short: it goes to a fresh scope.
+                while handed is not None and not scope.cancel_called:
+                    stream_id, running = handed
+                    handed = None
+                    await self._run_unary(stream_id, running, scope)
                     running = None
                     if (handed := await next_call()) is None:
                         return
-                    stream_id, pending = handed
             # Cancelled for the call it ran: answer it. (A cancel that came too late to
             # stop the call it was meant for, or the last call's deadline passing, ends
             # an idle wait instead: nothing to answer.)
             if running is not None:
                 self._answer(stream_id, running, None, *_cut_short(running))
-            if (handed := await next_call()) is None:
-                return
-            stream_id, pending = handed
+            if handed is None:
+                handed = await next_call()
 
     async def _run_unary(self, stream_id: int, pending: _Pending, scope: trio.CancelScope) -> None:
         """Run one call's handler under `scope` and answer it; `trio.Cancelled` (the
