@@ -39,6 +39,7 @@ SHELL_MODULES = {
         "_tls",
         "_peer",
         "_shm_access",
+        "_call",
     },
     "grpc": {
         "__init__",
@@ -49,6 +50,7 @@ SHELL_MODULES = {
         "_metering",
         "_streams",
         "_standard",
+        "_intake",
     },
     "worker": {
         "_control",

@@ -43,7 +43,7 @@ class Peer:
 
     #: LOOPBACK, REMOTE or IN_PROCESS.
     kind: str
-    #: `host:port` (`[host]:port` for IPv6), for logs and `ServerCall.peer`.
+    #: `host:port` (`[host]:port` for IPv6), for logs and `CallContext.peer`.
     address: str = ""
     #: The verified TLS client certificate's identity ("" without one).
     certificate: str = ""

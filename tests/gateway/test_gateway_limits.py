@@ -27,6 +27,7 @@ import trio.testing
 import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
+from rsgw._call import CallContext
 from rsgw._config import GatewayConfig, GrpcLimits, ListenConfig
 from rsgw._errors import GrpcError
 from rsgw._methods import Method
@@ -35,7 +36,7 @@ from rsgw._status import StatusCode
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.grpc._client import Channel
 from rsgw.grpc._metadata import format_timeout, parse_timeout
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from rsgw.worker._worker import RunningWorker
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import (
@@ -264,15 +265,15 @@ async def test_forwarded_deadline_is_at_most_the_clients(autojump_clock: MockClo
     """A recording stand-in worker: the real worker cannot report what it received."""
     received: list[float] = []
 
-    async def ready(body: bytes, call_: ServerCall) -> bytes:
+    async def ready(body: bytes, call_: CallContext) -> bytes:
         return pb.ServerReadyResponse(ready=True).SerializeToString()
 
-    async def index(body: bytes, call_: ServerCall) -> bytes:
+    async def index(body: bytes, call_: CallContext) -> bytes:
         response = pb.RepositoryIndexResponse()
         response.models.add(name="echo", state="READY")
         return response.SerializeToString()
 
-    async def infer(body: bytes, call_: ServerCall) -> bytes:
+    async def infer(body: bytes, call_: CallContext) -> bytes:
         received.append(call_.deadline - trio.current_time())
         return pb.ModelInferResponse(model_name="echo").SerializeToString()
 

@@ -16,13 +16,14 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
+from rsgw._call import CallContext, UnaryHandler
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
-from rsgw.grpc._server import GrpcServer, ServerCall, UnaryHandler
+from rsgw.grpc._server import GrpcServer
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork
 
@@ -35,12 +36,12 @@ class ScriptedWorker:
         self.index_calls = 0
         self.index_gate: trio.Event | None = None
 
-    async def ready(self, body: bytes, call: ServerCall) -> bytes:
+    async def ready(self, body: bytes, call: CallContext) -> bytes:
         if self.hang:
             await trio.sleep_forever()
         return pb.ServerReadyResponse(ready=True).SerializeToString()
 
-    async def index(self, body: bytes, call: ServerCall) -> bytes:
+    async def index(self, body: bytes, call: CallContext) -> bytes:
         self.index_calls += 1
         if self.hang:
             await trio.sleep_forever()
@@ -145,7 +146,7 @@ async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: Moc
     worker = ScriptedWorker()
     poll_started = trio.Event()
 
-    async def control_status(body: bytes, call: ServerCall) -> bytes:
+    async def control_status(body: bytes, call: CallContext) -> bytes:
         poll_started.set()
         await trio.sleep_forever()
         return b""  # pragma: no cover

@@ -15,10 +15,11 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
+from rsgw._call import CallContext, UnaryHandler
 from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.grpc._server import GrpcServer, ServerCall, UnaryHandler
+from rsgw.grpc._server import GrpcServer
 from tests.memory import MemoryNetwork
 
 
@@ -33,11 +34,11 @@ class Peer:
         self.max_in_flight = 0
         self.deadlines: list[float] = []
 
-    async def echo(self, request: bytes, call: ServerCall) -> bytes:
+    async def echo(self, request: bytes, call: CallContext) -> bytes:
         self.deadlines.append(call.deadline - trio.current_time())
         return request
 
-    async def hang(self, request: bytes, call: ServerCall) -> bytes:
+    async def hang(self, request: bytes, call: CallContext) -> bytes:
         self.started.set()
         try:
             await trio.sleep_forever()
@@ -46,7 +47,7 @@ class Peer:
             raise
         return b""  # pragma: no cover
 
-    async def gated(self, request: bytes, call: ServerCall) -> bytes:
+    async def gated(self, request: bytes, call: CallContext) -> bytes:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.started.set()
@@ -54,7 +55,7 @@ class Peer:
         self.in_flight -= 1
         return request
 
-    async def refuse(self, request: bytes, call: ServerCall) -> bytes:
+    async def refuse(self, request: bytes, call: CallContext) -> bytes:
         raise GrpcError(StatusCode.NOT_FOUND, "no model 'x' here", ((b"x-worker", b"w0"),))
 
     def routes(self) -> dict[str, UnaryHandler]:
@@ -267,7 +268,7 @@ async def test_calls_past_the_peers_stream_limit_wait_for_a_stream(
     running = 0
     most = 0
 
-    async def slow(request: bytes, call: ServerCall) -> bytes:
+    async def slow(request: bytes, call: CallContext) -> bytes:
         nonlocal running, most
         running += 1
         most = max(most, running)

@@ -19,10 +19,11 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
+from rsgw._call import CallContext
 from rsgw._errors import GrpcError, ListenError, NotFound, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork
 
@@ -42,12 +43,12 @@ class Handlers:
         #: The tasks Echo ran on.
         self.tasks: set[trio.lowlevel.Task] = set()
 
-    async def echo(self, request: bytes, call: ServerCall) -> bytes:
+    async def echo(self, request: bytes, call: CallContext) -> bytes:
         self.metadata.append(call.metadata)
         self.tasks.add(trio.lowlevel.current_task())
         return request
 
-    async def slow(self, request: bytes, call: ServerCall) -> bytes:
+    async def slow(self, request: bytes, call: CallContext) -> bytes:
         self.slow_started.set()
         try:
             await trio.sleep_forever()
@@ -56,24 +57,24 @@ class Handlers:
             raise
         return b""  # pragma: no cover
 
-    async def gated(self, request: bytes, call: ServerCall) -> bytes:
+    async def gated(self, request: bytes, call: CallContext) -> bytes:
         self.gated_started.set()
         await self.gate.wait()
         return b"opened"
 
-    async def boom(self, request: bytes, call: ServerCall) -> bytes:
+    async def boom(self, request: bytes, call: CallContext) -> bytes:
         raise RuntimeError("kaboom")
 
-    async def refuse(self, request: bytes, call: ServerCall) -> bytes:
+    async def refuse(self, request: bytes, call: CallContext) -> bytes:
         raise GrpcError(StatusCode.FAILED_PRECONDITION, "not now", ((b"x-why", b"because"),))
 
-    async def missing(self, request: bytes, call: ServerCall) -> bytes:
+    async def missing(self, request: bytes, call: CallContext) -> bytes:
         raise NotFound("no such thing: " + request.decode())
 
-    async def deadline(self, request: bytes, call: ServerCall) -> bytes:
+    async def deadline(self, request: bytes, call: CallContext) -> bytes:
         return repr(call.deadline - trio.current_time()).encode()
 
-    async def huge(self, request: bytes, call: ServerCall) -> bytes:
+    async def huge(self, request: bytes, call: CallContext) -> bytes:
         return b"z" * (LIMIT + 1)
 
 
@@ -320,7 +321,7 @@ async def test_a_cancel_too_late_for_its_call_harms_no_other(autojump_clock: Moc
     and the calls after it, on the same task, are not cancelled."""
     handlers = Handlers()
 
-    async def late(request: bytes, call: ServerCall) -> bytes:
+    async def late(request: bytes, call: CallContext) -> bytes:
         assert call.scope is not None
         call.scope.cancel()  # as a reset or a deadline arriving just as it returns
         return b"finished"
@@ -397,11 +398,11 @@ async def test_a_scope_cancelled_as_a_call_is_handed_over_spares_that_call(
     a fresh scope, not cut short."""
     spy = _CancelOnHandover()
 
-    async def first(request: bytes, call: ServerCall) -> bytes:
+    async def first(request: bytes, call: CallContext) -> bytes:
         spy.task, spy.scope = trio.lowlevel.current_task(), call.scope
         return b"first"
 
-    async def second(request: bytes, call: ServerCall) -> bytes:
+    async def second(request: bytes, call: CallContext) -> bytes:
         await trio.lowlevel.checkpoint()  # where a cancelled scope would strike
         return b"second"
 
@@ -428,7 +429,7 @@ async def test_a_cancelled_server_refuses_new_connections_while_old_ones_finish(
     not left unserved in the backlog until its connect timeout."""
     started = trio.Event()
 
-    async def stubborn(request: bytes, call: ServerCall) -> bytes:
+    async def stubborn(request: bytes, call: CallContext) -> bytes:
         started.set()
         with trio.CancelScope(shield=True):  # takes a while to stop
             await trio.sleep(0.5)

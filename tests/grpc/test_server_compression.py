@@ -15,11 +15,12 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from rsgw._call import CallContext
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._compression import Compressed, Deflated, Gzipped, compress, decompress
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._streams import ServerStream
 from tests.helpers import raw_h2_unary
 from tests.memory import MemoryNetwork
@@ -34,7 +35,7 @@ class Seen:
     def __init__(self) -> None:
         self.types: list[type[bytes]] = []
 
-    async def echo(self, request: bytes, call: ServerCall) -> bytes:
+    async def echo(self, request: bytes, call: CallContext) -> bytes:
         self.types.append(type(request))
         return request
 

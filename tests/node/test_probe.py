@@ -17,8 +17,9 @@ import trio
 import yaml
 
 import rsgw
+from rsgw._call import CallContext
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from rsgw.node._node import load_node
 from rsgw.node._probe import PROBE_DEADLINE_SECONDS, probe_address, server_ready
 from rsgw.worker._catalogue import builtin_catalogue
@@ -42,7 +43,7 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def scripted_server(
-    handler: Callable[[bytes, ServerCall], Awaitable[bytes]],
+    handler: Callable[[bytes, CallContext], Awaitable[bytes]],
 ) -> AsyncIterator[int]:
     """A gRPC server whose ServerReady is `handler`; yields its port."""
     server = GrpcServer({SERVER_READY: handler})
@@ -84,7 +85,7 @@ async def test_sole_worker_is_the_default_and_probed_on_the_public_port(
 
 
 async def test_a_worker_answering_not_ready_is_not_ready(tmp_path: Path) -> None:
-    async def not_ready(body: bytes, call: ServerCall) -> bytes:
+    async def not_ready(body: bytes, call: CallContext) -> bytes:
         return pb.ServerReadyResponse(ready=False).SerializeToString()
 
     async with scripted_server(not_ready) as port:
@@ -95,7 +96,7 @@ async def test_a_worker_answering_not_ready_is_not_ready(tmp_path: Path) -> None
 async def test_a_hung_worker_is_not_ready_after_the_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async def hang(body: bytes, call: ServerCall) -> bytes:
+    async def hang(body: bytes, call: CallContext) -> bytes:
         await trio.sleep_forever()
 
     async with scripted_server(hang) as port:

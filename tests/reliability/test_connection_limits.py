@@ -15,17 +15,18 @@ import h2.settings
 import trio
 from trio.testing import MockClock
 
+from rsgw._call import CallContext
 from rsgw._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._limits import ENHANCE_YOUR_CALM, ConnectionLimits
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from tests.memory import MemoryNetwork
 from tests.reliability.hostile import HostileConnection, Outcome, framed, grpc_headers
 
 ECHO = b"/t.Test/Echo"
 
 
-async def _echo(request: bytes, call: ServerCall) -> bytes:
+async def _echo(request: bytes, call: CallContext) -> bytes:
     return request
 
 

@@ -13,15 +13,16 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from rsgw._call import CallContext
 from rsgw._status import StatusCode
-from rsgw.grpc._server import GrpcServer, ServerCall
+from rsgw.grpc._server import GrpcServer
 from tests.reliability.hostile import Header, HostileConnection, grpc_headers
 
 ECHO = b"/t.Test/Echo"
 NOT_UTF8 = b"\xff\xfe\x80bad"
 
 
-async def _echo(request: bytes, call: ServerCall) -> bytes:
+async def _echo(request: bytes, call: CallContext) -> bytes:
     return request
 
 

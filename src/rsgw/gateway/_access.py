@@ -14,10 +14,10 @@ import random
 import time
 from collections.abc import Callable
 
+from rsgw._call import CallContext
 from rsgw._log_budget import LogBudget
 from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._metering import Meter
-from rsgw.grpc._server import ServerCall
 
 logger = logging.getLogger("rsgw.access")
 
@@ -48,7 +48,7 @@ class AccessLog:
         """Whether the call starting now gets a line."""
         return self._rate >= 1.0 or random.random() < self._rate
 
-    def write(self, call: ServerCall, meter: Meter, rpc: str, seconds: float) -> None:
+    def write(self, call: CallContext, meter: Meter, rpc: str, seconds: float) -> None:
         """The call is over: its line, unless this second's budget is spent."""
         suppressed = self._budget.take("access", time.monotonic())
         if suppressed is None or not logger.isEnabledFor(logging.INFO):

@@ -22,6 +22,7 @@ from typing import TypeVar
 import trio
 from google.protobuf.message import Message
 
+from rsgw._call import CallContext, UnaryHandler
 from rsgw._errors import ConfigError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -39,7 +40,6 @@ from rsgw.gateway._scheduling_status import (
     status_of,
 )
 from rsgw.grpc._metering import metered
-from rsgw.grpc._server import ServerCall, UnaryHandler
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
 from rsgw.scheduling._policy import (
@@ -102,7 +102,7 @@ class GatewayControl:
     ) -> UnaryHandler:
         observe = self._metrics.observer(rpc.rpc)
 
-        async def handler(request: Req, call: ServerCall) -> Message:
+        async def handler(request: Req, call: CallContext) -> Message:
             with metered(call, observe):
                 try:
                     return await method(request)

@@ -51,11 +51,11 @@ from rsgw.scheduling._merge import ShmStatus, merge_shm_status
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw._schema import ShmConfig
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
-    from rsgw.grpc._server import ServerCall, UnaryHandler
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class FleetCalls:
             reasons.append(f"{self.pool.public_name(url)}: {text}")
         return "; ".join(reasons)
 
-    def _deadline(self, call: ServerCall, at_least: float = 0.0) -> float:
+    def _deadline(self, call: CallContext, at_least: float = 0.0) -> float:
         budget = max(self.request_timeout, at_least)
         return min(call.deadline, trio.current_time() + budget)
 
@@ -239,7 +239,7 @@ class FleetCalls:
         """A register (all or nothing, undone by `undo_with`) or an unregister (any)."""
         observe = self.metrics.observer(method.rpc)
 
-        async def handler(body: bytes, call: ServerCall) -> bytes:
+        async def handler(body: bytes, call: CallContext) -> bytes:
             with self._admitted(method.rpc), metered(call, observe):
                 message = _parsed(request, body)
                 name: str = message.name  # type: ignore[attr-defined]  # every SHM request has one
@@ -268,7 +268,7 @@ class FleetCalls:
 
         return handler
 
-    def _may_register(self, method: Method, message: Message, call: ServerCall) -> None:
+    def _may_register(self, method: Method, message: Message, call: CallContext) -> None:
         """Ownership, access to the object, and the client's quota (docs/security.md)."""
         name: str = message.name  # type: ignore[attr-defined]
         regions, owner = self.pool.regions, call.owner
@@ -301,7 +301,7 @@ class FleetCalls:
                 f"pass its limit of {byte_cap} (shm.max_bytes_per_client)",
             )
 
-    async def _unregister(self, method: Method, name: str, call: ServerCall) -> bytes:
+    async def _unregister(self, method: Method, name: str, call: CallContext) -> bytes:
         """Unregister the caller's region `name`, or all the caller's regions for ""."""
         regions = self.pool.regions
         register = next(r for r, u in UNREGISTER_OF.items() if u is method)
@@ -328,7 +328,7 @@ class FleetCalls:
         observe = self.metrics.observer(method.rpc)
         register = Method.SHM_REGISTER if method is Method.SHM_STATUS else Method.CUDA_SHM_REGISTER
 
-        async def handler(body: bytes, call: ServerCall) -> bytes:
+        async def handler(body: bytes, call: CallContext) -> bytes:
             with metered(call, observe):
                 name: str = _parsed(_STATUS_REQUEST[method], body).name  # type: ignore[attr-defined]
                 held_by = self.pool.regions.owner(register, name) if name else None
@@ -383,7 +383,7 @@ class FleetCalls:
     # -- explicit model control -----------------------------------------------------------
 
     async def model_load(
-        self, request: pb.RepositoryModelLoadRequest, call: ServerCall
+        self, request: pb.RepositoryModelLoadRequest, call: CallContext
     ) -> pb.RepositoryModelLoadResponse:
         """Load on every worker that should hold the model; undone if any fails."""
         method = Method.REPOSITORY_MODEL_LOAD
@@ -399,7 +399,7 @@ class FleetCalls:
             return pb.RepositoryModelLoadResponse()
 
     async def model_unload(
-        self, request: pb.RepositoryModelUnloadRequest, call: ServerCall
+        self, request: pb.RepositoryModelUnloadRequest, call: CallContext
     ) -> pb.RepositoryModelUnloadResponse:
         """Unload everywhere it is held; succeeds if any worker did."""
         method = Method.REPOSITORY_MODEL_UNLOAD
@@ -412,7 +412,7 @@ class FleetCalls:
     # -- answered by asking everyone ----------------------------------------------------
 
     async def is_same_ipc_namespace(
-        self, request: pb.IsSameIPCNamespaceRequest, call: ServerCall
+        self, request: pb.IsSameIPCNamespaceRequest, call: CallContext
     ) -> pb.IsSameIPCNamespaceResponse:
         """True only if every worker sees the client's region (any may serve it later)."""
         method = Method.IPC_NAMESPACE
@@ -443,7 +443,7 @@ class FleetCalls:
             return pb.IsSameIPCNamespaceResponse(same=same)
 
     async def compact_memory(
-        self, request: cpb.CompactMemoryRequest, call: ServerCall
+        self, request: cpb.CompactMemoryRequest, call: CallContext
     ) -> cpb.CompactMemoryResponse:
         """Compact every worker; the answer sums the models they reloaded."""
         method = Method.COMPACT_MEMORY

@@ -40,9 +40,9 @@ from rsgw._status import StatusCode
 from rsgw._values import read_yaml
 
 if TYPE_CHECKING:
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw._schema import AuthConfig
-    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
-    from rsgw.grpc._streams import ServerStream
+    from rsgw.grpc._streams import ServerStream, StreamHandler
 
 logger = logging.getLogger(__name__)
 audit = logging.getLogger("rsgw.audit")
@@ -122,7 +122,7 @@ class Guard:
 
     # -- the check --------------------------------------------------------------------
 
-    def check(self, call: ServerCall) -> None:
+    def check(self, call: CallContext) -> None:
         """Authorise `call` (setting its principal) or raise UNAUTHENTICATED/PERMISSION_DENIED."""
         try:
             call.principal = self.authorizer.authorize(
@@ -153,7 +153,7 @@ class Guard:
             return handler
         check = self.check if self.enabled else None
 
-        async def guarded(body: bytes, call: ServerCall) -> bytes:
+        async def guarded(body: bytes, call: CallContext) -> bytes:
             try:
                 if check is not None:
                     check(call)
@@ -180,7 +180,7 @@ class Guard:
         return guarded
 
 
-def _audit(call: ServerCall, code: StatusCode) -> None:
+def _audit(call: CallContext, code: StatusCode) -> None:
     who = str(call.principal) if call.principal is not None else call.client.owner
     audit.info(
         "audit",

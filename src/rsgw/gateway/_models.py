@@ -45,10 +45,10 @@ from rsgw.scheduling._plan import RouteWalk, no_ready_replica, unknown_model
 from rsgw.scheduling._wire import peek_header
 
 if TYPE_CHECKING:
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
-    from rsgw.grpc._server import ServerCall, UnaryHandler
 
 logger = logging.getLogger(__name__)
 
@@ -100,19 +100,19 @@ class ModelCalls:
     # -- answered by the gateway --------------------------------------------------------
 
     async def server_live(
-        self, request: pb.ServerLiveRequest, call: ServerCall
+        self, request: pb.ServerLiveRequest, call: CallContext
     ) -> pb.ServerLiveResponse:
         with metered(call, self.metrics.observer(Method.SERVER_LIVE.rpc)):
             return pb.ServerLiveResponse(live=True)
 
     async def server_ready(
-        self, request: pb.ServerReadyRequest, call: ServerCall
+        self, request: pb.ServerReadyRequest, call: CallContext
     ) -> pb.ServerReadyResponse:
         with metered(call, self.metrics.observer(Method.SERVER_READY.rpc)):
             return pb.ServerReadyResponse(ready=self.prober.serving)
 
     async def server_metadata(
-        self, request: pb.ServerMetadataRequest, call: ServerCall
+        self, request: pb.ServerMetadataRequest, call: CallContext
     ) -> pb.ServerMetadataResponse:
         """The ready workers' name and version, and the extensions all of them have."""
         with metered(call, self.metrics.observer(Method.SERVER_METADATA.rpc)):
@@ -141,7 +141,7 @@ class ModelCalls:
     def _routed(self, method: Method) -> UnaryHandler:
         observe = self.metrics.observer(method.rpc)
 
-        async def handler(body: bytes, call: ServerCall) -> bytes:
+        async def handler(body: bytes, call: CallContext) -> bytes:
             with metered(call, observe) as meter:
                 try:
                     model, _ = peek_header(body)
@@ -175,7 +175,7 @@ class ModelCalls:
         return replicas
 
     async def _forward(
-        self, method: Method, model: str, replicas: tuple[str, ...], body: bytes, call: ServerCall
+        self, method: Method, model: str, replicas: tuple[str, ...], body: bytes, call: CallContext
     ) -> bytes:
         """One replica answers, in rotation; the others only if it certainly did not."""
         start = next(self._turn) % len(replicas)
@@ -195,7 +195,7 @@ class ModelCalls:
     # -- merged over every worker -------------------------------------------------------
 
     async def _model_statistics(
-        self, model: str, replicas: tuple[str, ...], body: bytes, call: ServerCall
+        self, model: str, replicas: tuple[str, ...], body: bytes, call: CallContext
     ) -> bytes:
         """One model's statistics summed over its replicas (each holds a share of its work)."""
         results = await self._everyone(replicas, Method.MODEL_STATISTICS, body, call)
@@ -208,7 +208,7 @@ class ModelCalls:
         merged = merge_statistics([pb.ModelStatisticsResponse.FromString(r) for r in answers])
         return merged.SerializeToString()
 
-    async def _all_statistics(self, body: bytes, call: ServerCall) -> bytes:
+    async def _all_statistics(self, body: bytes, call: CallContext) -> bytes:
         ready = [url for url in self.pool.urls if url in self.prober.ready]
         results = await self._everyone(ready, Method.MODEL_STATISTICS, body, call)
         answers = [
@@ -221,7 +221,7 @@ class ModelCalls:
         return merge_statistics(answers).SerializeToString()
 
     async def repository_index(
-        self, request: pb.RepositoryIndexRequest, call: ServerCall
+        self, request: pb.RepositoryIndexRequest, call: CallContext
     ) -> pb.RepositoryIndexResponse:
         """One row per model and version: READY if any replica is."""
         with metered(call, self.metrics.observer(Method.REPOSITORY_INDEX.rpc)):
@@ -236,7 +236,7 @@ class ModelCalls:
             return merge_indexes(answers)
 
     async def _everyone(
-        self, urls: tuple[str, ...] | list[str], method: Method, body: bytes, call: ServerCall
+        self, urls: tuple[str, ...] | list[str], method: Method, body: bytes, call: CallContext
     ) -> dict[str, bytes | Exception]:
         deadline = min(call.deadline, trio.current_time() + self.request_timeout)
 

@@ -41,7 +41,7 @@ REGION_MARK = REGION_PARAMETER.encode()
 @dataclass(frozen=True, slots=True)
 class _Region:
     body: bytes
-    #: Who registered it (`ServerCall.owner`): only they may use or unregister it.
+    #: Who registered it (`CallContext.owner`): only they may use or unregister it.
     owner: str
     byte_size: int
     #: The POSIX object of a system shared memory region ("" for CUDA).

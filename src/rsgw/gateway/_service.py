@@ -63,10 +63,11 @@ from rsgw.scheduling._wire import SequenceFlags, head_length, peek_routing
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw._config import ServerMetadataConfig
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
-    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
+    from rsgw.grpc._streams import StreamHandler
     from rsgw.scheduling._routing import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ class GatewayService:
         finally:
             self.release(ticket)
 
-    async def _queue_for_slot(self, call: ServerCall) -> Ticket[AnyReservation]:
+    async def _queue_for_slot(self, call: CallContext) -> Ticket[AnyReservation]:
         """The cap is full (or others wait): queue if it clears in time (`_admission`)."""
         if self.queue.hopeless(trio.current_time(), call.deadline):
             self._shed(Method.MODEL_INFER.rpc)
@@ -201,7 +202,7 @@ class GatewayService:
 
     # -- ModelInfer ---------------------------------------------------------------------
 
-    async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
+    async def model_infer(self, body: bytes, call: CallContext) -> bytes:
         # A slot now, unless the cap is full or others already wait for one.
         ticket = None if self.queue.waiting else self.ledger.admit()
         if ticket is None:
@@ -223,7 +224,7 @@ class GatewayService:
                 access.write(call, meter, Method.MODEL_INFER.rpc, elapsed)
 
     async def _infer(
-        self, body: bytes, call: ServerCall, ticket: Ticket[AnyReservation], meter: Meter
+        self, body: bytes, call: CallContext, ticket: Ticket[AnyReservation], meter: Meter
     ) -> bytes:
         meter.timed = False  # refused before routing: counted, but no latency observed
         head = body  # what routing reads: the body itself, or its head

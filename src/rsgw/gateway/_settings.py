@@ -30,8 +30,8 @@ from rsgw.scheduling._plan import unknown_model
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw.gateway._metrics import GatewayMetrics
-    from rsgw.grpc._server import ServerCall, UnaryHandler
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ServerSettings:
         }
 
     async def log_settings(
-        self, request: pb.LogSettingsRequest, call: ServerCall
+        self, request: pb.LogSettingsRequest, call: CallContext
     ) -> pb.LogSettingsResponse:
         with metered(call, self.metrics.observer(Method.LOG_SETTINGS.rpc)):
             target = logging.getLogger(RSGW_LOGGER)
@@ -101,7 +101,7 @@ class ServerSettings:
         return response
 
     async def trace_setting(
-        self, request: pb.TraceSettingRequest, call: ServerCall
+        self, request: pb.TraceSettingRequest, call: CallContext
     ) -> pb.TraceSettingResponse:
         with metered(call, self.metrics.observer(Method.TRACE_SETTING.rpc)):
             if request.model_name and not self._known(request.model_name):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-    from rsgw.grpc._server import ServerCall
+    from rsgw._call import CallContext
 
 
 class Meter:
@@ -32,7 +32,7 @@ class Meter:
 
     def __init__(
         self,
-        call: ServerCall,
+        call: CallContext,
         observe: Callable[[StatusCode, str, float | None], None],
         label: str = "",
     ) -> None:

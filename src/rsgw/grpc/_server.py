@@ -8,7 +8,7 @@ client has sent its one message and half-closed, in the connection's nursery,
 under a cancel scope carrying the call's deadline; a call that ends before its
 handler does (the client reset it, the connection died) has its scope cancelled.
 
-Handlers are `async def handler(request: bytes, call: ServerCall) -> bytes`,
+Handlers are `async def handler(request: bytes, call: CallContext) -> bytes`,
 registered by full method path. They raise any `RsgwError` to fail a call with
 its status (`GrpcError` to choose one); any other exception becomes INTERNAL.
 Streaming handlers take a `ServerStream`, fed by the same `MessageReceived` /
@@ -31,17 +31,17 @@ import contextlib
 import errno
 import logging
 import math
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
 import outcome
 import trio
 
-from rsgw._auth import Principal
+from rsgw._call import CallContext, UnaryHandler
 from rsgw._errors import GrpcError, RsgwError, shown
 from rsgw._net import TCP, Network
-from rsgw._peer import IN_PROCESS, Peer, peer_of
+from rsgw._peer import peer_of
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
 from rsgw._tls import ServerTls, peer_identity
@@ -59,10 +59,10 @@ from rsgw.grpc._compression import Compressed, compress, decompress
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, joined
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
+from rsgw.grpc._intake import Intake
 from rsgw.grpc._limits import ConnectionLimits, StreamShare
-from rsgw.grpc._metadata import IDENTITY_ONLY, HeaderBlock
 from rsgw.grpc._server_connection import ServerConnection
-from rsgw.grpc._streams import ServerStream
+from rsgw.grpc._streams import ServerStream, StreamHandler
 from rsgw.grpc._transport import RECEIVE_BYTES, Transport
 
 logger = logging.getLogger(__name__)
@@ -85,64 +85,6 @@ SLOW_BYTES_PER_SECOND = 1024
 IDLE_RUNNERS = 64
 
 
-_IN_PROCESS: Peer = Peer(IN_PROCESS, "in-process")
-
-
-@dataclass(slots=True)
-class ServerCall:
-    """What a handler may know about its call besides the request bytes."""
-
-    path: str
-    #: Absolute deadline on the Trio clock, `math.inf` when the client set none.
-    deadline: float
-    #: Request metadata (custom headers), names lower-case.
-    metadata: HeaderBlock
-    peer: str
-    #: Extra trailing metadata to send with the status (e.g. relayed from a worker).
-    trailers: HeaderBlock = ()
-    #: The encodings the client accepts for the response.
-    accept: frozenset[bytes] = IDENTITY_ONLY
-    #: The connection's client: certificate identity, loopback user (`rsgw._peer`).
-    client: Peer = field(default_factory=lambda: _IN_PROCESS)
-    #: Who the call proved to be, once the gateway's guard checked it (auth on).
-    principal: Principal | None = None
-    #: What the call answers if `limit`'s deadline ends it (else "deadline exceeded").
-    expired: Callable[[], RsgwError] | None = None
-    #: The cancel scope the handler runs under (None outside a server).
-    scope: trio.CancelScope | None = None
-
-    def limit(self, deadline: float, expired: Callable[[], RsgwError]) -> None:
-        """End the handler at `deadline` if that is sooner, answering `expired()` then.
-
-        The handler's own scope takes the deadline: the request path needs no cancel
-        scope of its own (a scope costs more than the rest of a small call's routing).
-        """
-        self.expired = expired
-        if deadline < self.deadline:
-            self.deadline = deadline
-            if self.scope is not None:
-                self.scope.deadline = deadline
-
-    @property
-    def owner(self) -> str:
-        """Who owns the shared memory this call registers (docs/security.md)."""
-        return f"token:{self.principal.name}" if self.principal else self.client.owner
-
-    def status_for(self, exc: BaseException) -> StatusCode:
-        """The status this call ends with when its handler raises `exc` (for metrics)."""
-        if isinstance(exc, RsgwError):
-            return exc.code
-        if isinstance(exc, trio.Cancelled):
-            if trio.current_time() >= self.deadline:
-                return StatusCode.DEADLINE_EXCEEDED
-            return StatusCode.CANCELLED
-        return StatusCode.INTERNAL
-
-
-UnaryHandler = Callable[[bytes, ServerCall], Awaitable[bytes]]
-StreamHandler = Callable[[ServerStream], Awaitable[None]]
-
-
 @dataclass(slots=True, eq=False)
 class _Pending:
     """A call this connection serves: its handler, what it received, its cancel scope.
@@ -152,7 +94,7 @@ class _Pending:
     """
 
     handler: UnaryHandler | None
-    call: ServerCall
+    call: CallContext
     #: The handler takes compressed requests as they came (a pass-through).
     raw: bool = False
     #: The method's own time limit (`GrpcServer(timeouts=)`), if it has one.
@@ -180,7 +122,7 @@ class GrpcServer:
             came and may answer compressed (see the module docstring).
         timeouts: unary methods' own time limits, in seconds from when the handler
             starts: a call whose client set no sooner deadline is cut short then
-            (DEADLINE_EXCEEDED, or what `ServerCall.limit` chose).
+            (DEADLINE_EXCEEDED, or what `CallContext.limit` chose).
         response_encoding: compress unary replies in this encoding where the client
             accepts it (None: never compress a reply ourselves).
         limits: what one client connection may cost (`ConnectionLimits`): header
@@ -444,49 +386,6 @@ class GrpcServer:
         return self._stream_handlers.get(path)
 
 
-class Intake:
-    """Whether connections may read more requests: closed while too many calls run.
-
-    Closes at `limit` running calls and opens again at nine tenths of it, so a
-    server at its limit alternates between reading a batch and working it off.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        #: Told when the intake closes (the server's `StreamShare`).
-        self.on_full: Callable[[], None] | None = None
-        self._reopen_at = max(0, limit - max(1, limit // 10))
-        self.running = 0
-        self.open = True
-        self._reopened = trio.Event()
-
-    def resize(self, limit: int) -> None:
-        """A new limit (the gateway's workers changed); reopens at once if now below it."""
-        self.limit = limit
-        self._reopen_at = max(0, limit - max(1, limit // 10))
-        if not self.open and self.running <= self._reopen_at:
-            self.open = True
-            self._reopened.set()
-            self._reopened = trio.Event()
-
-    def started(self) -> None:
-        self.running += 1
-        if self.limit and self.running >= self.limit and self.open:
-            self.open = False
-            if self.on_full is not None:
-                self.on_full()
-
-    def ended(self) -> None:
-        self.running -= 1
-        if not self.open and self.running <= self._reopen_at:
-            self.open = True
-            self._reopened.set()
-            self._reopened = trio.Event()
-
-    async def wait(self) -> None:
-        await self._reopened.wait()
-
-
 class _ServerConnection:
     """One connection: the core, its transport, and the calls it runs handlers for."""
 
@@ -631,7 +530,7 @@ class _ServerConnection:
             self._refused(head.path, error.code)
             return
         deadline = math.inf if head.timeout is None else trio.current_time() + head.timeout
-        call = ServerCall(
+        call = CallContext(
             head.path.decode(),
             deadline,
             head.metadata,
@@ -788,7 +687,7 @@ class _ServerConnection:
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
 
-    def _recode(self, response: bytes, call: ServerCall) -> bytes:
+    def _recode(self, response: bytes, call: CallContext) -> bytes:
         """A reply the client can read: compressed only in an encoding it accepts."""
         if isinstance(response, Compressed):
             if response.encoding in call.accept:
@@ -809,7 +708,7 @@ class _ServerConnection:
         return fits
 
 
-def _failed(call: ServerCall, exc: Exception, what: str) -> tuple[StatusCode, str]:
+def _failed(call: CallContext, exc: Exception, what: str) -> tuple[StatusCode, str]:
     """The status a handler's exception answers: an `RsgwError`'s own (its trailers
     added to the call's), anything else INTERNAL, logged as the bug it is."""
     if isinstance(exc, RsgwError):

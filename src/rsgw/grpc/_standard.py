@@ -33,8 +33,8 @@ from rsgw.grpc._typed import typed_unary
 if TYPE_CHECKING:
     from google.protobuf.descriptor import FileDescriptor
 
-    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
-    from rsgw.grpc._streams import ServerStream
+    from rsgw._call import CallContext, UnaryHandler
+    from rsgw.grpc._streams import ServerStream, StreamHandler
 
 HEALTH = "grpc.health.v1.Health"
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -60,14 +60,14 @@ class Health:
         )
 
     async def check(
-        self, request: health_pb.HealthCheckRequest, call: ServerCall
+        self, request: health_pb.HealthCheckRequest, call: CallContext
     ) -> health_pb.HealthCheckResponse:
         if request.service not in self.services:
             raise GrpcError(StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb.HealthCheckResponse(status=self.status())
 
     async def list(
-        self, request: health_pb.HealthListRequest, call: ServerCall
+        self, request: health_pb.HealthListRequest, call: CallContext
     ) -> health_pb.HealthListResponse:
         status = self.status()
         response = health_pb.HealthListResponse()

@@ -16,7 +16,7 @@ that queue needs per-call windows; issue 18 (bounded memory) takes it up.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -25,8 +25,8 @@ from rsgw.grpc._compression import Compressed, decompress
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
+    from rsgw._call import CallContext
     from rsgw._errors import RsgwError
-    from rsgw.grpc._server import ServerCall
 
 
 class _Inbox:
@@ -104,7 +104,7 @@ class ServerStream:
 
     def __init__(
         self,
-        call: ServerCall,
+        call: CallContext,
         send: Callable[[bytes], bool],
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
@@ -141,6 +141,10 @@ class ServerStream:
 
     def drained(self) -> None:
         self._outlet.drained()
+
+
+#: A streaming method's handler: it reads and answers on its `ServerStream`.
+StreamHandler = Callable[[ServerStream], Awaitable[None]]
 
 
 class ClientStream:

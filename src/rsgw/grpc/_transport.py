@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from rsgw.grpc._calls import Event
     from rsgw.grpc._connection import GrpcConnection
-    from rsgw.grpc._server import Intake
+    from rsgw.grpc._intake import Intake
 
 logger = logging.getLogger(__name__)
 

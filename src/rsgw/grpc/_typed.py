@@ -17,18 +17,18 @@ from rsgw._status import StatusCode
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw._call import CallContext, UnaryHandler
 
 Req = TypeVar("Req", bound=Message)
 
 
 def typed_unary(
-    request_type: type[Req], method: Callable[[Req, ServerCall], Awaitable[Message]]
+    request_type: type[Req], method: Callable[[Req, CallContext], Awaitable[Message]]
 ) -> UnaryHandler:
     """Wrap `method(request, call) -> response` as a raw-bytes unary handler."""
     name = request_type.DESCRIPTOR.name
 
-    async def handler(body: bytes, call: ServerCall) -> bytes:
+    async def handler(body: bytes, call: CallContext) -> bytes:
         try:
             request = request_type.FromString(body)
         except DecodeError as exc:

@@ -29,7 +29,7 @@ from rsgw.worker._weights import Residency, ResidencyMode
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rsgw.grpc._server import ServerCall, UnaryHandler
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
 
@@ -66,7 +66,7 @@ class ModelControl:
         }
 
     async def status(
-        self, _: cpb.ModelControlStatusRequest, __: ServerCall
+        self, _: cpb.ModelControlStatusRequest, __: CallContext
     ) -> cpb.ModelControlStatusResponse:
         device = self.device
         response = cpb.ModelControlStatusResponse(
@@ -100,7 +100,7 @@ class ModelControl:
         return response
 
     async def set_residency(
-        self, request: cpb.SetModelResidencyRequest, _: ServerCall
+        self, request: cpb.SetModelResidencyRequest, _: CallContext
     ) -> cpb.SetModelResidencyResponse:
         if self.device.residency_mode is not ResidencyMode.EXTERNALLY_MANAGED:
             raise FailedPrecondition(
@@ -117,7 +117,7 @@ class ModelControl:
         return cpb.SetModelResidencyResponse(residency=residency.name)
 
     async def set_policy(
-        self, request: cpb.SetModelPolicyRequest, _: ServerCall
+        self, request: cpb.SetModelPolicyRequest, _: CallContext
     ) -> cpb.SetModelPolicyResponse:
         spec = self.device.model(request.name)
         if request.has_weight:
@@ -125,13 +125,13 @@ class ModelControl:
         return cpb.SetModelPolicyResponse()
 
     async def compact_memory(
-        self, request: cpb.CompactMemoryRequest, _: ServerCall
+        self, request: cpb.CompactMemoryRequest, _: CallContext
     ) -> cpb.CompactMemoryResponse:
         reloaded, resident = await self.device.compact(request.reload_models)
         return cpb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=resident)
 
     async def load(
-        self, request: pb.RepositoryModelLoadRequest, _: ServerCall
+        self, request: pb.RepositoryModelLoadRequest, _: CallContext
     ) -> pb.RepositoryModelLoadResponse:
         """Load a catalogue model, as configured there or with a `config` override.
 
@@ -159,7 +159,7 @@ class ModelControl:
         return pb.RepositoryModelLoadResponse()
 
     async def unload(
-        self, request: pb.RepositoryModelUnloadRequest, _: ServerCall
+        self, request: pb.RepositoryModelUnloadRequest, _: CallContext
     ) -> pb.RepositoryModelUnloadResponse:
         spec = self._known(request.model_name, "unload")
         await self.device.unload(spec.name)

@@ -49,9 +49,9 @@ from rsgw.worker._triton import batches_first, model_config, model_statistics
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterator
 
+    from rsgw._call import CallContext, UnaryHandler
     from rsgw.grpc._metering import Meter
-    from rsgw.grpc._server import ServerCall, StreamHandler, UnaryHandler
-    from rsgw.grpc._streams import ServerStream
+    from rsgw.grpc._streams import ServerStream, StreamHandler
     from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
     from rsgw.worker._metrics import WorkerMetrics
@@ -169,16 +169,16 @@ class WorkerService:
         """
         return not self.draining and bool(self.catalogue.models)
 
-    async def server_live(self, _: pb.ServerLiveRequest, __: ServerCall) -> pb.ServerLiveResponse:
+    async def server_live(self, _: pb.ServerLiveRequest, __: CallContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     async def server_ready(
-        self, _: pb.ServerReadyRequest, __: ServerCall
+        self, _: pb.ServerReadyRequest, __: CallContext
     ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.ready)
 
     async def model_ready(
-        self, request: pb.ModelReadyRequest, _: ServerCall
+        self, request: pb.ModelReadyRequest, _: CallContext
     ) -> pb.ModelReadyResponse:
         spec = self.catalogue.route(request.name)
         return pb.ModelReadyResponse(
@@ -186,7 +186,7 @@ class WorkerService:
         )
 
     async def server_metadata(
-        self, _: pb.ServerMetadataRequest, __: ServerCall
+        self, _: pb.ServerMetadataRequest, __: CallContext
     ) -> pb.ServerMetadataResponse:
         # "triton": a stand-in for a Triton server, named as one (clients check it);
         # the version is rsgw's own.
@@ -195,7 +195,7 @@ class WorkerService:
         )
 
     async def model_metadata(
-        self, request: pb.ModelMetadataRequest, _: ServerCall
+        self, request: pb.ModelMetadataRequest, _: CallContext
     ) -> pb.ModelMetadataResponse:
         spec = self.device.model(request.name)
         tensor = pb.ModelMetadataResponse.TensorMetadata
@@ -208,13 +208,13 @@ class WorkerService:
         )
 
     async def model_config(
-        self, request: pb.ModelConfigRequest, _: ServerCall
+        self, request: pb.ModelConfigRequest, _: CallContext
     ) -> pb.ModelConfigResponse:
         spec = self.device.model(request.name, request.version)
         return pb.ModelConfigResponse(config=model_config(spec, self.identity.gpu))
 
     async def model_statistics(
-        self, request: pb.ModelStatisticsRequest, _: ServerCall
+        self, request: pb.ModelStatisticsRequest, _: CallContext
     ) -> pb.ModelStatisticsResponse:
         """One model's statistics, or every routable model's when no name is given."""
         if request.name:
@@ -228,7 +228,7 @@ class WorkerService:
         )
 
     async def repository_index(
-        self, request: pb.RepositoryIndexRequest, _: ServerCall
+        self, request: pb.RepositoryIndexRequest, _: CallContext
     ) -> pb.RepositoryIndexResponse:
         # Every model is compiled at start. A self-managed worker loads on demand,
         # so all are READY; an externally managed one serves only what is pinned;
@@ -248,7 +248,7 @@ class WorkerService:
 
     # -- inference ----------------------------------------------------------------------
 
-    async def model_infer(self, body: bytes, call: ServerCall) -> bytes:
+    async def model_infer(self, body: bytes, call: CallContext) -> bytes:
         """Validate, queue on the device, answer; counts every outcome in metrics."""
         with self._admitted(), metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
             job = self._prepare(body, call, meter)
@@ -277,7 +277,7 @@ class WorkerService:
         finally:
             self.inflight -= 1
 
-    def _prepare(self, body: bytes, call: ServerCall, meter: Meter) -> _Job:
+    def _prepare(self, body: bytes, call: CallContext, meter: Meter) -> _Job:
         """Everything checked before the request may cost device time."""
         request = parse_infer_request(body)
         if not request.model_name:
@@ -403,7 +403,7 @@ class WorkerService:
     # -- shared memory ------------------------------------------------------------------
 
     async def shm_register(
-        self, request: pb.SystemSharedMemoryRegisterRequest, call: ServerCall
+        self, request: pb.SystemSharedMemoryRegisterRequest, call: CallContext
     ) -> pb.SystemSharedMemoryRegisterResponse:
         self.shm.check_owner(request.name, call.owner)
         check_access(call.client, request.key)
@@ -411,13 +411,13 @@ class WorkerService:
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def shm_unregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, call: ServerCall
+        self, request: pb.SystemSharedMemoryUnregisterRequest, call: CallContext
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         self.shm.unregister(request.name, call.owner)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def shm_status(
-        self, request: pb.SystemSharedMemoryStatusRequest, call: ServerCall
+        self, request: pb.SystemSharedMemoryStatusRequest, call: CallContext
     ) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self.shm.status(request.name, call.owner):
@@ -429,7 +429,7 @@ class WorkerService:
         return response
 
     async def cuda_shm_register(
-        self, request: pb.CudaSharedMemoryRegisterRequest, _: ServerCall
+        self, request: pb.CudaSharedMemoryRegisterRequest, _: CallContext
     ) -> pb.CudaSharedMemoryRegisterResponse:
         raise FailedPrecondition(
             f"failed to register CUDA shared memory region '{request.name}': "
@@ -438,20 +438,20 @@ class WorkerService:
         )
 
     async def cuda_shm_unregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, _: ServerCall
+        self, request: pb.CudaSharedMemoryUnregisterRequest, _: CallContext
     ) -> pb.CudaSharedMemoryUnregisterResponse:
         # No region can exist: unregistering one (or all) succeeds, as on Triton.
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def cuda_shm_status(
-        self, request: pb.CudaSharedMemoryStatusRequest, _: ServerCall
+        self, request: pb.CudaSharedMemoryStatusRequest, _: CallContext
     ) -> pb.CudaSharedMemoryStatusResponse:
         if request.name:
             raise NotFound(f"unregistered CUDA shared memory region: {request.name}")
         return pb.CudaSharedMemoryStatusResponse()
 
     async def is_same_ipc_namespace(
-        self, request: pb.IsSameIPCNamespaceRequest, call: ServerCall
+        self, request: pb.IsSameIPCNamespaceRequest, call: CallContext
     ) -> pb.IsSameIPCNamespaceResponse:
         # Only about objects the client could register: no probing of what others have.
         same = may_see(call.client, request.name) and same_ipc_namespace(request.name)

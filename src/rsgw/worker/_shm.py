@@ -81,7 +81,7 @@ class _Mapping:
     status: RegionStatus
     mm: mmap.mmap
     delta: int
-    #: Who registered it (`ServerCall.owner`): only they may use or unregister it.
+    #: Who registered it (`CallContext.owner`): only they may use or unregister it.
     owner: str = ""
 
 
