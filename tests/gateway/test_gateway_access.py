@@ -42,6 +42,6 @@ async def test_no_access_log_by_default(
 ) -> None:
     caplog.set_level(logging.INFO, logger="rsgw.access")
     async with open_fleet(1, memory=True) as fleet:
-        assert fleet.gateway._service.access is None
+        assert fleet.gateway._service.infer.access is None
         await fleet.infer(infer_request("simple", simple_inputs(1)))
     assert not [r for r in caplog.records if r.getMessage() == "access"]

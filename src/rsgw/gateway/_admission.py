@@ -14,12 +14,21 @@ clients, not here.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar
 
 import trio
+
+from rsgw._status import StatusCode
+from rsgw.scheduling._ledger import Ledger, Ticket
+from rsgw.scheduling._plan import shed_at_gateway
+from rsgw.scheduling._schedulers import AnyReservation
+
+if TYPE_CHECKING:
+    from rsgw.gateway._metrics import GatewayMetrics
 
 T = TypeVar("T")
 
@@ -94,3 +103,70 @@ class AdmissionQueue(Generic[T]):
                 waiter = self._waiters.popleft()
                 waiter.ticket = ticket
                 waiter.granted.set()
+
+
+class Admission:
+    """The inbound cap of one gateway: the ledger's slots, the queue for them, refusals.
+
+    ModelInfer admits inline (`ledger.admit()` while nobody waits) and queues through
+    `queue_for_slot`; the shared-memory calls hold a slot for their duration
+    (`admitted`). Either way a refusal is counted once, as a shed.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger[AnyReservation],
+        metrics: GatewayMetrics,
+    ) -> None:
+        #: Admitted calls, the calls each worker holds, and the scheduler's charges.
+        self.ledger = ledger
+        #: Calls waiting for a slot under the cap (ModelInfer only).
+        self.queue: AdmissionQueue[Ticket[AnyReservation]] = AdmissionQueue(ledger.max_inflight)
+        self._metrics = metrics
+        metrics.max_concurrent.set(ledger.max_inflight)
+        if ledger.max_inflight:
+            metrics.track_inflight(lambda: ledger.inflight)
+
+    def resize(self, max_concurrent_requests: int) -> None:
+        """A new inbound cap (the workers changed): waiting calls take the new room."""
+        self.ledger.max_inflight = max_concurrent_requests
+        self.queue.cap = max_concurrent_requests
+        self._metrics.max_concurrent.set(max_concurrent_requests)
+        while self.queue.waiting:
+            waiting = self.queue.waiting
+            self.queue.hand_over(self.ledger.admit)
+            if self.queue.waiting == waiting:
+                break
+
+    def admit(self, rpc: str) -> Ticket[AnyReservation]:
+        """A ledger ticket for a new call, or RESOURCE_EXHAUSTED (counted) at the cap."""
+        ticket = self.ledger.admit()
+        if ticket is None:
+            self.shed(rpc)
+        return ticket
+
+    def shed(self, rpc: str) -> NoReturn:
+        """Refuse a call at the cap: counted, and RESOURCE_EXHAUSTED raised."""
+        self._metrics.shed.inc()
+        self._metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None)
+        raise shed_at_gateway(self.ledger.max_inflight)
+
+    def release(self, ticket: Ticket[AnyReservation]) -> None:
+        """A call is over: its slot goes to the first call waiting for one, if any."""
+        self.ledger.close(ticket)
+        self.queue.hand_over(self.ledger.admit)
+
+    @contextlib.contextmanager
+    def admitted(self, rpc: str) -> Iterator[Ticket[AnyReservation]]:
+        """`admit` for the duration of a block (the fan-out RPCs)."""
+        ticket = self.admit(rpc)
+        try:
+            yield ticket
+        finally:
+            self.release(ticket)
+
+    async def queue_for_slot(self, rpc: str, deadline: float) -> Ticket[AnyReservation]:
+        """The cap is full (or others wait): queue if it clears by `deadline`, else shed."""
+        if self.queue.hopeless(trio.current_time(), deadline):
+            self.shed(rpc)
+        return await self.queue.wait_turn(self.release)

@@ -36,12 +36,11 @@ from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw._version import __version__
-from rsgw.gateway._metrics import UNKNOWN_MODEL
 from rsgw.gateway._pool import fan_out
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._merge import merge_indexes, merge_statistics
-from rsgw.scheduling._plan import RouteWalk, no_ready_replica, unknown_model
+from rsgw.scheduling._plan import RouteWalk, no_ready_replica
 from rsgw.scheduling._wire import peek_header
 
 if TYPE_CHECKING:
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
+    from rsgw.gateway._resolve import Resolver
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class ModelCalls:
         pool: WorkerPool,
         prober: Prober,
         metrics: GatewayMetrics,
+        resolver: Resolver,
         *,
         request_timeout: float = DEFAULT_DEADLINE,
         identity: ServerMetadataConfig | None = None,
@@ -83,6 +84,7 @@ class ModelCalls:
         self.identity = identity or ServerMetadataConfig()
         self.prober = prober
         self.metrics = metrics
+        self.resolver = resolver
         self.request_timeout = request_timeout
         self._turn = itertools.count()
 
@@ -151,28 +153,19 @@ class ModelCalls:
                     ) from exc
                 if not model and method is Method.MODEL_STATISTICS:
                     return await self._all_statistics(body, call)
-                replicas = await self._replicas(model)
-                if not replicas:
+                try:
+                    replicas = await self.resolver.resolve(model, method)
+                except GrpcError:
                     if method is Method.MODEL_READY:
                         return _NOT_READY
-                    if model in self.prober.known:
-                        meter.label = model
-                        raise no_ready_replica(model)
-                    meter.label = UNKNOWN_MODEL
-                    raise unknown_model(model)
+                    meter.label = self.resolver.label(model)
+                    raise
                 meter.label = model
                 if method is Method.MODEL_STATISTICS:
                     return await self._model_statistics(model, replicas, body, call)
                 return await self._forward(method, model, replicas, body, call)
 
         return handler
-
-    async def _replicas(self, model: str) -> tuple[str, ...]:
-        replicas = self.prober.table.replicas(model)
-        if not replicas and model:
-            await self.prober.refresh_now()
-            replicas = self.prober.table.replicas(model)
-        return replicas
 
     async def _forward(
         self, method: Method, model: str, replicas: tuple[str, ...], body: bytes, call: CallContext

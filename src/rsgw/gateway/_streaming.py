@@ -34,14 +34,13 @@ from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
 from rsgw.grpc._metering import metered
-from rsgw.scheduling._plan import no_ready_replica, unknown_model
-from rsgw.scheduling._sequences import SequenceTable, holder_lost
+from rsgw.scheduling._sequences import SequenceTable
 from rsgw.scheduling._wire import peek_routing, stream_error
 
 if TYPE_CHECKING:
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
-    from rsgw.gateway._prober import Prober
+    from rsgw.gateway._resolve import Resolver
     from rsgw.grpc._streams import ClientStream, ServerStream
     from rsgw.scheduling._schedulers import Scheduler
 
@@ -54,13 +53,13 @@ class StreamProxy:
     def __init__(
         self,
         pool: WorkerPool,
-        prober: Prober,
+        resolver: Resolver,
         scheduler: Scheduler,
         metrics: GatewayMetrics,
         sequences: SequenceTable,
     ) -> None:
         self.pool = pool
-        self.prober = prober
+        self.resolver = resolver
         self.scheduler = scheduler
         self.sequences = sequences
         self._observe = metrics.observer(Method.MODEL_STREAM_INFER.rpc)
@@ -101,25 +100,15 @@ class StreamProxy:
             if len(self.pool.regions):
                 self.pool.regions.check_request(body, stream.call.owner)
             model, sequence = peek_routing(body)
-            replicas = self.prober.table.replicas(model) if model else ()
-            if not replicas and model:
-                await self.prober.refresh_now()
-                replicas = self.prober.table.replicas(model)
-            if not replicas:
-                if not model:
-                    raise GrpcError(StatusCode.INVALID_ARGUMENT, "model_name is empty")
-                raise (
-                    no_ready_replica(model)
-                    if model in self.prober.known
-                    else (unknown_model(model))
-                )
+            if not model:
+                raise GrpcError(StatusCode.INVALID_ARGUMENT, "model_name is empty")
+            replicas = await self.resolver.resolve(model, Method.MODEL_STREAM_INFER)
             self.scheduler.arrived(model)
             now = trio.current_time()
             if sequence is not None and not sequence.start:
-                holder = self.sequences.holder(model, sequence.id, now)
-                if holder is not None and holder not in replicas:
-                    self.sequences.ended(model, sequence.id)
-                    raise holder_lost(model, sequence.id, self.pool.public_name(holder))
+                holder = self.sequences.pinned(
+                    model, sequence.id, replicas, now, self.pool.public_name
+                )
                 if holder is not None:
                     replicas = (holder,)
             order, reservation = self.scheduler.select(model, replicas, body)
@@ -128,10 +117,7 @@ class StreamProxy:
             if sequence is not None:
                 # A stream's replies are not matched to requests: the choice made here
                 # is the sequence's holder.
-                if sequence.end:
-                    self.sequences.ended(model, sequence.id)
-                elif sequence.start:
-                    self.sequences.started(model, sequence.id, url, now)
+                self.sequences.routed(model, sequence, url, now)
             return url
         except (DecodeError, GrpcError) as exc:
             message = exc.message if isinstance(exc, GrpcError) else f"malformed request: {exc}"

@@ -23,9 +23,11 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
+from rsgw.scheduling._wire import SequenceFlags
 
 #: How long a sequence may stay idle before the gateway forgets it: far above
 #: Triton's own idle default (1 s), so the worker, not the gateway, decides.
@@ -73,6 +75,36 @@ class SequenceTable:
 
     def ended(self, model: str, sequence_id: int | str) -> None:
         self._holders.pop((model, sequence_id), None)
+
+    def pinned(
+        self,
+        model: str,
+        sequence_id: int | str,
+        replicas: tuple[str, ...],
+        now: float,
+        who: Callable[[str], str],
+    ) -> str | None:
+        """Where a live sequence's request must go: its holder, or None (not a
+        sequence we know: routed as any other request).
+
+        Raises:
+            GrpcError: ABORTED (`holder_lost`, naming the worker as `who(url)` names
+                it) when the holder is no longer among `replicas`; the sequence is
+                forgotten then.
+        """
+        holder = self.holder(model, sequence_id, now)
+        if holder is not None and holder not in replicas:
+            self.ended(model, sequence_id)
+            raise holder_lost(model, sequence_id, who(holder))
+        return holder
+
+    def routed(self, model: str, sequence: SequenceFlags, url: str | None, now: float) -> None:
+        """A request of `sequence` went to `url` (None: nowhere): its end forgets
+        the sequence, its start makes `url` the holder."""
+        if sequence.end:
+            self.ended(model, sequence.id)
+        elif sequence.start and url is not None:
+            self.started(model, sequence.id, url, now)
 
     def _expire(self, now: float) -> None:
         holders = self._holders
