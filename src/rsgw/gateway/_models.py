@@ -45,6 +45,7 @@ from rsgw.scheduling._wire import peek_header
 
 if TYPE_CHECKING:
     from rsgw._call import CallContext, UnaryHandler
+    from rsgw.gateway._fanout import Targets
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
@@ -76,6 +77,7 @@ class ModelCalls:
         prober: Prober,
         metrics: GatewayMetrics,
         resolver: Resolver,
+        targets: Targets,
         *,
         request_timeout: float = DEFAULT_DEADLINE,
         identity: ServerMetadataConfig | None = None,
@@ -85,6 +87,7 @@ class ModelCalls:
         self.prober = prober
         self.metrics = metrics
         self.resolver = resolver
+        self.targets = targets
         self.request_timeout = request_timeout
         self._turn = itertools.count()
 
@@ -118,7 +121,7 @@ class ModelCalls:
     ) -> pb.ServerMetadataResponse:
         """The ready workers' name and version, and the extensions all of them have."""
         with metered(call, self.metrics.observer(Method.SERVER_METADATA.rpc)):
-            ready = [url for url in self.pool.urls if url in self.prober.ready]
+            ready = self.targets.ready(Method.SERVER_METADATA)
             results = await self._everyone(ready, Method.SERVER_METADATA, b"", call)
             answers = [
                 pb.ServerMetadataResponse.FromString(reply)
@@ -202,7 +205,7 @@ class ModelCalls:
         return merged.SerializeToString()
 
     async def _all_statistics(self, body: bytes, call: CallContext) -> bytes:
-        ready = [url for url in self.pool.urls if url in self.prober.ready]
+        ready = self.targets.ready(Method.MODEL_STATISTICS)
         results = await self._everyone(ready, Method.MODEL_STATISTICS, body, call)
         answers = [
             pb.ModelStatisticsResponse.FromString(reply)
@@ -219,7 +222,7 @@ class ModelCalls:
         """One row per model and version: READY if any replica is."""
         with metered(call, self.metrics.observer(Method.REPOSITORY_INDEX.rpc)):
             body = request.SerializeToString()
-            urls = self.pool.urls
+            urls = self.targets.every(Method.REPOSITORY_INDEX)
             results = await self._everyone(urls, Method.REPOSITORY_INDEX, body, call)
             answers = [
                 pb.RepositoryIndexResponse.FromString(reply)

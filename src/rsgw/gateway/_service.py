@@ -21,11 +21,13 @@ from rsgw._methods import Method
 from rsgw._schema import ShmConfig
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._admission import Admission
-from rsgw.gateway._fanout import FleetCalls
+from rsgw.gateway._fanout import FanOut, Targets
+from rsgw.gateway._fleet_calls import FleetCalls
 from rsgw.gateway._infer import InferProxy
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._models import ModelCalls
 from rsgw.gateway._resolve import Resolver
+from rsgw.gateway._shm_calls import ShmCalls
 from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.scheduling._ledger import Ledger
@@ -97,17 +99,20 @@ class GatewayService:
             max_message_bytes=max_message_bytes,
             access=access,
         )
-        self.fleet = FleetCalls(
+        #: Which workers each fan-out asks, and the rules that merge their answers.
+        self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))
+        fan = FanOut(pool, metrics, self.targets, request_timeout=request_timeout)
+        shm = shm or ShmConfig()
+        self.shm = ShmCalls(pool, metrics, fan, self.admission.admitted, shm)
+        self.fleet = FleetCalls(pool, prober, metrics, fan, shm)
+        self.models = ModelCalls(
             pool,
             prober,
             metrics,
-            self.admission.admitted,
-            holders or (lambda model: pool.urls),
+            self.resolver,
+            self.targets,
             request_timeout=request_timeout,
-            shm=shm or ShmConfig(),
-        )
-        self.models = ModelCalls(
-            pool, prober, metrics, self.resolver, request_timeout=request_timeout, identity=identity
+            identity=identity,
         )
         self.streams = StreamProxy(pool, self.resolver, self.scheduler, metrics, self.sequences)
 
@@ -119,6 +124,7 @@ class GatewayService:
         """The handler table: one row per method the gateway answers."""
         table: dict[Method, UnaryHandler] = {
             Method.MODEL_INFER: self.infer.model_infer,
+            **self.shm.handlers(),
             **self.fleet.handlers(),
             **self.models.handlers(),
         }
