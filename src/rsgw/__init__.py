@@ -10,10 +10,10 @@ from rsgw._errors import ListenError as ListenError
 from rsgw._errors import RsgwError as RsgwError
 from rsgw._errors import StartupError as StartupError
 from rsgw._version import __version__ as __version__
-from rsgw.gateway._gateway import GatewayStatus as GatewayStatus
-from rsgw.gateway._gateway import RunningGateway as RunningGateway
 from rsgw.gateway._gateway import open_gateway as open_gateway
 from rsgw.gateway._gateway import serve_gateway as serve_gateway
+from rsgw.gateway._running import GatewayStatus as GatewayStatus
+from rsgw.gateway._running import RunningGateway as RunningGateway
 from rsgw.node._probe import probe_worker_ready as probe_worker_ready
 
 __all__ = [

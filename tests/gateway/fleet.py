@@ -26,7 +26,8 @@ from rsgw._errors import ListenError
 from rsgw._methods import Method
 from rsgw._net import TCP, Network
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
+from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import Catalogue, builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker

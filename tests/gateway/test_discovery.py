@@ -22,7 +22,7 @@ from trio.testing import MockClock
 
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._net import TCP, Network
-from rsgw.gateway._gateway import RunningGateway
+from rsgw.gateway._running import RunningGateway
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
 from tests.gateway.fleet import Fleet, start_gateway, start_worker

@@ -27,7 +27,8 @@ import rsgw
 from rsgw._errors import WorkerUnavailable
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.gateway._gateway import RunningGateway, open_gateway, serve_gateway
+from rsgw.gateway._gateway import open_gateway, serve_gateway
+from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker, serve_worker
 from tests.gateway.fleet import gateway_config

@@ -36,7 +36,8 @@ from trio.testing import MockClock
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
+from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig

@@ -33,7 +33,8 @@ from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
+from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.grpc._metadata import format_timeout, parse_timeout
 from rsgw.grpc._server import GrpcServer

@@ -28,9 +28,10 @@ from trio.testing import MockClock
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged, RsgwError, StartupError
 from rsgw._methods import Method
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._preconditions import RETRY_INTERVAL
+from rsgw.gateway._running import RunningGateway
 from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
 from rsgw.scheduling._reports import DRIFT_WARNING
 from rsgw.scheduling._settings import ModelOverride, SchedulingConfig

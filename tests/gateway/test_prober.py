@@ -21,8 +21,9 @@ from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._errors import GatewayWedged
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
+from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._server import GrpcServer
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork

@@ -22,7 +22,8 @@ import pytest
 import trio
 
 from rsgw._config import GatewayConfig, ListenConfig
-from rsgw.gateway._gateway import RunningGateway, serve_gateway
+from rsgw.gateway._gateway import serve_gateway
+from rsgw.gateway._running import RunningGateway
 from tests.helpers import (
     WorkerProcess,
     infer_request,

@@ -16,24 +16,18 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Protocol
 
 import httpx
 import trio
 
-from rsgw._admin import AdminApp, Reply, serve_admin
+from rsgw._admin import serve_admin
 from rsgw._config import GatewayConfig, SchedulingMode
 from rsgw._errors import ConfigError
-from rsgw._exposition import (
-    CONTENT_TYPE,
-    add_runtime_series,
-    merge_expositions,
-    relabel_exposition,
-)
+from rsgw._exposition import add_runtime_series
 from rsgw._net import TCP, Network, split_host_port
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
+from rsgw.gateway._admin_routes import admin_app
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._discovery import Discovery
 from rsgw.gateway._guard import RELOAD_CHECK_SECONDS, Guard
@@ -41,8 +35,9 @@ from rsgw.gateway._members import Members
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
-from rsgw.gateway._pool import WorkerPool, fan_out
+from rsgw.gateway._pool import WorkerPool
 from rsgw.gateway._prober import Prober
+from rsgw.gateway._running import RunningGateway
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._settings import ServerSettings
 from rsgw.gateway._watchdog import Watchdog
@@ -57,171 +52,6 @@ from rsgw.scheduling._schedulers import LeastOutstandingScheduler, RoundRobinSch
 from rsgw.scheduling._stalls import StallWatch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayStatus:
-    """A frozen snapshot of what the gateway knows, for embedding applications and tests.
-
-    Like `trio.Event.statistics()`, it is a copy: it never changes after it is taken,
-    and holding it keeps nothing of the gateway alive.
-    """
-
-    #: The configured workers (URLs), in configured order.
-    workers: tuple[str, ...]
-    #: Workers whose last ServerReady said ready.
-    ready: frozenset[str]
-    #: model -> the ready workers serving it (the routing table in force).
-    models: dict[str, tuple[str, ...]]
-    #: Prober rounds completed, and channels the prober reset after a hung probe.
-    probe_rounds: int
-    channel_resets: int
-    #: Calls admitted now (ModelInfer and shared-memory calls).
-    inflight: int
-    #: The scheduling mode, and under lpt_packing the placement in force (model -> URLs).
-    mode: str
-    placement: dict[str, tuple[str, ...]]
-
-
-class Reloadable(Protocol):
-    def reload(self) -> bool: ...
-
-
-class RunningGateway:
-    """A live gateway: its bound ports, a status snapshot, and a graceful stop."""
-
-    def __init__(
-        self,
-        config: GatewayConfig,
-        grpc_port: int,
-        admin_port: int,
-        server: GrpcServer,
-        service: GatewayService,
-        packing: Packing | None,
-        cancel_scope: trio.CancelScope,
-        *,
-        members: Members,
-        discovery: Discovery,
-        reloadables: tuple[Reloadable, ...] = (),
-        reload_config: Callable[[], GatewayConfig] | None = None,
-    ) -> None:
-        self.config = config
-        self._reloadables = reloadables
-        self._reload_config = reload_config
-        self._members = members
-        self._discovery = discovery
-        self.grpc_port = grpc_port
-        self.admin_port = admin_port
-        self._server = server
-        self._service = service
-        self._packing = packing
-        self._cancel_scope = cancel_scope
-
-    def reload(self) -> None:
-        """Read the certificate and tokens files, and gateway.yml's workers, again now
-        (what SIGHUP does).
-
-        Each keeps what is in force if its files do not load, and says so in the log.
-        Of gateway.yml, `endpoints`, `metrics_endpoints` and `worker_names` are applied
-        (workers join, departed ones drain); any other change needs a restart, and the
-        log says so.
-        """
-        for reloadable in self._reloadables:
-            reloadable.reload()
-        self.reload_workers()
-
-    def reload_workers(self) -> None:
-        """Read gateway.yml's workers again and apply them (see `reload`); nothing
-        without `reload_config`."""
-        if self._reload_config is None:
-            return
-        try:
-            config = self._reload_config()
-            change = self._members.reconfigure(config)
-            self._discovery.retarget(config)
-        except ConfigError as exc:
-            logger.error(
-                "reload: gateway.yml not applied; the workers stay as they are",
-                extra={"error": str(exc)},
-            )
-            return
-        fixed = dataclasses.replace(
-            config,
-            endpoints=self.config.endpoints,
-            metrics_endpoints=self.config.metrics_endpoints,
-            worker_names=self.config.worker_names,
-        )
-        if fixed != self.config:
-            logger.warning(
-                "reload: only endpoints, metrics_endpoints and worker_names are applied at "
-                "run time; restart the gateway for its other changes"
-            )
-        logger.info(
-            "reload: gateway.yml applied",
-            extra={
-                "added": [m.label for m in change.added],
-                "removed": [m.label for m in change.removed],
-                "workers": self._members.count,
-            },
-        )
-
-    # -- membership ------------------------------------------------------------------------
-
-    def add_worker(self, url: str, name: str = "", metrics: str = "") -> str:
-        """`url` joins the workers now; its label (see `Members.add`)."""
-        return self._members.add(url, name, metrics)
-
-    async def remove_worker(self, key: str, drain_seconds: float | None = None) -> int:
-        """The worker `key` leaves after draining; the calls cut short (`Members.remove`)."""
-        return await self._members.remove(key, drain_seconds)
-
-    def statistics(self) -> GatewayStatus:
-        """A frozen snapshot of the gateway's state (see `GatewayStatus`)."""
-        prober = self._service.prober
-        packing = self._packing
-        placement = (
-            {}
-            if packing is None
-            else {model: placed.urls for model, placed in packing.packer.assignment.items()}
-        )
-        return GatewayStatus(
-            workers=self._service.pool.urls,
-            ready=prober.ready,
-            models=dict(prober.table.models),
-            probe_rounds=prober.rounds,
-            channel_resets=prober.channel_resets,
-            inflight=self._service.inflight,
-            mode=str(self.config.scheduling.mode),
-            placement=placement,
-        )
-
-    def status(self) -> GatewayStatus:
-        """`statistics()`, under the name the interface table promises (docs/product.md §2)."""
-        return self.statistics()
-
-    async def aclose(self, grace: float | None = None) -> None:
-        """Drain, then stop: see `GrpcServer.aclose`.
-
-        Readiness turns false and the listener closes at once; clients get GOAWAY;
-        calls in flight get `grace` seconds (`shutdown.grace_seconds` unless given)
-        and what is still running then ends UNAVAILABLE. Logs the start and the end.
-        """
-        grace = self.config.shutdown.grace_seconds if grace is None else grace
-        if self._server.closing:
-            await self._server.aclose(grace)  # a second caller waits for the first
-            return
-        self._service.prober.draining = True
-        started = trio.current_time()
-        logger.info(
-            "gateway stopping",
-            extra={"grace_seconds": grace, "inflight": self._service.inflight},
-        )
-        cut = await self._server.aclose(grace)
-        self._cancel_scope.cancel()
-        logger.info(
-            "gateway stopped",
-            extra={"seconds": round(trio.current_time() - started, 3), "calls_cut_short": cut},
-        )
 
 
 async def serve_gateway(
@@ -312,7 +142,7 @@ async def serve_gateway(
         prober.on_swap = service.on_table_swap
         members = Members(config, service, nursery)  # the configured workers join the pool
         discovery = Discovery.from_config(config, members)
-        app = _admin_app(config, pool, metrics, prober, http)
+        app = admin_app(config, pool, metrics, prober, http)
         tls, admin_tls = _server_tls(config, ALPN), _server_tls(config, ADMIN_ALPN)
         guard = Guard(config.auth)  # a tokens file that does not load stops the start here
         await nursery.start(guard.watch)
@@ -499,46 +329,3 @@ def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
     if rate <= 0:
         return None
     return AccessLog(rate, config.logging.access_log_max_per_second, pool.label)
-
-
-def _admin_app(
-    config: GatewayConfig,
-    pool: WorkerPool,
-    metrics: GatewayMetrics,
-    prober: Prober,
-    http: httpx.AsyncClient,
-) -> AdminApp:
-    """`/metrics` merges every worker's scrape into ours; `/readyz` follows the prober."""
-
-    timeout = config.metrics.scrape_timeout_seconds
-    scheme = "https" if config.worker_client.tls_ca_file else "http"
-    # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
-    unpaired = {
-        url: config.metrics_label(url) for url in config.metrics_endpoints[len(config.endpoints) :]
-    }
-
-    async def scrape(url: str, label: str) -> str:
-        with trio.fail_after(timeout):
-            response = await http.get(f"{scheme}://{url}/metrics")
-        response.raise_for_status()
-        return relabel_exposition(response.text, "worker", label)
-
-    async def metrics_endpoint() -> Reply:
-        targets = pool.metrics_targets() | unpaired  # the members now, in the order they joined
-        scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url]))
-        for url, label in targets.items():
-            metrics.metrics_scraped(label, isinstance(scraped[url], str))
-        texts = [metrics.render().decode()]
-        for url in targets:  # member order, not completion order
-            text = scraped[url]
-            if isinstance(text, str):
-                texts.append(text)
-        return Reply(200, merge_expositions(texts).encode(), CONTENT_TYPE)
-
-    async def healthz() -> Reply:
-        return Reply(200, b"ok")
-
-    async def readyz() -> Reply:
-        return Reply(200, b"ok") if prober.serving else Reply(503, b"not ready")
-
-    return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})
