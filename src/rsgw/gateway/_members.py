@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping
 import trio
 
 from rsgw._config import GatewayConfig
+from rsgw._endpoints import check_target
 from rsgw._errors import ConfigError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._schema import check_target
 from rsgw._status import StatusCode
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._service import GatewayService

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
+from rsgw._blocks import ShmConfig
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._logging import log_limited
 from rsgw._methods import Method
-from rsgw._schema import ShmConfig
 from rsgw._status import StatusCode
 from rsgw.gateway._access import REQUEST_ID, AccessLog, request_id
 from rsgw.gateway._admission import AdmissionQueue
