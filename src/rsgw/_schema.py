@@ -4,8 +4,9 @@ Pure: no trio, no sockets, no logging, no clock, no files.
 
 Every dataclass the configuration is made of validates and normalises its own fields in
 `__post_init__`: the blocks (`rsgw._blocks`), `scheduling:` (the knob table of
-`rsgw.scheduling._knobs`), and here the worker lists (checked entry by entry in
-`rsgw._endpoints`), the process-level values and the rules that span blocks. So a
+`rsgw.scheduling._knobs`), and here the worker lists (checked entry by entry and
+paired by position in `rsgw._endpoints`: `GatewayConfig.pairing()`), the process-level
+values and the rules that span blocks. So a
 config built by hand, by `dataclasses.replace` in the control plane, or by
 `rsgw._config.parse_config` from gateway.yml and the environment is held to exactly the
 same rules, and every `ConfigError` names the key path and the bad value. Where the
@@ -37,11 +38,10 @@ from rsgw._blocks import (
     WorkerClientConfig,
     non_negative,
 )
-from rsgw._endpoints import check_names, check_targets
+from rsgw._endpoints import Pairing, check_names, check_targets, pair_workers
 from rsgw._errors import ConfigError
 from rsgw._values import Check, check_fields, check_int, ranged
 from rsgw.scheduling._knobs import check_positive
-from rsgw.scheduling._membership import DNS_SCHEME, DnsTarget
 from rsgw.scheduling._settings import SchedulingConfig
 
 # Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
@@ -123,32 +123,13 @@ class GatewayConfig:
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
                 "REACTANT_GATEWAY_WORKERS"
             )
-        self._check_dns_pairs()
+        self.pairing().check()
 
-    def _check_dns_pairs(self) -> None:
-        """A `dns:///` endpoint is many workers: it takes no name, and its metrics
-        endpoint (if any) is `dns:///` with the same name (each worker's own address,
-        on the metrics port)."""
-        for index, endpoint in enumerate(self.endpoints):
-            dns = endpoint.startswith(DNS_SCHEME)
-            if dns and index < len(self.worker_names) and self.worker_names[index]:
-                raise ConfigError(
-                    f"worker_names[{index}]: endpoints[{index}] is {endpoint}, which names "
-                    'every worker the name resolves to; leave its name empty ("")'
-                )
-            if index >= len(self.metrics_endpoints):
-                continue
-            metrics = self.metrics_endpoints[index]
-            paired = DnsTarget.parse(metrics)
-            target = DnsTarget.parse(endpoint)
-            if (target is None) != (paired is None) or (
-                target is not None and paired is not None and target.name != paired.name
-            ):
-                raise ConfigError(
-                    f"metrics_endpoints[{index}]: '{metrics}' does not pair with "
-                    f"endpoints[{index}] '{endpoint}'; a dns:///NAME:PORT endpoint pairs with "
-                    "dns:///NAME:METRICS_PORT (the same name), host:port with host:port"
-                )
+    def pairing(self) -> Pairing:
+        """`endpoints`, `metrics_endpoints` and `worker_names`, paired by position: each
+        worker with its metrics endpoint and name, and the metrics endpoints past the
+        endpoints (`rsgw._endpoints.pair_workers`, the one place that rule is written)."""
+        return pair_workers(self.endpoints, self.metrics_endpoints, self.worker_names)
 
     @property
     def max_concurrent_requests(self) -> int:
@@ -161,21 +142,11 @@ class GatewayConfig:
 
     def worker_label(self, url: str) -> str:
         """The friendly name of a worker or worker-metrics URL, else the URL itself."""
-        for urls in (self.endpoints, self.metrics_endpoints):
-            if url in urls and urls.index(url) < len(self.worker_names):
-                return self.worker_names[urls.index(url)]
+        pairing = self.pairing()
+        for worker in (*pairing.workers, *pairing.unpaired):
+            if url in (worker.endpoint, worker.metrics) and worker.name:
+                return worker.name
         return url
-
-    def metrics_label(self, metrics_url: str) -> str:
-        """The `worker` label of a metrics endpoint: its paired gRPC endpoint's label.
-
-        Metrics endpoints pair with endpoints by position, so a worker's merged series
-        and the gateway's own `gateway_worker_*` series name it the same way.
-        """
-        index = self.metrics_endpoints.index(metrics_url)
-        if index < len(self.endpoints):
-            return self.worker_label(self.endpoints[index])
-        return self.worker_label(metrics_url)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -197,11 +168,7 @@ class GatewayConfig:
                 "memory and register shared memory. Set auth.tokens_file or auth.identities, "
                 "or listen on 127.0.0.1 (docs/security.md)"
             )
-        if self.worker_names and len(self.worker_names) != len(self.endpoints):
-            found.append(
-                f"worker_names has {len(self.worker_names)} names for {len(self.endpoints)} "
-                "endpoints; names pair with endpoints by position, unnamed workers show their URL"
-            )
+        found.extend(self.pairing().warnings)
         return tuple(found)
 
     def to_mapping(self) -> dict[str, Any]:
