@@ -34,6 +34,7 @@ from rsgw._config import (
     load_config,
     parse_config,
 )
+from rsgw._endpoints import ConfiguredWorker, Pairing
 from rsgw._errors import ConfigError
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -236,6 +237,35 @@ def test_worker_label_pairs_names_with_endpoints_by_position() -> None:
         "w0",
         "x:1",
     ]
+
+
+def test_pairing_walks_the_worker_lists_by_position() -> None:
+    dns = "dns:///w.ns.svc:8001"
+    cfg = GatewayConfig(  # by hand: gateway.yml's lists drop blank names
+        endpoints=("a:1", "b:2", dns),
+        metrics_endpoints=("a:9", "b:9", "dns:///w.ns.svc:9001", "x:9", "y:9"),
+        worker_names=("w0", "", "", "wx"),
+    )
+    pairing = cfg.pairing()
+    assert pairing.workers == (
+        ConfiguredWorker("a:1", "a:9", "w0"),
+        ConfiguredWorker("b:2", "b:9"),
+        ConfiguredWorker(dns, "dns:///w.ns.svc:9001"),
+    )
+    assert [w.dns for w in pairing.workers] == [False, False, True]
+    # Metrics endpoints past the endpoints pair with no worker; a name there still counts.
+    assert pairing.unpaired == (ConfiguredWorker("", "x:9", "wx"), ConfiguredWorker("", "y:9"))
+    assert [w.label for w in (*pairing.workers, *pairing.unpaired)] == [
+        "w0",
+        "b:2",
+        dns,
+        "wx",
+        "y:9",
+    ]
+    # An empty name is no name: the URL stands in, as the gateway's members label it.
+    assert [cfg.worker_label(u) for u in ("b:2", "b:9", "x:9")] == ["b:2", "b:9", "wx"]
+    assert pairing.names == 4
+    assert parse({"endpoints": ["a:1"]}).pairing() == Pairing((ConfiguredWorker("a:1"),), (), 0)
 
 
 # -- docs/product.md §3.3: per-model entries inherit default_replicas --------------------------

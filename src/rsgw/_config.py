@@ -14,11 +14,12 @@ Theory of operation:
 3. The merged mapping is walked block by block. The walk only deals with shape (a block
    must be a mapping, a list a list, YAML null means "absent", unknown keys are noted
    and ignored); it passes leaf values to the dataclass constructors unchanged.
-4. Every dataclass (`rsgw._schema`) validates and normalises its own fields, so a
-   config built by hand, or by `dataclasses.replace` in the control plane, is held to
-   exactly the rules gateway.yml is, and every `ConfigError` names the key path and
-   the bad value. The scheduling knobs' checks live in `rsgw.scheduling._knobs`, where
-   the runtime control plane finds them too (`validate_knob`, docs/original.md §3.3).
+4. Every dataclass (`rsgw._schema` and its blocks, `rsgw._blocks`) validates and
+   normalises its own fields, so a config built by hand, or by `dataclasses.replace` in
+   the control plane, is held to exactly the rules gateway.yml is, and every
+   `ConfigError` names the key path and the bad value. The scheduling knobs' checks
+   live in `rsgw.scheduling._knobs`, where the runtime control plane finds them too
+   (`validate_knob`, docs/original.md §3.3).
 
 The configuration object and its enums are re-exported here, so `rsgw._config` stays
 the one import for a caller that loads or builds a config.
@@ -38,26 +39,26 @@ from dataclasses import fields
 from types import MappingProxyType
 from typing import Any, Final
 
+from rsgw._blocks import AuthConfig as AuthConfig
+from rsgw._blocks import ConnectionsConfig as ConnectionsConfig
+from rsgw._blocks import GrpcLimits as GrpcLimits
+from rsgw._blocks import ListenConfig as ListenConfig
+from rsgw._blocks import LoggingConfig as LoggingConfig
+from rsgw._blocks import MetricsConfig as MetricsConfig
+from rsgw._blocks import OutlierConfig as OutlierConfig
+from rsgw._blocks import ServerMetadataConfig as ServerMetadataConfig
+from rsgw._blocks import ShmConfig as ShmConfig
+from rsgw._blocks import ShutdownConfig as ShutdownConfig
+from rsgw._blocks import TlsConfig as TlsConfig
+from rsgw._blocks import WorkerClientConfig as WorkerClientConfig
+from rsgw._endpoints import check_endpoint
 from rsgw._errors import ConfigError
 from rsgw._schema import (
     DEFAULT_HEALTH_INTERVAL_SECONDS,
     DEFAULT_STARTUP_WAIT_SECONDS,
     DEFAULT_WEDGE_EXIT_ROUNDS,
-    check_endpoint,
 )
-from rsgw._schema import AuthConfig as AuthConfig
-from rsgw._schema import ConnectionsConfig as ConnectionsConfig
 from rsgw._schema import GatewayConfig as GatewayConfig
-from rsgw._schema import GrpcLimits as GrpcLimits
-from rsgw._schema import ListenConfig as ListenConfig
-from rsgw._schema import LoggingConfig as LoggingConfig
-from rsgw._schema import MetricsConfig as MetricsConfig
-from rsgw._schema import OutlierConfig as OutlierConfig
-from rsgw._schema import ServerMetadataConfig as ServerMetadataConfig
-from rsgw._schema import ShmConfig as ShmConfig
-from rsgw._schema import ShutdownConfig as ShutdownConfig
-from rsgw._schema import TlsConfig as TlsConfig
-from rsgw._schema import WorkerClientConfig as WorkerClientConfig
 from rsgw._values import must_be, read_yaml, show
 from rsgw.scheduling._knobs import SCHEDULING_KNOBS, check_fill_factor, check_replicas
 from rsgw.scheduling._knobs import CompactionMode as CompactionMode

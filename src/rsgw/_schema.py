@@ -1,14 +1,17 @@
-"""`GatewayConfig` and its blocks: the validated, frozen configuration object.
+"""`GatewayConfig`: the validated, frozen configuration object the gateway reads.
 
 Pure: no trio, no sockets, no logging, no clock, no files.
 
-Every dataclass here validates and normalises its own fields in `__post_init__`, through
-the per-key checks below (and, for `scheduling:`, the knob table of
-`rsgw.scheduling._knobs`). So a config built by hand, by `dataclasses.replace` in the
-control plane, or by `rsgw._config.parse_config` from gateway.yml and the environment
-is held to exactly the same rules, and every `ConfigError` names the key path and the
-bad value. Where the values come from (files, variables, precedence) is
-`rsgw._config`'s business; docs/configuration.md documents every key and default.
+Every dataclass the configuration is made of validates and normalises its own fields in
+`__post_init__`: the blocks (`rsgw._blocks`), `scheduling:` (the knob table of
+`rsgw.scheduling._knobs`), and here the worker lists (checked entry by entry and
+paired by position in `rsgw._endpoints`: `GatewayConfig.pairing()`), the process-level
+values and the rules that span blocks. So a
+config built by hand, by `dataclasses.replace` in the control plane, or by
+`rsgw._config.parse_config` from gateway.yml and the environment is held to exactly the
+same rules, and every `ConfigError` names the key path and the bad value. Where the
+values come from (files, variables, precedence) is `rsgw._config`'s business;
+docs/configuration.md documents every key and default.
 """
 
 from __future__ import annotations
@@ -16,439 +19,48 @@ from __future__ import annotations
 import enum
 import ipaddress
 import math
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rsgw._auth import parse_identities
+from rsgw._blocks import (
+    AuthConfig,
+    ConnectionsConfig,
+    GrpcLimits,
+    ListenConfig,
+    LoggingConfig,
+    MetricsConfig,
+    OutlierConfig,
+    ServerMetadataConfig,
+    ShmConfig,
+    ShutdownConfig,
+    TlsConfig,
+    WorkerClientConfig,
+    non_negative,
+)
+from rsgw._endpoints import Pairing, check_names, check_targets, pair_workers
 from rsgw._errors import ConfigError
-from rsgw._values import (
-    Check,
-    check_bool,
-    check_fields,
-    check_float,
-    check_int,
-    check_str,
-    must_be,
-    ranged,
-    show,
-    words,
-)
-from rsgw.grpc._limits import ConnectionLimits
+from rsgw._values import Check, check_fields, check_int, ranged
 from rsgw.scheduling._knobs import check_positive
-from rsgw.scheduling._membership import DNS_SCHEME, DnsTarget, MembershipError
 from rsgw.scheduling._settings import SchedulingConfig
-from rsgw.scheduling._stalls import (
-    DEFAULT_EJECTION_SECONDS,
-    DEFAULT_PING_TIMEOUT_SECONDS,
-    DEFAULT_STALL_SECONDS,
-)
 
 # Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
-DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
-DEFAULT_LISTEN_METRICS = "0.0.0.0:8002"
-DEFAULT_REQUEST_TIMEOUT_SECONDS = 60
-# rsgw's own (the original: 32). A worker batches only what it holds, and with 32 calls a
-# GPU hosting a model of max batch 32 beside others never runs full batches: measured on
-# bench/fleet hot_replicas at 70% load, lpt_packing shed 13% and answered 64-69% within
-# the SLO with 32, and 1.6% / 97% with 64, equal to the per-worker admission cap, so the
-# calls a worker is allowed all reach its queue (docs/benchmarks.md "Admission").
-DEFAULT_MAX_CONCURRENT_STREAMS = 64
-DEFAULT_MAX_MSG_BYTES = 512 * 1024 * 1024
-DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER = 64
-DEFAULT_LOG_LEVEL = "info"
-DEFAULT_LOG_FORMAT = "json"
 DEFAULT_STARTUP_WAIT_SECONDS = 0.0
 DEFAULT_HEALTH_INTERVAL_SECONDS = 10.0
 DEFAULT_WEDGE_EXIT_ROUNDS = 3
 # The prober's per-call watchdog (docs/original.md §5.2 PROBE_TIMEOUT_SECONDS); a constant
 # in the original, a field here so an embedding application or a test can shorten it.
 DEFAULT_PROBE_TIMEOUT_SECONDS = 8.0
-# rsgw's own (the original waited 5 s per worker): one worker's part of a merged /metrics.
-# Well under Prometheus' default 10 s scrape timeout and a 2 s scrape interval.
-DEFAULT_SCRAPE_TIMEOUT_SECONDS = 1.0
-# rsgw's own: how long a stopping gateway lets calls in flight finish. Under the 30 s a
-# Kubernetes pod gets between SIGTERM and SIGKILL by default, with room to spare.
-DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
-# rsgw's own: the listener's per-connection limits, defaults from the gRPC layer.
-_LIMITS = ConnectionLimits()
-# nginx's http2_max_concurrent_streams is 128, Go's HTTP/2 server's 250.
-DEFAULT_CLIENT_STREAMS = 256
-# rsgw's own: shared memory regions one client may hold (each costs every worker a mapping).
-DEFAULT_SHM_REGIONS_PER_CLIENT = 64
-# The gRPC length prefix is four bytes: no message can be longer than this.
-MAX_MESSAGE_BYTES = 2**32 - 1
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("json", "text")
-
-
-# ---------------------------------------------------------------------------
-# Checks of the non-scheduling keys: `check(value, key) -> normalised value`.
-
-
-def check_target(value: object, key: str) -> str:
-    """A worker's `host:port` (split at the LAST colon, as docs/original.md §3.2)."""
-    text = check_str(value, key).strip()
-    if "://" in text:
-        raise ConfigError(
-            f"{key}: worker target '{text}' is a URL; give host:port "
-            "(or, in gateway.yml's endpoints, dns:///NAME:PORT)"
-        )
-    host, colon, port = text.rpartition(":")
-    if not colon:
-        raise ConfigError(f"{key}: worker target '{text}' is not host:port")
-    if not re.fullmatch(r"[0-9]+", port):
-        raise ConfigError(f"{key}: worker target '{text}' has a non-integer port")
-    if not host:
-        raise ConfigError(f"{key}: worker target '{text}' has an empty host")
-    if len(port) > 5 or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{key}: worker target '{text}' has a port out of range 1..65535")
-    return text
-
-
-def check_endpoint(value: object, key: str) -> str:
-    """`host:port`, or `dns:///NAME:PORT`: every address NAME resolves to (issue 24)."""
-    text = check_str(value, key).strip()
-    if not text.startswith(DNS_SCHEME):
-        return check_target(text, key)
-    try:
-        DnsTarget.parse(text)
-    except MembershipError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
-    return text
-
-
-def check_listen(value: object, key: str) -> str:
-    """A listen address `host:port`; port 0 picks a free port (docs/product.md §2)."""
-    text = check_str(value, key).strip()
-    _, colon, port = text.rpartition(":")
-    if not (colon and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535):
-        raise ConfigError(f"{key} must be host:port with a port in 0..65535, got {show(value)}")
-    return text
-
-
-def check_names(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, tuple | list):
-        raise must_be(key, "a list of strings", value)
-    return tuple(check_str(name, f"{key}[{i}]") for i, name in enumerate(value))
-
-
-def check_targets(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, tuple | list):
-        raise must_be(key, "a list of host:port strings", value)
-    return tuple(check_endpoint(t, f"{key}[{i}]") for i, t in enumerate(value))
-
-
-_positive_int = ranged(check_int, lambda n: n > 0, "positive")
-_non_negative = ranged(check_float, lambda x: x >= 0, "non-negative")
-_non_negative_int = ranged(check_int, lambda n: n >= 0, "non-negative (0: no cap)")
-
-
-class RoleTable(Mapping[str, tuple[str, ...]]):
-    """`auth.identities` as checked: identity -> sorted role names; immutable and hashable."""
-
-    def __init__(self, entries: Mapping[str, tuple[str, ...]] | None = None) -> None:
-        self._entries = dict(entries or {})
-
-    def __getitem__(self, key: str) -> tuple[str, ...]:
-        return self._entries[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self._entries.items())))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
-
-    def __repr__(self) -> str:
-        return repr(self._entries)
-
-
-def _check_identities(value: object, key: str) -> RoleTable:
-    """`auth.identities`: certificate identity -> role names (checked, sorted)."""
-    parsed = parse_identities(value, key)
-    return RoleTable(
-        {name: tuple(sorted(r.value for r in roles)) for name, roles in parsed.items()}
-    )
-
-
-_message_bytes = ranged(check_int, lambda n: 0 < n <= MAX_MESSAGE_BYTES, "in 1..4294967295")
-# The checks of the other blocks, by field (the dataclass adds the block's key prefix).
-_LISTEN_CHECKS: Mapping[str, Check] = {"grpc": check_listen, "metrics": check_listen}
-_WORKER_CLIENT_CHECKS: Mapping[str, Check] = {
-    "request_timeout_seconds": _positive_int,
-    "max_concurrent_streams": _positive_int,
-    "tls_ca_file": check_str,
-    "tls_cert_file": check_str,
-    "tls_key_file": check_str,
-}
-_GRPC_CHECKS: Mapping[str, Check] = {
-    "max_recv_msg_bytes": _message_bytes,
-    "max_send_msg_bytes": _message_bytes,
-    "max_concurrent_requests_per_worker": ranged(
-        check_int, lambda n: n >= 0, "non-negative (0 = uncapped)"
-    ),
-}
-_LOGGING_CHECKS: Mapping[str, Check] = {
-    "level": words(LOG_LEVELS),
-    "format": words(LOG_FORMATS),
-    "access_log_sample_rate": ranged(check_float, lambda x: 0 <= x <= 1, "between 0 and 1"),
-    "access_log_max_per_second": _positive_int,
-}
-_SERVER_METADATA_CHECKS: Mapping[str, Check] = dict.fromkeys(("name", "version"), check_str)
-_SHUTDOWN_CHECKS: Mapping[str, Check] = {"grace_seconds": _non_negative}
-_CONNECTIONS_CHECKS: Mapping[str, Check] = {
-    "max_connections": ranged(check_int, lambda n: n >= 0, "non-negative (0 = no cap)"),
-    "idle_seconds": _non_negative,
-    "header_seconds": check_positive,
-    "max_header_list_bytes": _positive_int,
-    "max_buffered_bytes": _positive_int,
-    "flood_budget": _positive_int,
-    "max_concurrent_streams": _positive_int,
-}
-_METRICS_CHECKS: Mapping[str, Check] = {"scrape_timeout_seconds": check_positive}
-_OUTLIER_CHECKS: Mapping[str, Check] = {
-    "stall_seconds": _non_negative,
-    "ping_timeout_seconds": check_positive,
-    "ejection_seconds": _non_negative,
-}
-_TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
-    ("cert_file", "key_file", "client_ca_file"), check_str
-)
-_AUTH_CHECKS: Mapping[str, Check] = {"tokens_file": check_str, "identities": _check_identities}
-_SHM_CHECKS: Mapping[str, Check] = {
-    "max_regions_per_client": _non_negative_int,
-    "max_bytes_per_client": _non_negative_int,
-    "allow_remote_clients": check_bool,
-    "key_prefix": check_str,
-}
 
 
 def _frozen_fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-# ---------------------------------------------------------------------------
-# The configuration object.
-
-
-@dataclass(frozen=True, slots=True)
-class ListenConfig:
-    """Where the gateway listens: gRPC (`listen.grpc`) and admin HTTP (`listen.metrics`)."""
-
-    grpc: str = DEFAULT_LISTEN_GRPC
-    metrics: str = DEFAULT_LISTEN_METRICS
-
-    def __post_init__(self) -> None:
-        check_fields(self, "listen.", _LISTEN_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerClientConfig:
-    """The gateway's client side: per-call timeout, streams per worker connection, TLS.
-
-    With `tls_ca_file`, the gateway speaks TLS to every worker and checks each
-    worker's certificate against that CA and the endpoint's host name; with
-    `tls_cert_file` / `tls_key_file` too, it presents its own certificate (mTLS).
-    """
-
-    request_timeout_seconds: int = DEFAULT_REQUEST_TIMEOUT_SECONDS
-    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
-    tls_ca_file: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "worker_client.", _WORKER_CLIENT_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcLimits:
-    """Message size limits and the inbound admission cap per worker (0 = uncapped)."""
-
-    max_recv_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
-    max_send_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
-    max_concurrent_requests_per_worker: int = DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER
-
-    def __post_init__(self) -> None:
-        check_fields(self, "grpc.", _GRPC_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class LoggingConfig:
-    """Log level (debug|info|warning|error) and format (json|text), and the access log.
-
-    `access_log_sample_rate`: the share of inference calls that get an `access` line
-    (0 = none, 1 = every call), at most `access_log_max_per_second` lines a second.
-    """
-
-    level: str = DEFAULT_LOG_LEVEL
-    format: str = DEFAULT_LOG_FORMAT
-    access_log_sample_rate: float = 0.0
-    access_log_max_per_second: int = 100
-
-    def __post_init__(self) -> None:
-        check_fields(self, "logging.", _LOGGING_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """TLS on the gateway's listeners (gRPC and admin): PEM certificate chain and key.
-
-    With both set the gateway serves TLS only (TLS 1.2+, ALPN h2; the certificate is
-    reloaded when the files change or on SIGHUP); `client_ca_file` also asks every
-    client for a certificate signed by that CA (mTLS), whose name is its identity.
-    """
-
-    cert_file: str = ""
-    key_file: str = ""
-    client_ca_file: str = ""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "tls.", _TLS_CHECKS)
-        if bool(self.cert_file) != bool(self.key_file):
-            missing = "tls.key_file" if self.cert_file else "tls.cert_file"
-            raise ConfigError(f"{missing} is required when the other of the pair is set")
-        if self.client_ca_file and not self.cert_file:
-            raise ConfigError("tls.client_ca_file needs tls.cert_file and tls.key_file")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.cert_file)
-
-
-@dataclass(frozen=True, slots=True)
-class AuthConfig:
-    """Who may call what (docs/security.md): bearer tokens and mTLS identities, by role.
-
-    Authentication is on when either is set: `tokens_file` (YAML, re-read when it
-    changes or on SIGHUP; `rsgw._auth.parse_tokens`) or `identities` (a client
-    certificate's identity -> roles; needs `tls.client_ca_file`). Off, every client
-    may call everything, as on the original; the gateway then warns at start-up
-    when it listens on anything but loopback.
-    """
-
-    tokens_file: str = ""
-    identities: Mapping[str, tuple[str, ...]] = field(default_factory=RoleTable)
-
-    def __post_init__(self) -> None:
-        check_fields(self, "auth.", _AUTH_CHECKS)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.tokens_file or self.identities)
-
-
-@dataclass(frozen=True, slots=True)
-class ShmConfig:
-    """Shared memory registered through the gateway (docs/security.md).
-
-    Per client (its token, certificate identity, or local user): at most
-    `max_regions_per_client` regions and `max_bytes_per_client` bytes (0: no cap).
-    `allow_remote_clients` lets clients that are not on loopback register (pods
-    sharing the node's /dev/shm); a registered key must start with `key_prefix`.
-    """
-
-    max_regions_per_client: int = DEFAULT_SHM_REGIONS_PER_CLIENT
-    max_bytes_per_client: int = 0
-    allow_remote_clients: bool = False
-    key_prefix: str = ""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "shm.", _SHM_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMetadataConfig:
-    """What ServerMetadata answers: empty fields say what the ready workers report."""
-
-    name: str = ""
-    version: str = ""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "server_metadata.", _SERVER_METADATA_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class ShutdownConfig:
-    """How a stopping gateway drains: the seconds calls in flight get to finish."""
-
-    grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
-
-    def __post_init__(self) -> None:
-        check_fields(self, "shutdown.", _SHUTDOWN_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionsConfig:
-    """What one client connection may cost (`rsgw.grpc._limits.ConnectionLimits`)."""
-
-    max_connections: int = _LIMITS.max_connections
-    idle_seconds: float = _LIMITS.idle_seconds
-    header_seconds: float = _LIMITS.header_seconds
-    max_header_list_bytes: int = _LIMITS.max_header_list_bytes
-    max_buffered_bytes: int = _LIMITS.max_buffered_bytes
-    flood_budget: int = _LIMITS.flood_budget
-    #: Calls one client connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
-    #: a client with more waits for a stream on its side, where its deadline costs us nothing.
-    max_concurrent_streams: int = DEFAULT_CLIENT_STREAMS
-
-    def __post_init__(self) -> None:
-        check_fields(self, "connections.", _CONNECTIONS_CHECKS)
-
-    def limits(self) -> ConnectionLimits:
-        return ConnectionLimits(
-            max_header_list_bytes=self.max_header_list_bytes,
-            max_buffered_bytes=self.max_buffered_bytes,
-            flood_budget=self.flood_budget,
-            idle_seconds=self.idle_seconds,
-            header_seconds=self.header_seconds,
-            max_connections=self.max_connections,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsConfig:
-    """The merged `/metrics`: how long one worker's scrape may take.
-
-    A worker slower than `scrape_timeout_seconds` (hung, overloaded) is left out of
-    that scrape, with `gateway_worker_metrics_up 0`, so the gateway's own series
-    still reach Prometheus well within its scrape timeout.
-    """
-
-    scrape_timeout_seconds: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
-
-    def __post_init__(self) -> None:
-        check_fields(self, "metrics.", _METRICS_CHECKS)
-
-
-@dataclass(frozen=True, slots=True)
-class OutlierConfig:
-    """Ejection of workers that stop answering (see `rsgw.scheduling._stalls`).
-
-    `stall_seconds`: calls waiting with no byte from the worker for this long get it
-    pinged (0 disables ejection); `ping_timeout_seconds`: an unanswered PING ejects
-    it; `ejection_seconds`: it stays out at least this long.
-    """
-
-    stall_seconds: float = DEFAULT_STALL_SECONDS
-    ping_timeout_seconds: float = DEFAULT_PING_TIMEOUT_SECONDS
-    ejection_seconds: float = DEFAULT_EJECTION_SECONDS
-
-    def __post_init__(self) -> None:
-        check_fields(self, "outlier_detection.", _OUTLIER_CHECKS)
-
-
 def _check_startup_wait(value: object, key: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
         return math.inf
-    seconds: float = _non_negative(value, key)
+    seconds: float = non_negative(value, key)
     return seconds
 
 
@@ -511,32 +123,13 @@ class GatewayConfig:
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
                 "REACTANT_GATEWAY_WORKERS"
             )
-        self._check_dns_pairs()
+        self.pairing().check()
 
-    def _check_dns_pairs(self) -> None:
-        """A `dns:///` endpoint is many workers: it takes no name, and its metrics
-        endpoint (if any) is `dns:///` with the same name (each worker's own address,
-        on the metrics port)."""
-        for index, endpoint in enumerate(self.endpoints):
-            dns = endpoint.startswith(DNS_SCHEME)
-            if dns and index < len(self.worker_names) and self.worker_names[index]:
-                raise ConfigError(
-                    f"worker_names[{index}]: endpoints[{index}] is {endpoint}, which names "
-                    'every worker the name resolves to; leave its name empty ("")'
-                )
-            if index >= len(self.metrics_endpoints):
-                continue
-            metrics = self.metrics_endpoints[index]
-            paired = DnsTarget.parse(metrics)
-            target = DnsTarget.parse(endpoint)
-            if (target is None) != (paired is None) or (
-                target is not None and paired is not None and target.name != paired.name
-            ):
-                raise ConfigError(
-                    f"metrics_endpoints[{index}]: '{metrics}' does not pair with "
-                    f"endpoints[{index}] '{endpoint}'; a dns:///NAME:PORT endpoint pairs with "
-                    "dns:///NAME:METRICS_PORT (the same name), host:port with host:port"
-                )
+    def pairing(self) -> Pairing:
+        """`endpoints`, `metrics_endpoints` and `worker_names`, paired by position: each
+        worker with its metrics endpoint and name, and the metrics endpoints past the
+        endpoints (`rsgw._endpoints.pair_workers`, the one place that rule is written)."""
+        return pair_workers(self.endpoints, self.metrics_endpoints, self.worker_names)
 
     @property
     def max_concurrent_requests(self) -> int:
@@ -549,21 +142,11 @@ class GatewayConfig:
 
     def worker_label(self, url: str) -> str:
         """The friendly name of a worker or worker-metrics URL, else the URL itself."""
-        for urls in (self.endpoints, self.metrics_endpoints):
-            if url in urls and urls.index(url) < len(self.worker_names):
-                return self.worker_names[urls.index(url)]
+        pairing = self.pairing()
+        for worker in (*pairing.workers, *pairing.unpaired):
+            if url in (worker.endpoint, worker.metrics) and worker.name:
+                return worker.name
         return url
-
-    def metrics_label(self, metrics_url: str) -> str:
-        """The `worker` label of a metrics endpoint: its paired gRPC endpoint's label.
-
-        Metrics endpoints pair with endpoints by position, so a worker's merged series
-        and the gateway's own `gateway_worker_*` series name it the same way.
-        """
-        index = self.metrics_endpoints.index(metrics_url)
-        if index < len(self.endpoints):
-            return self.worker_label(self.endpoints[index])
-        return self.worker_label(metrics_url)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -585,11 +168,7 @@ class GatewayConfig:
                 "memory and register shared memory. Set auth.tokens_file or auth.identities, "
                 "or listen on 127.0.0.1 (docs/security.md)"
             )
-        if self.worker_names and len(self.worker_names) != len(self.endpoints):
-            found.append(
-                f"worker_names has {len(self.worker_names)} names for {len(self.endpoints)} "
-                "endpoints; names pair with endpoints by position, unnamed workers show their URL"
-            )
+        found.extend(self.pairing().warnings)
         return tuple(found)
 
     def to_mapping(self) -> dict[str, Any]:

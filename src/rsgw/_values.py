@@ -6,8 +6,9 @@ else is a function of its arguments.
 A check has the shape `check(value, key) -> normal form` and raises a `ConfigError`
 that names `key` and quotes the bad value (`show`), so gateway.yml, the node file, the
 environment and the runtime control plane all word their errors alike. The checks
-here know nothing of any one file: the gateway's keys are in `rsgw._schema`, the
-scheduling knobs in `rsgw.scheduling._knobs`, the node file's in `rsgw.node._node`.
+here know nothing of any one file: the gateway's keys are in `rsgw._blocks`,
+`rsgw._endpoints` and `rsgw._schema`, the scheduling knobs in `rsgw.scheduling._knobs`,
+the node file's in `rsgw.node._node`.
 """
 
 from __future__ import annotations

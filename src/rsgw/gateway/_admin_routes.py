@@ -38,9 +38,7 @@ def admin_app(
     timeout = config.metrics.scrape_timeout_seconds
     scheme = "https" if config.worker_client.tls_ca_file else "http"
     # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
-    unpaired = {
-        url: config.metrics_label(url) for url in config.metrics_endpoints[len(config.endpoints) :]
-    }
+    unpaired = {worker.metrics: worker.label for worker in config.pairing().unpaired}
 
     async def scrape(url: str, label: str) -> str:
         with trio.fail_after(timeout):

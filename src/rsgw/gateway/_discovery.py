@@ -40,16 +40,11 @@ async def resolve_addresses(name: str, port: int) -> list[str]:
 
 def dns_targets(config: GatewayConfig) -> list[tuple[DnsTarget, DnsTarget | None]]:
     """gateway.yml's `dns:///` endpoints, each with its paired metrics target (if any)."""
-    pairs = []
-    for index, text in enumerate(config.endpoints):
-        target = DnsTarget.parse(text)
-        if target is None:
-            continue
-        metrics = None
-        if index < len(config.metrics_endpoints):
-            metrics = DnsTarget.parse(config.metrics_endpoints[index])
-        pairs.append((target, metrics))
-    return pairs
+    return [
+        (target, DnsTarget.parse(worker.metrics))  # None when it has no metrics endpoint
+        for worker in config.pairing().workers
+        if (target := DnsTarget.parse(worker.endpoint)) is not None
+    ]
 
 
 class Discovery:

@@ -29,8 +29,8 @@ from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 
 if TYPE_CHECKING:
+    from rsgw._blocks import ShmConfig
     from rsgw._call import CallContext, UnaryHandler
-    from rsgw._schema import ShmConfig
     from rsgw.gateway._fanout import FanOut
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool

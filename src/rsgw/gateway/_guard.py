@@ -40,8 +40,8 @@ from rsgw._status import StatusCode
 from rsgw._values import read_yaml
 
 if TYPE_CHECKING:
+    from rsgw._blocks import AuthConfig
     from rsgw._call import CallContext, UnaryHandler
-    from rsgw._schema import AuthConfig
     from rsgw.grpc._streams import ServerStream, StreamHandler
 
 logger = logging.getLogger(__name__)

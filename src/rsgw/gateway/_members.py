@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping
 import trio
 
 from rsgw._config import GatewayConfig
+from rsgw._endpoints import check_target
 from rsgw._errors import ConfigError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._schema import check_target
 from rsgw._status import StatusCode
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._service import GatewayService
@@ -312,17 +312,11 @@ def config_workers(
     config: GatewayConfig,
 ) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
     """gateway.yml's fixed workers (not its `dns:///` targets): addresses, explicit
-    names and metrics endpoints, each paired by position."""
-    urls, names, metrics = [], {}, {}
-    for index, url in enumerate(config.endpoints):
-        if url.startswith("dns:///"):
-            continue
-        urls.append(url)
-        if index < len(config.worker_names) and config.worker_names[index]:
-            names[url] = config.worker_names[index]
-        if index < len(config.metrics_endpoints):
-            metrics[url] = config.metrics_endpoints[index]
-    return tuple(urls), names, metrics
+    names and metrics endpoints, as `GatewayConfig.pairing()` pairs them."""
+    fixed = [worker for worker in config.pairing().workers if not worker.dns]
+    names = {worker.endpoint: worker.name for worker in fixed if worker.name}
+    metrics = {worker.endpoint: worker.metrics for worker in fixed if worker.metrics}
+    return tuple(worker.endpoint for worker in fixed), names, metrics
 
 
 def _check_name(name: str) -> None:

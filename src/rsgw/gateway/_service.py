@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from rsgw._blocks import ShmConfig
 from rsgw._methods import Method
-from rsgw._schema import ShmConfig
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._admission import Admission
 from rsgw.gateway._fanout import FanOut, Targets

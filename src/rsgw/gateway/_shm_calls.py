@@ -38,8 +38,8 @@ from rsgw.scheduling._merge import ShmStatus, merge_shm_status
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
+    from rsgw._blocks import ShmConfig
     from rsgw._call import CallContext, UnaryHandler
-    from rsgw._schema import ShmConfig
     from rsgw.gateway._fanout import FanOut
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
+from rsgw._blocks import MAX_MESSAGE_BYTES
 from rsgw._errors import ConfigError
-from rsgw._schema import MAX_MESSAGE_BYTES
 from rsgw._values import read_yaml, show
 from rsgw.worker._catalogue import BUILTIN_SETS
 

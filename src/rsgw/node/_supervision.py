@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
-from rsgw._errors import ConfigError
-from rsgw._schema import (
+from rsgw._blocks import (
     DEFAULT_LISTEN_GRPC,
     DEFAULT_LISTEN_METRICS,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     ShutdownConfig,
     check_listen,
 )
+from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
+from rsgw._errors import ConfigError
 from rsgw._values import split_host_port
 from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
 

@@ -61,9 +61,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
+from rsgw._blocks import DEFAULT_SHUTDOWN_GRACE_SECONDS
 from rsgw._config import env_name, find_config_file
 from rsgw._net import bind_tcp, split_host_port
-from rsgw._schema import DEFAULT_SHUTDOWN_GRACE_SECONDS
 from rsgw.node._node import NodeConfig, WorkerSpec
 from rsgw.node._supervision import (
     Backoff,
