@@ -63,7 +63,7 @@ SHELL_MODULES = {
         "_stateful",
         "_worker",
     },
-    "node": {"_supervisor", "_probe", "_gpus"},
+    "node": {"_supervisor", "_children", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
     # The simulator's devices and figures are pure; its scenarios (files, seeded random
     # arrivals), offered load (built on the capacity search), capacity search (seeded
