@@ -63,13 +63,13 @@ SHELL_MODULES = {
         "_stateful",
         "_worker",
     },
-    "node": {"_supervisor", "_probe", "_gpus"},
+    "node": {"_supervisor", "_children", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
     # The simulator's devices and figures are pure; its scenarios (files, seeded random
-    # arrivals), capacity search (seeded random), engine (the gateway's settings
-    # parser and admission rule), traces (files, log timestamps) and command line are
-    # its shell.
-    "simulate": {"_cli", "_scenario", "_capacity", "_engine", "_trace", "_day"},
+    # arrivals), offered load (built on the capacity search), capacity search (seeded
+    # random), engine (the gateway's settings parser and admission rule), traces (files,
+    # log timestamps) and command line are its shell.
+    "simulate": {"_cli", "_scenario", "_offered", "_capacity", "_engine", "_trace", "_day"},
 }
 SANS_IO = {
     "grpc/_connection.py",

@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rsgw.simulate import _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._cli import loads_arg, modes_arg
 from rsgw.simulate._engine import MODES
@@ -211,7 +212,7 @@ def one_run(
     fraction: float,
     rep: int,
     args: argparse.Namespace,
-    load: sc.Load,
+    load: _offered.Load,
     workdir: Path,
 ) -> Any:
     """A fresh fleet, the load, the figures."""
@@ -258,7 +259,7 @@ def report(
     runs: Sequence[Any],
     args: argparse.Namespace,
     scenario: sc.Scenario,
-    load: sc.Load,
+    load: _offered.Load,
     no_plot: str | None,
 ) -> None:
     """The tables, the repack line and the plot of `runs` (measured now or read back)."""
@@ -330,7 +331,7 @@ def main(argv: Sequence[str]) -> int:
     import _report
 
     try:
-        load = sc.derive_load(scenario)
+        load = _offered.derive_load(scenario)
     except sc.ScenarioError as exc:
         print(f"bench/fleet: {exc}", file=sys.stderr)
         return 2
@@ -347,12 +348,12 @@ def main(argv: Sequence[str]) -> int:
             for row in rows
             if row["scenario"] == scenario.name and row["mode"] in args.modes
         ]
-        print(sc.describe(scenario, load))
+        print(_offered.describe(scenario, load))
         print(f"{len(recorded)} recorded runs from {', '.join(map(str, args.from_json))}")
         report(recorded, args, scenario, load, no_plot)
         return 0
     print(machine())
-    print(sc.describe(scenario, load))
+    print(_offered.describe(scenario, load))
     print(
         f"runs: loads {', '.join(f'{x:.0%}' for x in loads)}; modes {', '.join(args.modes)}; "
         f"{args.repeat} per mode and load; warm-up {args.warmup:g} s, measured "

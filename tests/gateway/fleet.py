@@ -29,7 +29,8 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from rsgw.worker._catalogue import Catalogue, builtin_catalogue
+from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.worker._specs import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
 from tests.memory import MemoryNetwork
 

@@ -36,7 +36,7 @@ from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
 from rsgw.scheduling._reports import DRIFT_WARNING
 from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
 from rsgw.worker._batching import Discipline
-from rsgw.worker._catalogue import Catalogue
+from rsgw.worker._specs import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
 from tests.gateway.fleet import Fleet, leaf, open_fleet, start_worker
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async

@@ -34,10 +34,11 @@ import yaml
 
 import rsgw
 from rsgw._cli import main
+from rsgw.node._children import WorkerChild
 from rsgw.node._gpus import visible_gpu_count
 from rsgw.node._node import load_node, parse_node
 from rsgw.node._supervision import worker_command
-from rsgw.node._supervisor import RunningNode, _WorkerChild, serve_node
+from rsgw.node._supervisor import RunningNode, serve_node
 from tests.helpers import in_thread, wait_until
 
 #: Cold start of 3 workers and a gateway, each importing trio, h2, protobuf, on a busy box.
@@ -493,7 +494,7 @@ def test_a_worker_child_runs_its_worker_command_on_its_device() -> None:
         {"model_repo": "builtin", "gpus": 2, "models": {"simple": ["worker1"]}}, source="n"
     )
     env = {"CUDA_VISIBLE_DEVICES": "4,5"}
-    child = _WorkerChild(node.workers[1], node, env, ["--log-format", "text"], print, 3.0)
+    child = WorkerChild(node.workers[1], node, env, ["--log-format", "text"], print, 3.0)
     assert child.environment()["CUDA_VISIBLE_DEVICES"] == "5"
     assert child.command() == worker_command(
         node.workers[1],

@@ -9,7 +9,7 @@ from rsgw._config import parse_config
 from rsgw.scheduling._meta import ModelCounters, WorkerCounters
 from rsgw.scheduling._packer import Packer
 from rsgw.scheduling._reports import summarize_poll
-from rsgw.simulate import _day
+from rsgw.simulate import _day, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._engine import packer_knobs
 from tests.simulate.cli import SCENARIOS, simulate
@@ -17,7 +17,7 @@ from tests.simulate.cli import SCENARIOS, simulate
 
 def steady(name: str, mode: str, fraction: float) -> _day.FluidRun:
     scenario = sc.load_scenario(SCENARIOS / f"{name}.yaml")
-    load = sc.derive_load(scenario)
+    load = _offered.derive_load(scenario)
     settings = sc.RunSettings(warmup_s=20, measure_s=60)
     profile = _day.Profile(seconds=80, trough=fraction, peak=fraction)
     return _day.run_fluid(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rsgw.simulate import _engine
+from rsgw.simulate import _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import RunResult
@@ -22,26 +22,28 @@ SHORT = sc.RunSettings(warmup_s=20.0, measure_s=15.0)
 
 
 @pytest.fixture(scope="module")
-def memory_bound() -> tuple[sc.Scenario, sc.Load]:
+def memory_bound() -> tuple[sc.Scenario, _offered.Load]:
     scenario = sc.load_scenario(SCENARIOS / "memory_bound.yaml")
-    return scenario, sc.derive_load(scenario)
+    return scenario, _offered.derive_load(scenario)
 
 
 def simulate(
-    case: tuple[sc.Scenario, sc.Load], mode: str, fraction: float = 0.7, **kwargs: object
+    case: tuple[sc.Scenario, _offered.Load], mode: str, fraction: float = 0.7, **kwargs: object
 ) -> RunResult:
     scenario, load = case
     return _engine.run(scenario, mode, fraction, 1, 1001, load, SHORT, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_run_is_deterministic_for_its_seed(memory_bound: tuple[sc.Scenario, sc.Load]) -> None:
+def test_a_run_is_deterministic_for_its_seed(
+    memory_bound: tuple[sc.Scenario, _offered.Load],
+) -> None:
     first = simulate(memory_bound, "lpt_packing").to_json()
     assert simulate(memory_bound, "lpt_packing").to_json() == first
     assert first["sent"] > 0 and first["offered_rps"] > 0
 
 
 def test_memory_bound_ranks_the_modes_as_measured(
-    memory_bound: tuple[sc.Scenario, sc.Load],
+    memory_bound: tuple[sc.Scenario, _offered.Load],
 ) -> None:
     """bench/fleet measured lpt_packing answering ~99% within the SLO with no eviction,
     the other modes thrashing weights and answering ~3%; the simulation agrees."""
@@ -56,7 +58,7 @@ def test_memory_bound_ranks_the_modes_as_measured(
 
 
 def test_a_small_admission_cap_sheds_with_the_gateways_status(
-    memory_bound: tuple[sc.Scenario, sc.Load],
+    memory_bound: tuple[sc.Scenario, _offered.Load],
 ) -> None:
     capped = simulate(memory_bound, "lpt_packing", 1.0, admission_cap=2)
     assert capped.errors.get("RESOURCE_EXHAUSTED", 0) > 0
@@ -133,7 +135,7 @@ def test_resized_scenarios_keep_popularity_and_weight_fraction() -> None:
 
 
 def test_a_long_chain_of_sheds_does_not_recurse(
-    memory_bound: tuple[sc.Scenario, sc.Load],
+    memory_bound: tuple[sc.Scenario, _offered.Load],
 ) -> None:
     """Every ended call admits a waiting one, which lpt_packing may shed at once, which
     admits the next: under a deep overload that chain is thousands long, so the engine

@@ -1,4 +1,4 @@
-"""Tests for the simulated worker's model catalogue (rsgw.worker._catalogue)."""
+"""Tests for the simulated worker's model catalogue (rsgw.worker._catalogue and _entries)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ from hypothesis import strategies as st
 
 from rsgw._errors import ConfigError
 from rsgw.worker._catalogue import (
-    Catalogue,
-    ModelSpec,
-    TensorSpec,
     builtin_catalogue,
     load_catalogue,
     named_catalogue,
     parse_catalogue,
 )
+from rsgw.worker._specs import Catalogue, ModelSpec, TensorSpec
 from tests.worker.client import cli_worker_config
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md"

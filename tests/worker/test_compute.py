@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rsgw._errors import InvalidRequest
-from rsgw.worker._catalogue import ModelSpec, TensorSpec, builtin_catalogue
+from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._compute import run_model
+from rsgw.worker._specs import ModelSpec, TensorSpec
 from rsgw.worker._tensors import (
     Tensor,
     decode_bytes_elements,

@@ -9,13 +9,8 @@ import pytest
 import yaml
 
 from rsgw._errors import ConfigError
-from rsgw.worker._catalogue import (
-    Catalogue,
-    ModelKind,
-    TensorSpec,
-    builtin_catalogue,
-    parse_catalogue,
-)
+from rsgw.worker._catalogue import builtin_catalogue, parse_catalogue
+from rsgw.worker._specs import Catalogue, ModelKind, TensorSpec
 
 
 def model(name: str, **overrides: Any) -> dict[str, Any]:

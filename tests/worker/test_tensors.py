@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._catalogue import TensorSpec
+from rsgw.worker._specs import TensorSpec
 from rsgw.worker._tensors import (
     DATATYPE_SIZES,
     DATATYPES,

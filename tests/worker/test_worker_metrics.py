@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rsgw.worker._catalogue import Catalogue
+from rsgw.worker._specs import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker
 from tests.helpers import (
     check_simple,

@@ -1,6 +1,6 @@
 """lpt_packing's I/O shell: startup, the repack loop, compaction, the operator handshake.
 
-The decisions are pure (`rsgw.scheduling._packer`, `_placement`, `_fill`); this
+The decisions are pure (`rsgw.scheduling._packer`, `_assignment`, `_fill`); this
 module feeds them and carries out what they decide:
 
 * `start` (before the prober's first round): wait for the fleet and check it

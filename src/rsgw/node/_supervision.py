@@ -1,9 +1,9 @@
 """The node supervisor's decisions: backoff, GPUs, addresses, the gateway's environment, argv.
 
 Pure: no trio, no subprocess, no sockets, no logging, no clock. The Trio shell in
-`rsgw.node._supervisor` runs the processes; everything it has to decide about them is a
-function here of the node, the environment and the numbers it measured (how long a
-child ran, what a child printed), so the rules have plain table tests.
+`rsgw.node._supervisor` and `rsgw.node._children` runs the processes; everything it has
+to decide about them is a function here of the node, the environment and the numbers it
+measured (how long a child ran, what a child printed), so the rules have plain table tests.
 """
 
 from __future__ import annotations

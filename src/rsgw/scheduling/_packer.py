@@ -46,9 +46,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
+from rsgw.scheduling._assignment import compute_assignment
 from rsgw.scheduling._knobs import CompactionMode, Replicas
 from rsgw.scheduling._meta import ewma
-from rsgw.scheduling._placement import Placement, compute_assignment
+from rsgw.scheduling._placement import Placement
 from rsgw.scheduling._reports import (
     CompactionPlan,
     DriftWarning,

@@ -80,7 +80,7 @@ class SchedulingConfig:
     # 0 = the first repack waits for rebalance_compute_seconds too.
     first_rebalance_compute_seconds: float = DEFAULT_FIRST_REBALANCE_COMPUTE_SECONDS
     # lpt_packing: demand above this share of one GPU earns a model more replicas
-    # (`_placement.auto_replicas`); the original only logged it.
+    # (`_replicas.auto_replicas`); the original only logged it.
     max_worker_share: float = DEFAULT_MAX_WORKER_SHARE
     hysteresis: float = DEFAULT_HYSTERESIS
     # 0 = track rebalance_compute_seconds (see `resolved_ema_halflife`).

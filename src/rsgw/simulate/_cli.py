@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rsgw.simulate import _day, _engine
+from rsgw.simulate import _day, _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import (
     RunResult,
@@ -136,7 +136,7 @@ def main(argv: Sequence[str]) -> int:
             scenario = scenario.resized(
                 args.gpus or scenario.workers, args.models or scenario.count
             )
-        load = sc.derive_load(scenario)
+        load = _offered.derive_load(scenario)
     except sc.ScenarioError as exc:
         print(f"rsgw simulate: {exc}", file=sys.stderr)
         return 2
@@ -166,7 +166,7 @@ def main(argv: Sequence[str]) -> int:
         load = dataclasses.replace(load, time_scale=args.time_scale)
     if args.day:
         return day(args, scenario, load)
-    print(sc.describe(scenario, load))
+    print(_offered.describe(scenario, load))
     if args.compare:
         return compare(args, scenario, load, settings)
     loads = args.load or list(scenario.loads)
@@ -209,7 +209,7 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def day(args: argparse.Namespace, scenario: sc.Scenario, load: sc.Load) -> int:
+def day(args: argparse.Namespace, scenario: sc.Scenario, load: _offered.Load) -> int:
     """A day of the scenario's fleet, each mode round by round (`_day`)."""
     peak = args.peak[0] if args.peak else 0.9
     trough = args.trough[0] if args.trough else min(0.25, peak)
@@ -219,7 +219,7 @@ def day(args: argparse.Namespace, scenario: sc.Scenario, load: sc.Load) -> int:
     profile = _day.Profile(trough=trough, peak=peak)
     settings = _day.day_settings(args.step or 30.0, scenario.workers)
     load = dataclasses.replace(load, time_scale=1.0)
-    described = sc.describe(scenario, load).split("\n")
+    described = _offered.describe(scenario, load).split("\n")
     print("\n".join(_short(line) for line in described if not line.startswith("  --time-scale")))
     print(
         f"  a day: load {trough:.0%} of capacity at {_day.clock(profile.trough_at)} to "
@@ -258,7 +258,7 @@ def _short(line: str, width: int = 400) -> str:
 
 
 def compare(
-    args: argparse.Namespace, scenario: sc.Scenario, load: sc.Load, settings: sc.RunSettings
+    args: argparse.Namespace, scenario: sc.Scenario, load: _offered.Load, settings: sc.RunSettings
 ) -> int:
     """Each measured run of `--compare` simulated alike; the medians side by side."""
     try:

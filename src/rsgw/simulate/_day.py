@@ -34,6 +34,7 @@ from rsgw._config import parse_config
 from rsgw.scheduling._meta import ModelCounters, WorkerCounters
 from rsgw.scheduling._packer import Packer
 from rsgw.scheduling._reports import PollSummary, summarize_poll
+from rsgw.simulate import _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._engine import gateway_yaml, packer_knobs
 from rsgw.simulate._fluid import FluidDevice, LatencyHistogram, RoundFigures
@@ -189,7 +190,7 @@ class _Poller:
 def run_fluid(
     scenario: sc.Scenario,
     mode: str,
-    load: sc.Load,
+    load: _offered.Load,
     profile: Profile,
     settings: sc.RunSettings,
     *,

@@ -46,6 +46,7 @@ from rsgw.scheduling._schedulers import (
     Scheduler,
 )
 from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.simulate import _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import OK, Outcome, RunResult, Schedule, Snapshot, summarise
@@ -229,7 +230,7 @@ def run(
     fraction: float,
     rep: int,
     seed: int,
-    load: sc.Load,
+    load: _offered.Load,
     settings: sc.RunSettings,
     *,
     admission_cap: int | None = None,

@@ -39,7 +39,7 @@ from rsgw.worker._tensors import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from rsgw.worker._catalogue import ModelSpec
+    from rsgw.worker._specs import ModelSpec
 
 # Signed integers are added as the unsigned type of the same width: two's
 # complement makes the bytes of the wrapped result identical, and one masked

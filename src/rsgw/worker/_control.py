@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rsgw._call import CallContext, UnaryHandler
-    from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
+    from rsgw.worker._specs import ModelSpec
 
 #: The targets SetModelResidency accepts (RESIDENCY_UNSPECIFIED is not one).
 _RESIDENCIES = frozenset(int(r) for r in Residency)

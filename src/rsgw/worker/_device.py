@@ -60,7 +60,7 @@ from rsgw.worker._weights import Residency, ResidencyMode
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 
-    from rsgw.worker._catalogue import Catalogue, ModelSpec
+    from rsgw.worker._specs import Catalogue, ModelSpec
     from rsgw.worker._tensors import Tensor
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from rsgw.worker._weights import Load, Residency, ResidencyMode, WeightCache
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from rsgw.worker._catalogue import Catalogue, ModelSpec
+    from rsgw.worker._specs import Catalogue, ModelSpec
 
 logger = logging.getLogger(__name__)
 

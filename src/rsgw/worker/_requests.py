@@ -21,8 +21,8 @@ from rsgw.worker._triton import batches_first
 if TYPE_CHECKING:
     from collections.abc import Hashable, Mapping, Sequence
 
-    from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._shm import ShmRegistry
+    from rsgw.worker._specs import ModelSpec
 
 _SHM_REGION = REGION_PARAMETER
 _SHM_OFFSET = "shared_memory_offset"

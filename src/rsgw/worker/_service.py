@@ -52,9 +52,9 @@ if TYPE_CHECKING:
     from rsgw._call import CallContext, UnaryHandler
     from rsgw.grpc._metering import Meter
     from rsgw.grpc._streams import ServerStream, StreamHandler
-    from rsgw.worker._catalogue import ModelSpec
     from rsgw.worker._device import Device
     from rsgw.worker._metrics import WorkerMetrics
+    from rsgw.worker._specs import ModelSpec
 
 
 #: The model label of requests that name no model this worker serves.

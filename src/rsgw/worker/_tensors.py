@@ -31,7 +31,7 @@ from rsgw._errors import InvalidRequest
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from rsgw.worker._catalogue import TensorSpec
+    from rsgw.worker._specs import TensorSpec
 
 # Bytes per element of each fixed-size KServe V2 datatype (the KServe V2 protocol's
 # "Tensor Data Types" table). BYTES has no fixed size and is deliberately absent.

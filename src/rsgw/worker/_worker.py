@@ -26,12 +26,13 @@ from rsgw.grpc._compression import codec
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.worker._batching import Discipline
-from rsgw.worker._catalogue import Catalogue, builtin_catalogue
+from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._device import Device
 from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
 from rsgw.worker._metrics import WorkerMetrics
 from rsgw.worker._service import WorkerIdentity, WorkerService
 from rsgw.worker._shm import ShmRegistry
+from rsgw.worker._specs import Catalogue
 from rsgw.worker._weights import ResidencyMode
 
 if TYPE_CHECKING:
