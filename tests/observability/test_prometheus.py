@@ -241,7 +241,7 @@ def grafana_expressions() -> tuple[list[str], list[str]]:
             queries += [target["expr"] for target in panel["targets"]]
         for var in board["templating"]["list"]:
             if var["type"] == "query":
-                variables.append(var["definition"])
+                variables.append(var["query"]["query"])
     return sorted(set(queries)), sorted(set(variables))
 
 
