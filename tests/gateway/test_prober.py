@@ -35,6 +35,12 @@ class ScriptedWorker:
         self.hang = False
         self.index_calls = 0
         self.index_gate: trio.Event | None = None
+        #: The models RepositoryIndex reports, as they are when the call arrives.
+        self.models = ["m"]
+        #: The next RepositoryIndex call (only that one) answers once this is set.
+        self.hold: trio.Event | None = None
+        self.reading = 0
+        self.most_reading = 0
 
     async def ready(self, body: bytes, call: CallContext) -> bytes:
         if self.hang:
@@ -43,12 +49,22 @@ class ScriptedWorker:
 
     async def index(self, body: bytes, call: CallContext) -> bytes:
         self.index_calls += 1
-        if self.hang:
-            await trio.sleep_forever()
-        if self.index_gate is not None:
-            await self.index_gate.wait()
+        models = list(self.models)
+        hold, self.hold = self.hold, None
+        self.reading += 1
+        self.most_reading = max(self.most_reading, self.reading)
+        try:
+            if self.hang:
+                await trio.sleep_forever()
+            if self.index_gate is not None:
+                await self.index_gate.wait()
+            if hold is not None:
+                await hold.wait()
+        finally:
+            self.reading -= 1
         response = pb.RepositoryIndexResponse()
-        response.models.add(name="m", state="READY")
+        for name in models:
+            response.models.add(name=name, state="READY")
         return response.SerializeToString()
 
     def server(self, **extra: UnaryHandler) -> GrpcServer:
@@ -136,6 +152,35 @@ async def test_on_demand_refresh_is_single_flight(autojump_clock: MockClock) -> 
         assert worker.index_calls == before + 1
         await prober.refresh_now()  # within the 1 s floor: no new scan
         assert worker.index_calls == before + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_older_discovery_never_replaces_a_newer_table(autojump_clock: MockClock) -> None:
+    """A probe round that comes while an on-demand discovery is slow waits for it and
+    reads after it: discoveries never overlap, so the slow one's older answer cannot
+    land on top of the round's newer one."""
+    worker = ScriptedWorker()
+    async with trio.open_nursery() as nursery:
+        gateway = await serve(
+            worker, nursery, MemoryNetwork(), health_interval_seconds=3600, probe_timeout_seconds=60
+        )
+        prober = gateway._service.prober
+        await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)  # past the startup discovery's floor
+        slow = worker.hold = trio.Event()
+
+        async def probe_round() -> None:
+            prober.wake()
+            await prober.next_round()
+
+        async with trio.open_nursery() as callers:
+            callers.start_soon(prober.refresh_now)  # reads ["m"], then is slow to answer
+            await trio.testing.wait_all_tasks_blocked()
+            worker.models = ["m", "n"]  # the fleet changes meanwhile...
+            callers.start_soon(probe_round)  # ...and a round rediscovers
+            await trio.testing.wait_all_tasks_blocked()
+            slow.set()
+        assert prober.table.replicas("n") == gateway.statistics().workers
+        assert worker.most_reading == 1, "discoveries overlapped"
         nursery.cancel_scope.cancel()
 
 

@@ -5,6 +5,9 @@ ServerReady and RepositoryIndex(ready=true), each call under its own watchdog,
 builds a new routing table from the READY models and swaps it in by reference.
 Request handlers never wait for it; a request for a model the current table
 lacks asks for an on-demand refresh, single-flight and at most once a second.
+Discoveries (a round's, an on-demand one, the one after a model load) never
+overlap: each waits for the one running, so tables are swapped in the order their
+reads began and an older read never replaces a newer table.
 
 Hangs (docs/original.md §5.2, §5.4): a ServerReady probe that times out, as opposed
 to failing fast, resets that worker's channel, so a half-open connection stuck
@@ -94,7 +97,11 @@ class Prober:
         self._wedged = 0
         self._wake = trio.Event()
         self._round_done = trio.Event()
-        self._refreshing: trio.Event | None = None
+        #: Discovery is single-flight: set while one runs, to its end. Reads are
+        #: numbered as they begin; `_discovered` is the last one that swapped its table.
+        self._discovering: trio.Event | None = None
+        self._began = 0
+        self._discovered = 0
         self._last_refresh = -math.inf
         self._nursery: trio.Nursery | None = None
         self._generation = 0
@@ -252,7 +259,31 @@ class Prober:
     # -- discovery ----------------------------------------------------------------------
 
     async def _refresh(self) -> None:
-        done = self._refreshing = trio.Event()
+        """Wait until a discovery that began after this call has swapped its table in.
+
+        Discoveries never overlap, so tables are swapped in the order their reads
+        began and an older read never replaces a newer table. One running now may
+        have read the indexes before what made us call (a model load, a new probe
+        round): we wait for it, then begin the next one, unless another waiter began
+        it first, in which case we share it. If the read we waited for failed or was
+        cancelled, we run one ourselves.
+        """
+        wanted = self._began + 1
+        while self._discovered < wanted:
+            running = self._discovering
+            if running is None:
+                await self._discover()
+            else:
+                await running.wait()
+
+    async def _discover(self) -> None:
+        """One discovery: every worker's RepositoryIndex, then the table swap.
+
+        Callers check `_discovering` is None first, with no await in between.
+        """
+        done = self._discovering = trio.Event()
+        self._began += 1
+        number = self._began
         try:
             results = await fan_out(
                 self._pool.urls,
@@ -272,9 +303,10 @@ class Prober:
                     )
             self._generation += 1
             self._swap(build_routing_table(served, self._pool.urls, self._generation))
+            self._discovered = number
         finally:
             self._last_refresh = trio.current_time()
-            self._refreshing = None
+            self._discovering = None
             done.set()
 
     def _swap(self, table: RoutingTable) -> None:
@@ -296,12 +328,12 @@ class Prober:
         Single-flight: joins a discovery already running; skips if one finished
         less than a second ago.
         """
-        running = self._refreshing
+        running = self._discovering
         if running is not None:
             await running.wait()
         elif trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL:
             try:
-                await self._refresh()
+                await self._discover()
             except Exception:
                 logger.warning("on-demand discovery failed", exc_info=True)
 
@@ -311,9 +343,6 @@ class Prober:
         A discovery already running may have read the indexes before the change, so
         this one runs after it. Model control answers only once routing agrees.
         """
-        running = self._refreshing
-        if running is not None:
-            await running.wait()
         try:
             await self._refresh()
         except Exception:
@@ -322,7 +351,7 @@ class Prober:
     def request_refresh(self) -> None:
         """Rediscover soon, without waiting (a worker said NOT_FOUND)."""
         if (
-            self._refreshing is None
+            self._discovering is None
             and self._nursery is not None
             and trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL
         ):
