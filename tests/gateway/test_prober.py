@@ -1,8 +1,10 @@
-"""The prober's hang handling, wedge condition and single-flight refresh.
+"""The prober's hang handling, wedge condition, single-flight discovery, and one
+broken worker's replies staying that worker's failure.
 
 The stand-in worker here is scripted on purpose: a real worker cannot be told to
-hang its ServerReady while still accepting connections, nor to count discovery
-calls. Worker and gateway run on memory streams with the autojump clock, so the
+hang its ServerReady while still accepting connections, to count or hold discovery
+calls, nor to answer bytes that do not parse (beside it there, a real simulated
+worker). Workers and gateway run on memory streams with the autojump clock, so the
 probe watchdog and the refresh floor cost no wall time.
 """
 
@@ -24,8 +26,16 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import RunningGateway, serve_gateway
 from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
 from rsgw.grpc._server import GrpcServer
+from rsgw.scheduling._knobs import SchedulingMode
+from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.worker._worker import RunningWorker, WorkerConfig
+from tests.gateway.fleet import start_worker
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork
+
+#: Not a protobuf message (a tag whose varint never ends): what a broken worker sends.
+GARBLED = b"\xff\xff\xff"
 
 
 class ScriptedWorker:
@@ -185,9 +195,6 @@ async def test_an_older_discovery_never_replaces_a_newer_table(autojump_clock: M
 
 
 async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: MockClock) -> None:
-    from rsgw.scheduling._knobs import SchedulingMode
-    from rsgw.scheduling._settings import SchedulingConfig
-
     worker = ScriptedWorker()
     poll_started = trio.Event()
 
@@ -207,4 +214,44 @@ async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: Moc
         assert gateway.statistics().ready  # ...and the worker stays ready
         (channel,) = gateway._service.pool.channels.values()
         assert channel.connects == 1 and not channel.connected  # ...but its channel was dropped
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "method", [Method.SERVER_READY, Method.REPOSITORY_INDEX, Method.MODEL_CONTROL_STATUS]
+)
+async def test_a_reply_that_does_not_parse_fails_that_worker_alone(
+    autojump_clock: MockClock, method: Method, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose probe reply does not parse has failed that probe; the round
+    still applies to the others (a real worker beside it is ready and routed)."""
+
+    async def garbled(body: bytes, call: CallContext) -> bytes:
+        return GARBLED
+
+    network = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+        real = WorkerConfig(
+            name="good", gpu="0", port=0, metrics_port=-1, catalogue=builtin_catalogue()
+        )
+        good: RunningWorker = await nursery.start(start_worker, real, network)
+        broken = ScriptedWorker().server(**{method.path: garbled})
+        port = await nursery.start(partial(broken.serve, network=network), "127.0.0.1", 0)
+        good_url, broken_url = f"127.0.0.1:{good.grpc_port}", f"127.0.0.1:{port}"
+        least = SchedulingConfig(mode=SchedulingMode.LEAST_OUTSTANDING)  # polls ModelControlStatus
+        gateway: RunningGateway = await nursery.start(
+            partial(serve_gateway, network=network),
+            config(
+                good.grpc_port,
+                endpoints=(good_url, broken_url),
+                scheduling=least,
+                health_interval_seconds=3600,
+            ),
+        )
+        status = gateway.statistics()  # the first round has run
+        assert status.probe_rounds == 1
+        assert good_url in status.ready
+        assert status.models["simple"] == (good_url,)
+        assert (broken_url in status.ready) is (method is not Method.SERVER_READY)
+        assert "does not parse" in caplog.text
         nursery.cancel_scope.cancel()

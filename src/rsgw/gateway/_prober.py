@@ -23,10 +23,13 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import trio
+from google.protobuf.message import DecodeError, Message
 
-from rsgw._errors import GatewayWedged, GrpcError, WorkerUnavailable
+from rsgw._errors import GatewayWedged, GrpcError, RsgwError
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
@@ -46,12 +49,14 @@ MIN_REFRESH_INTERVAL = 1.0
 _READY_REQUEST = pb.ServerReadyRequest().SerializeToString()
 _INDEX_REQUEST = pb.RepositoryIndexRequest(ready=True).SerializeToString()
 
+M = TypeVar("M", bound=Message)
+
 
 @dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """One worker's answer to one probe call: a reply, an error, or a hang."""
+class ProbeResult(Generic[M]):
+    """One worker's answer to one probe call: its parsed reply, a failure, or a hang."""
 
-    reply: bytes | None
+    reply: M | None
     timed_out: bool
 
 
@@ -160,7 +165,10 @@ class Prober:
         pool = self._pool
         urls = pool.urls  # this round's members: a worker may join or leave meanwhile
         results = await fan_out(
-            urls, lambda url: self.probe(url, Method.SERVER_READY.wire, _READY_REQUEST)
+            urls,
+            lambda url: self.probe(
+                url, Method.SERVER_READY, _READY_REQUEST, pb.ServerReadyResponse
+            ),
         )
         ready: set[str] = set()
         all_timed_out = bool(urls)
@@ -169,11 +177,8 @@ class Prober:
         for url in urls:
             if url not in members:
                 continue
-            result = results[url]
-            assert isinstance(result, ProbeResult)
-            is_ready = (
-                result.reply is not None and pb.ServerReadyResponse.FromString(result.reply).ready
-            )
+            result = _answer(results[url])
+            is_ready = result.reply is not None and result.reply.ready
             if is_ready and url in self.ejected:
                 is_ready = self._returns(url, now)
             if is_ready:
@@ -210,17 +215,36 @@ class Prober:
         if self.ready and self.on_ready is not None:
             await self.on_ready(self.ready)
 
-    async def probe(self, url: str, path: bytes, request: bytes) -> ProbeResult:
-        """One bounded probe call: a reply, a fast failure, or a hang (timed out)."""
+    async def probe(
+        self, url: str, method: Method, request: bytes, response: type[M]
+    ) -> ProbeResult[M]:
+        """One bounded probe call: a reply, a fast failure, or a hang (timed out).
+
+        A reply that does not parse as `response` is a failed probe of that worker
+        alone (logged, rate-limited): one broken worker must not cost the round
+        everyone else's answers.
+        """
         channel = self._pool.channels[url]
         with trio.move_on_after(self.probe_timeout):
             try:
                 deadline = trio.current_time() + min(PROBE_DEADLINE, self.probe_timeout)
-                reply = await channel.unary(path, request, deadline=deadline, uncapped=True)
-                return ProbeResult(reply, False)
+                reply = await channel.unary(method.wire, request, deadline=deadline, uncapped=True)
             except GrpcError as exc:
                 return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED)
-            except WorkerUnavailable:
+            except RsgwError:  # unreachable, or its reply was cut short
+                return ProbeResult(None, False)
+            try:
+                return ProbeResult(response.FromString(reply), False)
+            except DecodeError as exc:
+                worker = self._pool.label(url)
+                extra = {"worker": worker, "rpc": method.rpc, "error": str(exc)}
+                log_limited(
+                    logger,
+                    logging.WARNING,
+                    "a worker's probe reply does not parse; counted as a failed probe",
+                    extra,
+                    (method.rpc, worker),
+                )
                 return ProbeResult(None, False)
         return ProbeResult(None, True)
 
@@ -287,16 +311,18 @@ class Prober:
         try:
             results = await fan_out(
                 self._pool.urls,
-                lambda url: self.probe(url, Method.REPOSITORY_INDEX.wire, _INDEX_REQUEST),
+                lambda url: self.probe(
+                    url, Method.REPOSITORY_INDEX, _INDEX_REQUEST, pb.RepositoryIndexResponse
+                ),
             )
             served: dict[str, list[str]] = {}
-            for url, result in results.items():
+            for url, each in results.items():
                 if url in self.ejected:
                     continue
-                if isinstance(result, ProbeResult) and result.reply is not None:
-                    index = pb.RepositoryIndexResponse.FromString(result.reply)
-                    served[url] = [m.name for m in index.models if m.state == "READY"]
-                elif isinstance(result, ProbeResult) and result.timed_out:
+                result = _answer(each)
+                if result.reply is not None:
+                    served[url] = [m.name for m in result.reply.models if m.state == "READY"]
+                elif result.timed_out:
                     logger.warning(
                         "RepositoryIndex discovery timed out",
                         extra={"worker": self._pool.label(url)},
@@ -356,3 +382,9 @@ class Prober:
             and trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL
         ):
             self._nursery.start_soon(self.refresh_now)
+
+
+def _answer(result: ProbeResult[M] | Exception) -> ProbeResult[M]:
+    """A worker's probe result from a fan-out; a probe that raised (its channel gone
+    with the worker, say) failed for that worker alone."""
+    return result if isinstance(result, ProbeResult) else ProbeResult(None, False)
