@@ -517,10 +517,16 @@ def _admin_app(
         url: config.metrics_label(url) for url in config.metrics_endpoints[len(config.endpoints) :]
     }
 
-    async def scrape(url: str, label: str) -> str:
-        with trio.fail_after(timeout):
-            response = await http.get(f"{scheme}://{url}/metrics")
-        response.raise_for_status()
+    async def scrape(url: str, label: str) -> str | None:
+        """A worker's series, relabelled; None when it could not be scraped (down, slow,
+        an error status): that worker's gap, not the scrape's failure (fan_out raises
+        anything but an RsgwError)."""
+        try:
+            with trio.fail_after(timeout):
+                response = await http.get(f"{scheme}://{url}/metrics")
+            response.raise_for_status()
+        except (httpx.HTTPError, trio.TooSlowError, OSError):
+            return None
         return relabel_exposition(response.text, "worker", label)
 
     async def metrics_endpoint() -> Reply:

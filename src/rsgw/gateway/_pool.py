@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import trio
 
+from rsgw._errors import RsgwError
 from rsgw.gateway._regions import RegionBook
 from rsgw.grpc._client import Channel
 from rsgw.scheduling._membership import Member
@@ -134,11 +135,19 @@ async def fan_out(
     call: Callable[[str], Awaitable[T]],
     on_done: Callable[[str, float], None] | None = None,
 ) -> dict[str, T | Exception]:
-    """Run `call(url)` for every URL concurrently; each result or its exception.
+    """Run `call(url)` for every URL concurrently; each result or its `RsgwError`.
 
-    Errors never escape: a failing worker is one entry in the result, which is what
-    every fan-out rule (all-or-nothing, any-succeeds, AND) needs to decide.
+    A worker's failure (an `RsgwError`: unreachable, its status, its deadline) is
+    one entry in the result, which is what every fan-out rule (all-or-nothing,
+    any-succeeds, AND) needs to decide. Anything else is a bug, not a worker's
+    answer: it cancels the other calls and is raised as itself (out of the
+    nursery's group), so the server answers INTERNAL and logs it rather than
+    passing it off as an unavailable worker. A caller whose calls can fail in other
+    expected ways (an HTTP scrape) turns those into its own results first.
     `on_done(url, seconds)` observes each call's latency.
+
+    Raises:
+        Exception: the first bug a call raised (a note counts any others).
     """
     results: dict[str, T | Exception] = {}
 
@@ -146,12 +155,18 @@ async def fan_out(
         started = time.perf_counter()
         try:
             results[url] = await call(url)
-        except Exception as exc:
+        except RsgwError as exc:
             results[url] = exc
         if on_done is not None:
             on_done(url, time.perf_counter() - started)
 
-    async with trio.open_nursery() as nursery:
-        for url in urls:
-            nursery.start_soon(one, url)
+    try:
+        async with trio.open_nursery() as nursery:
+            for url in urls:
+                nursery.start_soon(one, url)
+    except ExceptionGroup as group:  # bugs only: Cancelled would make it a BaseExceptionGroup
+        first, *others = group.exceptions
+        if others:
+            first.add_note(f"and {len(others)} more calls of this fan-out raised")
+        raise first from None
     return results
