@@ -385,6 +385,7 @@ class Prober:
 
 
 def _answer(result: ProbeResult[M] | Exception) -> ProbeResult[M]:
-    """A worker's probe result from a fan-out; a probe that raised (its channel gone
-    with the worker, say) failed for that worker alone."""
+    """A worker's probe result out of a fan-out. `probe` answers every failure of a
+    worker with a result; an `RsgwError` that still came out of it is that worker's
+    failed probe, never the round's."""
     return result if isinstance(result, ProbeResult) else ProbeResult(None, False)
