@@ -102,6 +102,44 @@ async def test_a_worker_removed_under_load_drains(autojump_clock: MockClock) -> 
         assert served(fleet.workers[1]) == before, "no call reaches a removed worker"
 
 
+async def test_departed_workers_leave_nothing_behind(autojump_clock: MockClock) -> None:
+    """Addresses churn (DNS discovery, an autoscaler): a worker that left and drained
+    keeps no channel or name in the pool, so the pool stays the size of the fleet."""
+    async with open_fleet(1, memory=True, **PROBING) as fleet:
+        pool = fleet.gateway._service.pool
+        for port in range(30000, 30050):  # nothing listens there: added, never ready
+            url = f"127.0.0.1:{port}"
+            fleet.gateway.add_worker(url)
+            assert await fleet.gateway.remove_worker(url, drain_seconds=1) == 0
+        assert len(pool.channels) == 1
+        assert pool.public_name(url) == "worker50", "named for a call that outlived it"
+        await check_simple(fleet, 3)
+
+
+async def test_an_address_back_before_its_drain_ended_keeps_its_new_channel(
+    autojump_clock: MockClock,
+) -> None:
+    """gateway.yml drops a worker and lists it again before its drain ran: the drain
+    closes the departed member's channel, not the newcomer's at the same address."""
+    current: list[GatewayConfig] = []
+    async with open_fleet(2, memory=True, reload_config=lambda: current[0], **PROBING) as fleet:
+        gateway, prober = fleet.gateway, fleet.gateway._service.prober
+        both = gateway.config
+        one = dataclasses.replace(
+            both, endpoints=both.endpoints[:1], worker_names=both.worker_names[:1]
+        )
+        current.append(one)
+        gateway.reload()  # worker1 leaves; its drain starts in the background...
+        current[0] = both
+        gateway.reload()  # ...and it is back before the drain has run
+        assert gateway.statistics().workers == both.endpoints
+        await wait_until_async(lambda: fleet.worker_url(1) in prober.ready, what="ready again")
+        await trio.testing.wait_all_tasks_blocked()  # the drain has run
+        for _ in range(2):  # a round that started after it
+            await prober.next_round()
+        assert fleet.worker_url(1) in prober.ready
+
+
 async def test_membership_changes_that_cannot_be_made(autojump_clock: MockClock) -> None:
     async with open_fleet(2, memory=True, **PROBING) as fleet:
         gateway = fleet.gateway

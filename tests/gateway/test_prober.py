@@ -1,8 +1,10 @@
-"""The prober's hang handling, wedge condition and single-flight refresh.
+"""The prober's hang handling, wedge condition, single-flight discovery, and one
+broken worker's replies staying that worker's failure.
 
 The stand-in worker here is scripted on purpose: a real worker cannot be told to
-hang its ServerReady while still accepting connections, nor to count discovery
-calls. Worker and gateway run on memory streams with the autojump clock, so the
+hang its ServerReady while still accepting connections, to count or hold discovery
+calls, nor to answer bytes that do not parse (beside it there, a real simulated
+worker). Workers and gateway run on memory streams with the autojump clock, so the
 probe watchdog and the refresh floor cost no wall time.
 """
 
@@ -25,8 +27,16 @@ from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._server import GrpcServer
+from rsgw.scheduling._knobs import SchedulingMode
+from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.worker._worker import RunningWorker, WorkerConfig
+from tests.gateway.fleet import start_worker
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork
+
+#: Not a protobuf message (a tag whose varint never ends): what a broken worker sends.
+GARBLED = b"\xff\xff\xff"
 
 
 class ScriptedWorker:
@@ -36,6 +46,12 @@ class ScriptedWorker:
         self.hang = False
         self.index_calls = 0
         self.index_gate: trio.Event | None = None
+        #: The models RepositoryIndex reports, as they are when the call arrives.
+        self.models = ["m"]
+        #: The next RepositoryIndex call (only that one) answers once this is set.
+        self.hold: trio.Event | None = None
+        self.reading = 0
+        self.most_reading = 0
 
     async def ready(self, body: bytes, call: CallContext) -> bytes:
         if self.hang:
@@ -44,12 +60,22 @@ class ScriptedWorker:
 
     async def index(self, body: bytes, call: CallContext) -> bytes:
         self.index_calls += 1
-        if self.hang:
-            await trio.sleep_forever()
-        if self.index_gate is not None:
-            await self.index_gate.wait()
+        models = list(self.models)
+        hold, self.hold = self.hold, None
+        self.reading += 1
+        self.most_reading = max(self.most_reading, self.reading)
+        try:
+            if self.hang:
+                await trio.sleep_forever()
+            if self.index_gate is not None:
+                await self.index_gate.wait()
+            if hold is not None:
+                await hold.wait()
+        finally:
+            self.reading -= 1
         response = pb.RepositoryIndexResponse()
-        response.models.add(name="m", state="READY")
+        for name in models:
+            response.models.add(name=name, state="READY")
         return response.SerializeToString()
 
     def server(self, **extra: UnaryHandler) -> GrpcServer:
@@ -140,10 +166,36 @@ async def test_on_demand_refresh_is_single_flight(autojump_clock: MockClock) -> 
         nursery.cancel_scope.cancel()
 
 
-async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: MockClock) -> None:
-    from rsgw.scheduling._knobs import SchedulingMode
-    from rsgw.scheduling._settings import SchedulingConfig
+async def test_an_older_discovery_never_replaces_a_newer_table(autojump_clock: MockClock) -> None:
+    """A probe round that comes while an on-demand discovery is slow waits for it and
+    reads after it: discoveries never overlap, so the slow one's older answer cannot
+    land on top of the round's newer one."""
+    worker = ScriptedWorker()
+    async with trio.open_nursery() as nursery:
+        gateway = await serve(
+            worker, nursery, MemoryNetwork(), health_interval_seconds=3600, probe_timeout_seconds=60
+        )
+        prober = gateway._service.prober
+        await trio.sleep(MIN_REFRESH_INTERVAL + 0.1)  # past the startup discovery's floor
+        slow = worker.hold = trio.Event()
 
+        async def probe_round() -> None:
+            prober.wake()
+            await prober.next_round()
+
+        async with trio.open_nursery() as callers:
+            callers.start_soon(prober.refresh_now)  # reads ["m"], then is slow to answer
+            await trio.testing.wait_all_tasks_blocked()
+            worker.models = ["m", "n"]  # the fleet changes meanwhile...
+            callers.start_soon(probe_round)  # ...and a round rediscovers
+            await trio.testing.wait_all_tasks_blocked()
+            slow.set()
+        assert prober.table.replicas("n") == gateway.statistics().workers
+        assert worker.most_reading == 1, "discoveries overlapped"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: MockClock) -> None:
     worker = ScriptedWorker()
     poll_started = trio.Event()
 
@@ -163,4 +215,44 @@ async def test_a_hung_control_status_poll_resets_the_channel(autojump_clock: Moc
         assert gateway.statistics().ready  # ...and the worker stays ready
         (channel,) = gateway._service.pool.channels.values()
         assert channel.connects == 1 and not channel.connected  # ...but its channel was dropped
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "method", [Method.SERVER_READY, Method.REPOSITORY_INDEX, Method.MODEL_CONTROL_STATUS]
+)
+async def test_a_reply_that_does_not_parse_fails_that_worker_alone(
+    autojump_clock: MockClock, method: Method, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose probe reply does not parse has failed that probe; the round
+    still applies to the others (a real worker beside it is ready and routed)."""
+
+    async def garbled(body: bytes, call: CallContext) -> bytes:
+        return GARBLED
+
+    network = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+        real = WorkerConfig(
+            name="good", gpu="0", port=0, metrics_port=-1, catalogue=builtin_catalogue()
+        )
+        good: RunningWorker = await nursery.start(start_worker, real, network)
+        broken = ScriptedWorker().server(**{method.path: garbled})
+        port = await nursery.start(partial(broken.serve, network=network), "127.0.0.1", 0)
+        good_url, broken_url = f"127.0.0.1:{good.grpc_port}", f"127.0.0.1:{port}"
+        least = SchedulingConfig(mode=SchedulingMode.LEAST_OUTSTANDING)  # polls ModelControlStatus
+        gateway: RunningGateway = await nursery.start(
+            partial(serve_gateway, network=network),
+            config(
+                good.grpc_port,
+                endpoints=(good_url, broken_url),
+                scheduling=least,
+                health_interval_seconds=3600,
+            ),
+        )
+        status = gateway.statistics()  # the first round has run
+        assert status.probe_rounds == 1
+        assert good_url in status.ready
+        assert status.models["simple"] == (good_url,)
+        assert (broken_url in status.ready) is (method is not Method.SERVER_READY)
+        assert "does not parse" in caplog.text
         nursery.cancel_scope.cancel()

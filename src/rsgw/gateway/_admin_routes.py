@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import httpx
 import trio
 
 from rsgw._admin import AdminApp, Reply
@@ -18,8 +19,6 @@ from rsgw._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
 from rsgw.gateway._pool import fan_out
 
 if TYPE_CHECKING:
-    import httpx
-
     from rsgw._config import GatewayConfig
     from rsgw.gateway._metrics import GatewayMetrics
     from rsgw.gateway._pool import WorkerPool
@@ -40,10 +39,16 @@ def admin_app(
     # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
     unpaired = {worker.metrics: worker.label for worker in config.pairing().unpaired}
 
-    async def scrape(url: str, label: str) -> str:
-        with trio.fail_after(timeout):
-            response = await http.get(f"{scheme}://{url}/metrics")
-        response.raise_for_status()
+    async def scrape(url: str, label: str) -> str | None:
+        """A worker's series, relabelled; None when it could not be scraped (down, slow,
+        an error status): that worker's gap, not the scrape's failure (fan_out raises
+        anything but an RsgwError)."""
+        try:
+            with trio.fail_after(timeout):
+                response = await http.get(f"{scheme}://{url}/metrics")
+            response.raise_for_status()
+        except (httpx.HTTPError, trio.TooSlowError, OSError):
+            return None
         return relabel_exposition(response.text, "worker", label)
 
     async def metrics_endpoint() -> Reply:

@@ -10,6 +10,11 @@ full waits in a FIFO queue for a slot when the queue will clear before its deadl
 only when its wait is hopeless. While the queue is long the server reads nothing
 more (`GrpcServer(max_running_calls=)`), so what the gateway cannot do waits in the
 clients, not here.
+
+A waiter that gives up (its deadline, its client gone) is marked and left in place,
+so leaving costs the same at any queue length (up to 64 x cap); a hand-over skips
+the marked ones, and `waiting` is a live count of the others. When more than half the
+queue is marked it is swept, so waiters that left never pile up while no slot frees.
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ _ALPHA = 0.05
 
 
 class _Waiter(Generic[T]):
-    __slots__ = ("granted", "ticket")
+    __slots__ = ("gone", "granted", "ticket")
 
     def __init__(self) -> None:
         self.granted = trio.Event()
         self.ticket: T | None = None
+        #: It gave up before a slot came: a hand-over skips it.
+        self.gone = False
 
 
 class AdmissionQueue(Generic[T]):
@@ -58,19 +65,22 @@ class AdmissionQueue(Generic[T]):
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
+        #: Waiters in arrival order, those that gave up among them (`gone`).
         self._waiters: deque[_Waiter[T]] = deque()
+        self._waiting = 0
         #: Seconds an admitted call holds its slot, on average (measured).
         self.service_seconds = 0.01
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        """Calls waiting for a slot now (not those that gave up)."""
+        return self._waiting
 
     def hopeless(self, now: float, deadline: float) -> bool:
         """Whether a call arriving now could not get a slot before `deadline`."""
-        if self.cap <= 0 or len(self._waiters) >= self.cap * MAX_QUEUE_FACTOR:
+        if self.cap <= 0 or self._waiting >= self.cap * MAX_QUEUE_FACTOR:
             return True
-        wait = (len(self._waiters) + 1) * self.service_seconds / self.cap
+        wait = (self._waiting + 1) * self.service_seconds / self.cap
         return deadline != math.inf and now + wait + DEADLINE_MARGIN >= deadline
 
     async def wait_turn(self, give_back: Callable[[T], None]) -> T:
@@ -80,11 +90,12 @@ class AdmissionQueue(Generic[T]):
         """
         waiter: _Waiter[T] = _Waiter()
         self._waiters.append(waiter)
+        self._waiting += 1
         try:
             await waiter.granted.wait()
         except BaseException:
             if waiter.ticket is None:
-                self._waiters.remove(waiter)
+                self._leave(waiter)
             else:
                 give_back(waiter.ticket)
             raise
@@ -97,12 +108,22 @@ class AdmissionQueue(Generic[T]):
 
     def hand_over(self, admit: Callable[[], T | None]) -> None:
         """A slot was freed: admit the first waiter with it, if any."""
-        if self._waiters:
+        if self._waiting:
             ticket = admit()
             if ticket is not None:
                 waiter = self._waiters.popleft()
+                while waiter.gone:  # ends: a waiter still waits
+                    waiter = self._waiters.popleft()
+                self._waiting -= 1
                 waiter.ticket = ticket
                 waiter.granted.set()
+
+    def _leave(self, waiter: _Waiter[T]) -> None:
+        """`waiter` gave up: marked in place; the queue is swept once mostly marked."""
+        waiter.gone = True
+        self._waiting -= 1
+        if len(self._waiters) > 2 * self._waiting:  # each sweep follows as many leavings
+            self._waiters = deque(w for w in self._waiters if not w.gone)
 
 
 class Admission:

@@ -271,8 +271,8 @@ class Members:
                 await trio.sleep(DRAIN_POLL_SECONDS)
         cut = ledger.held(url)
         with trio.move_on_after(UNWIND_SECONDS):
-            await service.pool.regions.unwind(member.label, service.pool.channels[url].unary)
-        await service.pool.close(url)
+            await service.pool.regions.unwind(member.label, service.pool.channel_of(member).unary)
+        await service.pool.close(member)
         service.metrics.forget_worker(member.label)
         if self._packing is not None:
             self._packing.forget(url)

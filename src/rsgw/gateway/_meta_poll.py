@@ -42,7 +42,9 @@ class ControlAnswer:
 
 async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> ControlAnswer:
     """One bounded ModelControlStatus call; a hang resets the worker's channel."""
-    result = await prober.probe(url, Method.MODEL_CONTROL_STATUS.wire, _REQUEST)
+    result = await prober.probe(
+        url, Method.MODEL_CONTROL_STATUS, _REQUEST, cpb.ModelControlStatusResponse
+    )
     if result.timed_out:
         logger.warning(
             "ModelControlStatus poll timed out; resetting the worker's channel",
@@ -52,7 +54,7 @@ async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> Con
         return ControlAnswer(None, True)
     if result.reply is None:
         return ControlAnswer(None)
-    return ControlAnswer(to_counters(cpb.ModelControlStatusResponse.FromString(result.reply)))
+    return ControlAnswer(to_counters(result.reply))
 
 
 class MetaPoller:

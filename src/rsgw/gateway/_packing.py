@@ -28,9 +28,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import trio
+from google.protobuf.message import DecodeError
 
+from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
 from rsgw._values import human_bytes
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
@@ -273,7 +276,12 @@ class Packing:
             reply = await self._pool.channels[url].unary(
                 Method.COMPACT_MEMORY.wire, request.SerializeToString(), deadline=deadline
             )
-            return cpb.CompactMemoryResponse.FromString(reply).reloaded_models
+            try:
+                return cpb.CompactMemoryResponse.FromString(reply).reloaded_models
+            except DecodeError as exc:  # that worker's failure, as a bad status would be
+                raise GrpcError(
+                    StatusCode.INTERNAL, f"malformed CompactMemoryResponse: {exc}"
+                ) from exc
 
         results = await fan_out(
             workers, one, lambda url, s: self._metrics.observe_worker("CompactMemory", url, s)

@@ -5,6 +5,9 @@ ServerReady and RepositoryIndex(ready=true), each call under its own watchdog,
 builds a new routing table from the READY models and swaps it in by reference.
 Request handlers never wait for it; a request for a model the current table
 lacks asks for an on-demand refresh, single-flight and at most once a second.
+Discoveries (a round's, an on-demand one, the one after a model load) never
+overlap: each waits for the one running, so tables are swapped in the order their
+reads began and an older read never replaces a newer table.
 
 Hangs (docs/original.md §5.2, §5.4): a ServerReady probe that times out, as opposed
 to failing fast, resets that worker's channel, so a half-open connection stuck
@@ -20,10 +23,13 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import trio
+from google.protobuf.message import DecodeError, Message
 
-from rsgw._errors import GatewayWedged, GrpcError, WorkerUnavailable
+from rsgw._errors import GatewayWedged, GrpcError, RsgwError
+from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
@@ -43,12 +49,14 @@ MIN_REFRESH_INTERVAL = 1.0
 _READY_REQUEST = pb.ServerReadyRequest().SerializeToString()
 _INDEX_REQUEST = pb.RepositoryIndexRequest(ready=True).SerializeToString()
 
+M = TypeVar("M", bound=Message)
+
 
 @dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """One worker's answer to one probe call: a reply, an error, or a hang."""
+class ProbeResult(Generic[M]):
+    """One worker's answer to one probe call: its parsed reply, a failure, or a hang."""
 
-    reply: bytes | None
+    reply: M | None
     timed_out: bool
 
 
@@ -94,7 +102,11 @@ class Prober:
         self._wedged = 0
         self._wake = trio.Event()
         self._round_done = trio.Event()
-        self._refreshing: trio.Event | None = None
+        #: Discovery is single-flight: set while one runs, to its end. Reads are
+        #: numbered as they begin; `_discovered` is the last one that swapped its table.
+        self._discovering: trio.Event | None = None
+        self._began = 0
+        self._discovered = 0
         self._last_refresh = -math.inf
         self._nursery: trio.Nursery | None = None
         self._generation = 0
@@ -153,7 +165,10 @@ class Prober:
         pool = self._pool
         urls = pool.urls  # this round's members: a worker may join or leave meanwhile
         results = await fan_out(
-            urls, lambda url: self.probe(url, Method.SERVER_READY.wire, _READY_REQUEST)
+            urls,
+            lambda url: self.probe(
+                url, Method.SERVER_READY, _READY_REQUEST, pb.ServerReadyResponse
+            ),
         )
         ready: set[str] = set()
         all_timed_out = bool(urls)
@@ -162,11 +177,8 @@ class Prober:
         for url in urls:
             if url not in members:
                 continue
-            result = results[url]
-            assert isinstance(result, ProbeResult)
-            is_ready = (
-                result.reply is not None and pb.ServerReadyResponse.FromString(result.reply).ready
-            )
+            result = _answer(results[url])
+            is_ready = result.reply is not None and result.reply.ready
             if is_ready and url in self.ejected:
                 is_ready = self._returns(url, now)
             if is_ready:
@@ -203,17 +215,36 @@ class Prober:
         if self.ready and self.on_ready is not None:
             await self.on_ready(self.ready)
 
-    async def probe(self, url: str, path: bytes, request: bytes) -> ProbeResult:
-        """One bounded probe call: a reply, a fast failure, or a hang (timed out)."""
+    async def probe(
+        self, url: str, method: Method, request: bytes, response: type[M]
+    ) -> ProbeResult[M]:
+        """One bounded probe call: a reply, a fast failure, or a hang (timed out).
+
+        A reply that does not parse as `response` is a failed probe of that worker
+        alone (logged, rate-limited): one broken worker must not cost the round
+        everyone else's answers.
+        """
         channel = self._pool.channels[url]
         with trio.move_on_after(self.probe_timeout):
             try:
                 deadline = trio.current_time() + min(PROBE_DEADLINE, self.probe_timeout)
-                reply = await channel.unary(path, request, deadline=deadline, uncapped=True)
-                return ProbeResult(reply, False)
+                reply = await channel.unary(method.wire, request, deadline=deadline, uncapped=True)
             except GrpcError as exc:
                 return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED)
-            except WorkerUnavailable:
+            except RsgwError:  # unreachable, or its reply was cut short
+                return ProbeResult(None, False)
+            try:
+                return ProbeResult(response.FromString(reply), False)
+            except DecodeError as exc:
+                worker = self._pool.label(url)
+                extra = {"worker": worker, "rpc": method.rpc, "error": str(exc)}
+                log_limited(
+                    logger,
+                    logging.WARNING,
+                    "a worker's probe reply does not parse; counted as a failed probe",
+                    extra,
+                    (method.rpc, worker),
+                )
                 return ProbeResult(None, False)
         return ProbeResult(None, True)
 
@@ -252,29 +283,56 @@ class Prober:
     # -- discovery ----------------------------------------------------------------------
 
     async def _refresh(self) -> None:
-        done = self._refreshing = trio.Event()
+        """Wait until a discovery that began after this call has swapped its table in.
+
+        Discoveries never overlap, so tables are swapped in the order their reads
+        began and an older read never replaces a newer table. One running now may
+        have read the indexes before what made us call (a model load, a new probe
+        round): we wait for it, then begin the next one, unless another waiter began
+        it first, in which case we share it. If the read we waited for failed or was
+        cancelled, we run one ourselves.
+        """
+        wanted = self._began + 1
+        while self._discovered < wanted:
+            running = self._discovering
+            if running is None:
+                await self._discover()
+            else:
+                await running.wait()
+
+    async def _discover(self) -> None:
+        """One discovery: every worker's RepositoryIndex, then the table swap.
+
+        Callers check `_discovering` is None first, with no await in between.
+        """
+        done = self._discovering = trio.Event()
+        self._began += 1
+        number = self._began
         try:
             results = await fan_out(
                 self._pool.urls,
-                lambda url: self.probe(url, Method.REPOSITORY_INDEX.wire, _INDEX_REQUEST),
+                lambda url: self.probe(
+                    url, Method.REPOSITORY_INDEX, _INDEX_REQUEST, pb.RepositoryIndexResponse
+                ),
             )
             served: dict[str, list[str]] = {}
-            for url, result in results.items():
+            for url, each in results.items():
                 if url in self.ejected:
                     continue
-                if isinstance(result, ProbeResult) and result.reply is not None:
-                    index = pb.RepositoryIndexResponse.FromString(result.reply)
-                    served[url] = [m.name for m in index.models if m.state == "READY"]
-                elif isinstance(result, ProbeResult) and result.timed_out:
+                result = _answer(each)
+                if result.reply is not None:
+                    served[url] = [m.name for m in result.reply.models if m.state == "READY"]
+                elif result.timed_out:
                     logger.warning(
                         "RepositoryIndex discovery timed out",
                         extra={"worker": self._pool.label(url)},
                     )
             self._generation += 1
             self._swap(build_routing_table(served, self._pool.urls, self._generation))
+            self._discovered = number
         finally:
             self._last_refresh = trio.current_time()
-            self._refreshing = None
+            self._discovering = None
             done.set()
 
     def _swap(self, table: RoutingTable) -> None:
@@ -296,12 +354,12 @@ class Prober:
         Single-flight: joins a discovery already running; skips if one finished
         less than a second ago.
         """
-        running = self._refreshing
+        running = self._discovering
         if running is not None:
             await running.wait()
         elif trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL:
             try:
-                await self._refresh()
+                await self._discover()
             except Exception:
                 logger.warning("on-demand discovery failed", exc_info=True)
 
@@ -311,9 +369,6 @@ class Prober:
         A discovery already running may have read the indexes before the change, so
         this one runs after it. Model control answers only once routing agrees.
         """
-        running = self._refreshing
-        if running is not None:
-            await running.wait()
         try:
             await self._refresh()
         except Exception:
@@ -322,8 +377,15 @@ class Prober:
     def request_refresh(self) -> None:
         """Rediscover soon, without waiting (a worker said NOT_FOUND)."""
         if (
-            self._refreshing is None
+            self._discovering is None
             and self._nursery is not None
             and trio.current_time() - self._last_refresh >= MIN_REFRESH_INTERVAL
         ):
             self._nursery.start_soon(self.refresh_now)
+
+
+def _answer(result: ProbeResult[M] | Exception) -> ProbeResult[M]:
+    """A worker's probe result out of a fan-out. `probe` answers every failure of a
+    worker with a result; an `RsgwError` that still came out of it is that worker's
+    failed probe, never the round's."""
+    return result if isinstance(result, ProbeResult) else ProbeResult(None, False)

@@ -203,9 +203,13 @@ class Channel:
         if connection is not None:
             connection.close(reason)
 
-    async def aclose(self) -> None:
+    def close_nowait(self) -> None:
+        """Close now: calls in flight fail, later ones raise `WorkerUnavailable`."""
         self._closed = True
         self.reset("channel closed")
+
+    async def aclose(self) -> None:
+        self.close_nowait()
 
     async def unary(
         self,
