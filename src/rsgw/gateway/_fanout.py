@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Results = dict[str, bytes | Exception]
+Results = dict[str, bytes | RsgwError]
 
 
 class Targets:
@@ -119,7 +119,7 @@ class FanOut:
         one worker succeeded.
         """
         results = await self.ask(method, body, urls, deadline, gated=gated)
-        failed = [url for url in urls if isinstance(results[url], Exception)]
+        failed = [url for url in urls if isinstance(results[url], RsgwError)]
         if unreachable_later and len(failed) < len(urls):
             failed = [url for url in failed if not isinstance(results[url], WorkerUnavailable)]
         if not failed:
@@ -151,7 +151,7 @@ class FanOut:
     ) -> bytes:
         """One worker's success is the call's; it fails only if every worker did."""
         results = await self.ask(method, body, urls, deadline, gated=gated)
-        failed = [url for url in urls if isinstance(results[url], Exception)]
+        failed = [url for url in urls if isinstance(results[url], RsgwError)]
         if failed and len(failed) == len(urls):
             code = _common_code([results[url] for url in failed]) or StatusCode.UNAVAILABLE
             raise GrpcError(
@@ -188,12 +188,11 @@ class FanOut:
         """What went wrong on each worker, in words a client may read (no addresses)."""
         reasons = []
         for url in urls:
-            error = results[url]
-            text = (
-                "unavailable"
-                if isinstance(error, WorkerUnavailable) or not isinstance(error, RsgwError)
-                else error.message
-            )
+            error = results[url]  # a failed worker's: an RsgwError
+            if isinstance(error, RsgwError) and not isinstance(error, WorkerUnavailable):
+                text = error.message
+            else:
+                text = "unavailable"
             reasons.append(f"{self.pool.public_name(url)}: {text}")
         return "; ".join(reasons)
 
@@ -212,7 +211,7 @@ class FanOut:
             deadline = trio.current_time() + self.request_timeout
             results = await self.ask(method, body, urls, deadline, gated=False)
             for url, result in results.items():
-                if isinstance(result, Exception):
+                if isinstance(result, RsgwError):
                     logger.warning(
                         "undo failed",
                         extra={
@@ -228,7 +227,7 @@ class FanOut:
         return lambda url, seconds: self.metrics.observe_worker(rpc, url, seconds)
 
 
-def _common_code(errors: Sequence[bytes | Exception]) -> StatusCode | None:
+def _common_code(errors: Sequence[bytes | RsgwError]) -> StatusCode | None:
     """The status every worker answered alike (a client's fault, say), or None."""
     codes = {e.code if isinstance(e, GrpcError) else None for e in errors}
     code = codes.pop() if len(codes) == 1 else None

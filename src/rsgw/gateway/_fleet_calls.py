@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError
+from rsgw._errors import GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -128,7 +128,7 @@ class FleetCalls:
             )
             same = bool(results)
             for url, result in results.items():
-                if isinstance(result, Exception):
+                if isinstance(result, RsgwError):
                     logger.warning(
                         "IsSameIPCNamespace failed on a worker; counting it as false",
                         extra={"worker": self.pool.label(url), "error": str(result)},
@@ -149,7 +149,7 @@ class FleetCalls:
             results = await self.fan.ask(
                 method, request.SerializeToString(), urls, deadline, gated=False
             )
-            failed = [url for url in urls if isinstance(results[url], Exception)]
+            failed = [url for url in urls if isinstance(results[url], RsgwError)]
             if failed and len(failed) == len(urls):
                 raise GrpcError(
                     StatusCode.UNAVAILABLE,

@@ -233,7 +233,7 @@ class ModelCalls:
 
     async def _everyone(
         self, urls: tuple[str, ...] | list[str], method: Method, body: bytes, call: CallContext
-    ) -> dict[str, bytes | Exception]:
+    ) -> dict[str, bytes | RsgwError]:
         deadline = min(call.deadline, trio.current_time() + self.request_timeout)
 
         async def one(url: str) -> bytes:
@@ -241,7 +241,7 @@ class ModelCalls:
 
         results = await fan_out(urls, one)
         for url, result in results.items():
-            if isinstance(result, Exception):
+            if isinstance(result, RsgwError):
                 worker = self.pool.label(url)
                 extra = {"rpc": method.rpc, "worker": worker, "error": str(result)}
                 log_limited(

@@ -187,7 +187,7 @@ async def fan_out(
     urls: Sequence[str],
     call: Callable[[str], Awaitable[T]],
     on_done: Callable[[str, float], None] | None = None,
-) -> dict[str, T | Exception]:
+) -> dict[str, T | RsgwError]:
     """Run `call(url)` for every URL concurrently; each result or its `RsgwError`.
 
     A worker's failure (an `RsgwError`: unreachable, its status, its deadline) is
@@ -202,7 +202,7 @@ async def fan_out(
     Raises:
         Exception: the first bug a call raised (a note counts any others).
     """
-    results: dict[str, T | Exception] = {}
+    results: dict[str, T | RsgwError] = {}
 
     async def one(url: str) -> None:
         started = time.perf_counter()
