@@ -45,6 +45,8 @@ SHELL_MODULES = {
         "__init__",
         "_transport",
         "_server",
+        "_serving",
+        "_handling",
         "_client",
         "_typed",
         "_metering",
