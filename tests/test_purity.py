@@ -48,6 +48,7 @@ SHELL_MODULES = {
         "_serving",
         "_handling",
         "_client",
+        "_channel_connection",
         "_typed",
         "_metering",
         "_streams",
