@@ -40,6 +40,7 @@ with atheris.instrument_imports():
     from rsgw._proto import grpc_predict_v2_pb2 as pb
     from rsgw.grpc import _http2 as http2
     from rsgw.grpc._hpack import HeaderDecoder, HpackError
+    from rsgw.grpc._http2_state import PREFACE
     from rsgw.grpc._metadata import parse_request_headers
     from rsgw.scheduling._wire import head_length, peek_batch_size, peek_header, peek_routing
 
@@ -80,10 +81,10 @@ def frames(data: bytes) -> None:
     conn = http2.Http2Connection(client_side=False, window_bytes=1 << 20)
     conn.initiate_connection()
     cut = data[0] if data else 0
-    stream = http2.PREFACE + data[1:]
+    stream = PREFACE + data[1:]
     try:
-        conn.receive_data(stream[: len(http2.PREFACE) + cut])
-        conn.receive_data(stream[len(http2.PREFACE) + cut :])
+        conn.receive_data(stream[: len(PREFACE) + cut])
+        conn.receive_data(stream[len(PREFACE) + cut :])
     except http2.ProtocolError:
         assert conn.data_to_send(), "a protocol error queues GOAWAY"
 

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsgw.grpc import _http2 as http2
+from rsgw.grpc._http2_state import PREFACE
 from tests.grpc.test_metadata import GOOD
 
 REQUEST = GOOD  # a gRPC request's headers
@@ -216,7 +217,7 @@ def test_a_client_sees_answers_as_h2_sees_them(messages: list[bytes], ours: bool
 @given(st.binary(max_size=400), st.booleans())
 def test_garbage_after_the_preface_is_a_protocol_error_or_events(data: bytes, server: bool) -> None:
     conn = rsgw_side(not server)
-    prefix = http2.PREFACE if server else b""
+    prefix = PREFACE if server else b""
     try:
         conn.receive_data(prefix + data)
     except http2.ProtocolError:
@@ -236,7 +237,7 @@ def test_well_framed_random_frames_end_in_events_or_a_protocol_error(
     frames: list[tuple[int, int, int, bytes]],
 ) -> None:
     """Frames with valid headers but random types, flags, streams and payloads."""
-    data = http2.PREFACE + b"".join(
+    data = PREFACE + b"".join(
         len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
         for kind, flags, stream, payload in frames
     )
@@ -250,7 +251,7 @@ def test_a_protocol_error_sends_goaway_with_its_code() -> None:
     conn.data_to_send()
     bad_window = (4).to_bytes(3, "big") + bytes((8, 0)) + (0).to_bytes(4, "big") + bytes(4)
     try:
-        conn.receive_data(http2.PREFACE + bad_window)
+        conn.receive_data(PREFACE + bad_window)
     except http2.ProtocolError as exc:
         assert exc.error_code is http2.ErrorCodes.PROTOCOL_ERROR
     else:

@@ -7,7 +7,8 @@ h2's; docs/decisions.md says why.
 
 from __future__ import annotations
 
-from rsgw.grpc._http2 import INITIAL_WINDOW, Http2Connection
+from rsgw.grpc._http2 import Http2Connection
+from rsgw.grpc._http2_state import INITIAL_WINDOW
 
 #: HTTP/2 flow-control windows, stream and connection (the original's 32 MiB).
 DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
