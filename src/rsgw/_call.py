@@ -4,11 +4,23 @@ A handler is `async def handler(request: bytes, call: CallContext) -> bytes`. Th
 context carries what the gateway's decisions need (the deadline, the client's
 metadata, who the client is and who it proved to be) and nothing of the wire, so
 the gRPC server and any other front door build one and call the same handler.
+
+A door runs a handler the same way whatever its wire (`rsgw.grpc._handling` is the
+gRPC one):
+- `begin(scope, time_limit)` puts the call on the cancel scope it runs under, with
+  the method's own time limit (the service's `time_limits`, by method path) when
+  that is sooner than the client's deadline;
+- the handler returns its reply, or raises: `failed(exc)` is the status and message
+  that answers (an `RsgwError`'s own, anything else INTERNAL and logged as the bug
+  it is), and when the scope cancelled the handler, `cut_short()` is (the door's
+  drain, the gateway's deadline for the call, or the client's);
+- `status_for(exc)` is the same rule for the call's metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -21,6 +33,10 @@ from rsgw._status import StatusCode
 #: Call metadata (custom headers): (name, value) pairs, names lower-case. The same
 #: shape as the gRPC layer's header blocks (`rsgw.grpc._metadata.HeaderBlock`).
 Metadata = tuple[tuple[bytes, bytes], ...]
+#: Methods' own time limits, in seconds from when the handler starts, by method path.
+TimeLimits = Mapping[str, float]
+
+logger = logging.getLogger(__name__)
 
 _IN_PROCESS: Peer = Peer(IN_PROCESS, "in-process")
 
@@ -51,6 +67,22 @@ class CallContext:
     expired: Callable[[], RsgwError] | None = None
     #: The cancel scope the handler runs under (None outside a server).
     scope: trio.CancelScope | None = None
+    #: Why the door cut the call short (it was still running when its drain ended).
+    abandoned: str = ""
+
+    def begin(self, scope: trio.CancelScope, time_limit: float | None) -> None:
+        """The handler runs under `scope` from now, ended by the call's deadline or by
+        the method's own `time_limit` (seconds from now) if that is sooner.
+
+        The scope may still hold an earlier call's deadline (the gRPC server runs a
+        connection's calls one after another under one scope): it is set only when
+        it differs, so a method with a time limit costs one deadline setter a call.
+        """
+        self.scope = scope
+        if time_limit is not None:
+            self.deadline = min(self.deadline, trio.current_time() + time_limit)
+        if scope.deadline != self.deadline:
+            scope.deadline = self.deadline
 
     def limit(self, deadline: float, expired: Callable[[], RsgwError]) -> None:
         """End the handler at `deadline` if that is sooner, answering `expired()` then.
@@ -78,6 +110,26 @@ class CallContext:
                 return StatusCode.DEADLINE_EXCEEDED
             return StatusCode.CANCELLED
         return StatusCode.INTERNAL
+
+    def failed(self, exc: Exception) -> tuple[StatusCode, str]:
+        """The status and message a handler's exception answers: an `RsgwError`'s own
+        (its trailers added to the call's), anything else INTERNAL, logged as a bug."""
+        if isinstance(exc, RsgwError):
+            if exc.trailers:
+                self.trailers = self.trailers + exc.trailers
+            return exc.code, exc.message
+        logger.exception("handler for %s failed", self.path)
+        return StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+
+    def cut_short(self) -> tuple[StatusCode, str]:
+        """The status and message of a call whose scope cancelled its handler: the
+        door's drain, what `limit` chose, or the deadline."""
+        if self.abandoned:
+            return StatusCode.UNAVAILABLE, self.abandoned
+        if self.expired is not None:
+            error = self.expired()
+            return error.code, error.message
+        return StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
 
 
 UnaryHandler = Callable[[bytes, CallContext], Awaitable[bytes]]

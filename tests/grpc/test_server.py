@@ -339,7 +339,7 @@ async def test_a_cancel_too_late_for_its_call_harms_no_other(autojump_clock: Moc
 
 
 async def test_a_method_time_limit_cuts_calls_and_never_the_next(autojump_clock: MockClock) -> None:
-    """`timeouts`: a call to a method with a time limit ends at it when its client set
+    """`time_limits`: a call to a method with a time limit ends at it when its client set
     no sooner deadline. The scope keeps that deadline between calls, so: a call to a
     method without a limit, on the same task, runs past it; a task idle past it
     serves the next call; and a client's sooner deadline still wins."""
@@ -350,7 +350,7 @@ async def test_a_method_time_limit_cuts_calls_and_never_the_next(autojump_clock:
             "/t.Test/Gated": handlers.gated,
             "/t.Test/Deadline": handlers.deadline,
         },
-        timeouts={"/t.Test/Slow": 2.0, "/t.Test/Deadline": 2.0},
+        time_limits={"/t.Test/Slow": 2.0, "/t.Test/Deadline": 2.0},
     )
     network = MemoryNetwork()
     async with trio.open_nursery() as nursery:

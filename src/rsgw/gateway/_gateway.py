@@ -182,7 +182,7 @@ async def serve_gateway(
             stream_handlers=guard.wrap_streams(service.stream_handlers() | streams),
             on_refused=metrics.refused,
             raw_paths=service.raw_paths,
-            timeouts=service.timeouts,
+            time_limits=service.time_limits,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
             limits=config.connections.limits(),

@@ -37,7 +37,7 @@ from rsgw.scheduling._sequences import SequenceTable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rsgw._call import UnaryHandler
+    from rsgw._call import TimeLimits, UnaryHandler
     from rsgw._config import ServerMetadataConfig
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
@@ -73,9 +73,9 @@ class GatewayService:
         self.prober = prober
         self.metrics = metrics
         #: The server cuts ModelInfer short at `request_timeout` from its start, when
-        #: the client set no sooner deadline (`GrpcServer(timeouts=)`): the deadline
-        #: is on the call's scope from the start, at one setter per call.
-        self.timeouts = {Method.MODEL_INFER.path: request_timeout}
+        #: the client set no sooner deadline: every door applies it when the handler
+        #: starts (`CallContext.begin`), so it is on the call's scope from the start.
+        self.time_limits: TimeLimits = {Method.MODEL_INFER.path: request_timeout}
         self.scheduler: Scheduler = scheduler or RoundRobinScheduler()
         self.admission = Admission(
             Ledger(max_concurrent_requests, max_requests_per_worker, self.scheduler.release),

@@ -33,7 +33,6 @@ from typing import Protocol
 import trio
 
 from rsgw._call import CallContext, UnaryHandler
-from rsgw._errors import RsgwError
 from rsgw._peer import peer_of
 from rsgw._status import StatusCode
 from rsgw._tls import peer_identity
@@ -64,14 +63,11 @@ class Pending:
     call: CallContext
     #: The handler takes compressed requests as they came (a pass-through).
     raw: bool = False
-    #: The method's own time limit (`GrpcServer(timeouts=)`), if it has one.
-    timeout: float | None = None
+    #: The method's own time limit (`GrpcServer(time_limits=)`), if it has one.
+    time_limit: float | None = None
     messages: list[bytes] = field(default_factory=list)
     stream: ServerStream | None = None
-    scope: trio.CancelScope | None = None
     ended: bool = False
-    #: Why the server cut the call short (it was still running when the drain ended).
-    abandoned: str = ""
 
 
 class Server(Protocol):
@@ -81,7 +77,7 @@ class Server(Protocol):
     #: Paths whose handlers take compressed requests as they came (a pass-through).
     raw_paths: frozenset[bytes]
     #: Methods' own time limits, in seconds from when the handler starts.
-    timeouts: dict[bytes, float]
+    time_limits: dict[bytes, float]
     response_encoding: type[Compressed] | None
     on_refused: Callable[[bytes, StatusCode], None] | None
     max_receive_message_bytes: int
@@ -181,7 +177,7 @@ class HandlerRunner:
             # stop the call it was meant for, or the last call's deadline passing, ends
             # an idle wait instead: nothing to answer.)
             if running is not None:
-                self._answer(stream_id, running, None, *_cut_short(running))
+                self._answer(stream_id, running, None, *running.call.cut_short())
             if handed is None:
                 handed = await next_call()
 
@@ -194,13 +190,7 @@ class HandlerRunner:
         message = ""
         response: bytes | None = None
         assert pending.handler is not None
-        pending.scope = call.scope = scope
-        if pending.timeout is not None:  # the method's own limit, if it is sooner
-            call.deadline = min(call.deadline, trio.current_time() + pending.timeout)
-        # The scope still holds the last call's deadline (not reset after each call: a
-        # method with a time limit then costs one setter per call, not two).
-        if scope.deadline != call.deadline:
-            scope.deadline = call.deadline
+        call.begin(scope, pending.time_limit)
         try:
             request = pending.messages.pop()
             if type(request) is not bytes and not pending.raw:
@@ -209,10 +199,10 @@ class HandlerRunner:
             if type(response) is not bytes or self._server.response_encoding is not None:
                 response = self._recode(response, call)
         except Exception as exc:
-            code, message = _failed(call, exc, "handler")
+            code, message = call.failed(exc)
         finally:
             self._server.intake.ended()
-            pending.scope = call.scope = None
+            call.scope = None
         self._answer(stream_id, pending, response, code, message)
 
     def _answer(
@@ -234,18 +224,18 @@ class HandlerRunner:
         assert pending.stream is not None
         code = StatusCode.OK
         message = ""
-        with trio.CancelScope(deadline=call.deadline) as scope:
-            pending.scope = call.scope = scope
+        with trio.CancelScope() as scope:
+            call.begin(scope, None)
             try:
                 await handler(pending.stream)
             except Exception as exc:
-                code, message = _failed(call, exc, "stream handler")
-        pending.scope = call.scope = None
+                code, message = call.failed(exc)
+        call.scope = None
         if pending.ended:
             return
         self._calls.pop(stream_id, None)
         if scope.cancelled_caught:
-            code, message = _cut_short(pending)
+            code, message = call.cut_short()
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
 
@@ -268,24 +258,3 @@ class HandlerRunner:
         fits = self.connection.send_message(stream_id, message)
         self.transport.flush()
         return fits
-
-
-def _failed(call: CallContext, exc: Exception, what: str) -> tuple[StatusCode, str]:
-    """The status a handler's exception answers: an `RsgwError`'s own (its trailers
-    added to the call's), anything else INTERNAL, logged as the bug it is."""
-    if isinstance(exc, RsgwError):
-        if exc.trailers:
-            call.trailers = call.trailers + exc.trailers
-        return exc.code, exc.message
-    logger.exception("%s for %s failed", what, call.path)
-    return StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-
-
-def _cut_short(pending: Pending) -> tuple[StatusCode, str]:
-    """The status of a call whose handler was cancelled: its deadline, or the drain's end."""
-    if pending.abandoned:
-        return StatusCode.UNAVAILABLE, pending.abandoned
-    if pending.call.expired is not None:
-        error = pending.call.expired()
-        return error.code, error.message
-    return StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import trio
 
-from rsgw._call import UnaryHandler
+from rsgw._call import TimeLimits, UnaryHandler
 from rsgw._net import TCP, Network
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
@@ -59,7 +59,7 @@ class GrpcServer:
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
         raw_paths: unary methods whose handlers take compressed requests as they
             came and may answer compressed (see `rsgw.grpc._handling`).
-        timeouts: unary methods' own time limits, in seconds from when the handler
+        time_limits: unary methods' own time limits, in seconds from when the handler
             starts: a call whose client set no sooner deadline is cut short then
             (DEADLINE_EXCEEDED, or what `CallContext.limit` chose).
         response_encoding: compress unary replies in this encoding where the client
@@ -90,7 +90,7 @@ class GrpcServer:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         raw_paths: Collection[str] = (),
-        timeouts: Mapping[str, float] | None = None,
+        time_limits: TimeLimits | None = None,
         response_encoding: type[Compressed] | None = None,
         limits: ConnectionLimits | None = None,
         max_running_calls: int = 0,
@@ -98,7 +98,7 @@ class GrpcServer:
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self.raw_paths = frozenset(path.encode() for path in raw_paths)
-        self.timeouts = {path.encode(): seconds for path, seconds in (timeouts or {}).items()}
+        self.time_limits = {path.encode(): seconds for path, seconds in (time_limits or {}).items()}
         self.response_encoding = response_encoding
         self._stream_handlers = {
             path.encode(): handler for path, handler in (stream_handlers or {}).items()

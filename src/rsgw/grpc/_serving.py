@@ -101,9 +101,9 @@ class ServedConnection(HandlerRunner):
         error = GrpcError(StatusCode.UNAVAILABLE, reason)
         calls = list(self._calls.items())
         for stream_id, pending in calls:
-            if pending.scope is not None:
-                pending.abandoned = reason
-                pending.scope.cancel()
+            if pending.call.scope is not None:
+                pending.call.abandoned = reason
+                pending.call.scope.cancel()
             else:
                 del self._calls[stream_id]
                 self.connection.reject(stream_id, error)
@@ -132,8 +132,8 @@ class ServedConnection(HandlerRunner):
             pending = self._calls.pop(event.stream_id, None)
             if pending is not None:
                 pending.ended = True
-                if pending.scope is not None:
-                    pending.scope.cancel()
+                if pending.call.scope is not None:
+                    pending.call.scope.cancel()
                 elif event.cause is EndCause.FAILED and event.error is not None:
                     self._refused(pending.call.path.encode(), event.error.code)
         elif isinstance(event, OutboxDrained):
@@ -164,7 +164,7 @@ class ServedConnection(HandlerRunner):
         if stream_handler is None:
             server = self._server
             self._calls[event.stream_id] = Pending(
-                handler, call, head.path in server.raw_paths, server.timeouts.get(head.path)
+                handler, call, head.path in server.raw_paths, server.time_limits.get(head.path)
             )
             return
         stream = ServerStream(
