@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import trio
 
 from rsgw._auth import Principal
+from rsgw._body import Body
 from rsgw._errors import RsgwError
 from rsgw._peer import IN_PROCESS, Peer
 from rsgw._status import StatusCode
@@ -133,3 +134,6 @@ class CallContext:
 
 
 UnaryHandler = Callable[[bytes, CallContext], Awaitable[bytes]]
+#: A pass-through's handler: it takes the request as it came (compressed, or in the
+#: pieces it arrived in) and may answer likewise (`rsgw._body`).
+PassThrough = Callable[[Body, CallContext], Awaitable[Body]]

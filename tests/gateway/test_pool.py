@@ -10,10 +10,13 @@ the bug is the one scripted part (a real worker cannot make the gateway raise).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 from trio.testing import MockClock
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._methods import Method
 from rsgw._status import StatusCode
@@ -61,10 +64,11 @@ async def test_a_bug_reaches_the_client_as_internal(
         channel = fleet.gateway._service.pool.channels[fleet.worker_url(1)]
         unary = channel.unary
 
-        async def buggy(path: bytes, request: bytes, **options: object) -> bytes:
+        async def buggy(path: bytes, request: bytes, **options: Any) -> Body:
             if path == Method.SERVER_METADATA.wire:
                 raise RuntimeError("a bug in the gateway")
-            return await unary(path, request, **options)  # type: ignore[arg-type]  # as given
+            reply: Body = await unary(path, request, **options)
+            return reply
 
         monkeypatch.setattr(channel, "unary", buggy)
         client: Channel = fleet.channel()

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
@@ -92,7 +93,7 @@ def new_pair(window: int = 32 * 1024 * 1024, max_receive: int = 4 * 1024 * 1024)
     return pair
 
 
-def messages_of(events: list[Event], stream_id: int) -> list[bytes]:
+def messages_of(events: list[Event], stream_id: int) -> list[Body]:
     return [
         e.message for e in events if isinstance(e, MessageReceived) and e.stream_id == stream_id
     ]

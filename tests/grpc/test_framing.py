@@ -9,20 +9,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rsgw._body import Body, Gathered, joined
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
 from rsgw.grpc._framing import (
     SMALL_PIECE_BYTES,
-    Gathered,
     MessageDecoder,
     frame_message,
-    joined,
     message_prefix,
 )
 
 
-def feed_all(decoder: MessageDecoder, chunks: Sequence[bytes | memoryview]) -> list[bytes]:
-    out: list[bytes] = []
+def feed_all(decoder: MessageDecoder, chunks: Sequence[bytes | memoryview]) -> list[Body]:
+    out: list[Body] = []
     for chunk in chunks:
         out.extend(decoder.feed(chunk))
     return out

@@ -15,6 +15,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from rsgw._body import Body, Gathered
 from rsgw._call import CallContext
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
@@ -33,9 +34,13 @@ class Seen:
     """The types of the requests each handler was given."""
 
     def __init__(self) -> None:
-        self.types: list[type[bytes]] = []
+        self.types: list[type[bytes] | type[Gathered]] = []
 
     async def echo(self, request: bytes, call: CallContext) -> bytes:
+        self.types.append(type(request))
+        return request
+
+    async def passing(self, request: Body, call: CallContext) -> Body:
         self.types.append(type(request))
         return request
 
@@ -47,9 +52,9 @@ class Seen:
 
 def _server(seen: Seen, **options: object) -> GrpcServer:
     return GrpcServer(
-        {ECHO.decode(): seen.echo, RAW.decode(): seen.echo},
+        {ECHO.decode(): seen.echo},
         stream_handlers={STREAM.decode(): seen.stream},
-        raw_paths=[RAW.decode()],
+        pass_through={RAW.decode(): seen.passing},
         max_receive_message_bytes=LIMIT,
         max_send_message_bytes=LIMIT,
         **options,  # type: ignore[arg-type]

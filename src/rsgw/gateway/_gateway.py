@@ -176,12 +176,13 @@ async def serve_gateway(
             | control.handlers()
             | {method.path: handler for method, handler in settings.handlers().items()}
         )
-        standard, streams = standard_services(handlers, lambda: prober.serving)
+        pass_through = service.pass_through()
+        standard, streams = standard_services([*handlers, *pass_through], lambda: prober.serving)
         server = GrpcServer(
             guard.wrap(handlers | standard),
+            pass_through=guard.wrap(pass_through),
             stream_handlers=guard.wrap_streams(service.stream_handlers() | streams),
             on_refused=metrics.refused,
-            raw_paths=service.raw_paths,
             time_limits=service.time_limits,
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -33,6 +33,8 @@ from rsgw._auth import (
     parse_tokens,
     role_of,
 )
+from rsgw._body import Body
+from rsgw._call import CallContext
 from rsgw._errors import ConfigError, GrpcError
 from rsgw._logging import log_limited
 from rsgw._methods import Method
@@ -41,8 +43,12 @@ from rsgw._values import read_yaml
 
 if TYPE_CHECKING:
     from rsgw._blocks import AuthConfig
-    from rsgw._call import CallContext, UnaryHandler
     from rsgw.grpc._streams import ServerStream, StreamHandler
+
+#: A unary handler's message type: plain bytes, or a pass-through's `Body`.
+B = TypeVar("B", bytes, Body)
+#: A unary handler or a pass-through (`rsgw._call`), guarded alike.
+Handler = Callable[[B, CallContext], Awaitable[B]]
 
 logger = logging.getLogger(__name__)
 audit = logging.getLogger("rsgw.audit")
@@ -140,20 +146,20 @@ class Guard:
                 )
             raise
 
-    def wrap(self, handlers: Mapping[str, UnaryHandler]) -> dict[str, UnaryHandler]:
+    def wrap(self, handlers: Mapping[str, Handler[B]]) -> dict[str, Handler[B]]:
         """`handlers` with the check (auth on) and the audit line (audited paths) in front."""
         return {path: self._unary(path, handler) for path, handler in handlers.items()}
 
     def wrap_streams(self, handlers: Mapping[str, StreamHandler]) -> dict[str, StreamHandler]:
         return {path: self._stream(path, handler) for path, handler in handlers.items()}
 
-    def _unary(self, path: str, handler: UnaryHandler) -> UnaryHandler:
+    def _unary(self, path: str, handler: Handler[B]) -> Handler[B]:
         logged = audited(path)
         if not self.enabled and not logged:
             return handler
         check = self.check if self.enabled else None
 
-        async def guarded(body: bytes, call: CallContext) -> bytes:
+        async def guarded(body: B, call: CallContext) -> B:
             try:
                 if check is not None:
                     check(call)

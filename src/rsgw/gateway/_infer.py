@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from rsgw._body import Body, Gathered
 from rsgw._errors import DecodeError, GrpcError, RsgwError
 from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._status import StatusCode
 from rsgw.gateway._access import REQUEST_ID, request_id
-from rsgw.grpc._compression import inflate_prefix
-from rsgw.grpc._framing import Gathered
+from rsgw.grpc._compression import Compressed, inflate_prefix
 from rsgw.grpc._metadata import HeaderBlock
 from rsgw.grpc._metering import Meter, metered
 from rsgw.scheduling._budget import RetryBudget
@@ -105,7 +105,7 @@ class InferProxy:
         metrics.track_failovers(lambda: self.retries.spent, lambda: self.retries.refused)
         self._observe_infer = metrics.observer(Method.MODEL_INFER.rpc)
 
-    async def model_infer(self, body: bytes, call: CallContext) -> bytes:
+    async def model_infer(self, body: Body, call: CallContext) -> Body:
         # A slot now, unless the cap is full or others already wait for one.
         ticket = None if self.queue.waiting else self.ledger.admit()
         if ticket is None:
@@ -127,13 +127,13 @@ class InferProxy:
                 access.write(call, meter, Method.MODEL_INFER.rpc, elapsed)
 
     async def _infer(
-        self, body: bytes, call: CallContext, ticket: Ticket[AnyReservation], meter: Meter
-    ) -> bytes:
+        self, body: Body, call: CallContext, ticket: Ticket[AnyReservation], meter: Meter
+    ) -> Body:
         meter.timed = False  # refused before routing: counted, but no latency observed
-        head = body  # what routing reads: the body itself, or its head
         try:
-            if type(body) is not bytes:
-                head = self._head_of(body)
+            # What routing reads: the body itself, or the head of a compressed or
+            # gathered one.
+            head = body if type(body) is bytes else self._head_of(body)
             model, sequence = peek_routing(head)
             if len(self.pool.regions):
                 self.pool.regions.check_request(head, call.owner)
@@ -190,7 +190,7 @@ class InferProxy:
             self.sequences.routed(model, sequence, walk.answered, trio.current_time())
         return response
 
-    def _head_of(self, body: bytes) -> bytes:
+    def _head_of(self, body: Body) -> bytes:
         """What routing reads of a body that is not plain bytes: a compressed body's
         head inflated, a large body's head from its first pieces (`Gathered`)."""
         if isinstance(body, Gathered):
@@ -199,16 +199,17 @@ class InferProxy:
             if end is None:  # the head goes on past the first piece (rare): the whole body
                 return bytes(body)
             return bytes(first[:end])
-        return inflate_prefix(body, head_length, self.max_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+        assert isinstance(body, Compressed)  # a bytes subclass: what else is not plain bytes
+        return inflate_prefix(body, head_length, self.max_message_bytes)
 
     async def _forward(
         self,
-        body: bytes,
+        body: Body,
         walk: RouteWalk,
         ticket: Ticket[AnyReservation],
         deadline: float,
         metadata: HeaderBlock = (),
-    ) -> bytes:
+    ) -> Body:
         """Send to the replicas the walk names until one answers (`RouteWalk` decides)."""
         pool = self.pool
         ledger = self.ledger

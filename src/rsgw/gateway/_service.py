@@ -37,7 +37,7 @@ from rsgw.scheduling._sequences import SequenceTable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rsgw._call import TimeLimits, UnaryHandler
+    from rsgw._call import PassThrough, TimeLimits, UnaryHandler
     from rsgw._config import ServerMetadataConfig
     from rsgw.gateway._pool import WorkerPool
     from rsgw.gateway._prober import Prober
@@ -49,9 +49,6 @@ logger = logging.getLogger(__name__)
 
 class GatewayService:
     """The handlers of one gateway, bound to its pool, prober, scheduler and metrics."""
-
-    #: The pass-through methods: their requests reach them still compressed.
-    raw_paths = (Method.MODEL_INFER.path,)
 
     def __init__(
         self,
@@ -123,12 +120,16 @@ class GatewayService:
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the gateway answers."""
         table: dict[Method, UnaryHandler] = {
-            Method.MODEL_INFER: self.infer.model_infer,
             **self.shm.handlers(),
             **self.fleet.handlers(),
             **self.models.handlers(),
         }
         return {method.path: handler for method, handler in table.items()}
+
+    def pass_through(self) -> dict[str, PassThrough]:
+        """The methods passed through as they came: ModelInfer (the hot path), whose
+        requests reach it still compressed, or in pieces if large."""
+        return {Method.MODEL_INFER.path: self.infer.model_infer}
 
     def stream_handlers(self) -> dict[str, StreamHandler]:
         """The streaming methods: ModelStreamInfer, passed through per message."""

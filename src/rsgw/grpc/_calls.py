@@ -31,6 +31,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, ResponseInterrupted, RsgwError, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc._framing import MessageDecoder
@@ -121,10 +122,11 @@ class ResponseStarted:
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
-    """A whole length-prefixed message arrived on the inbound half."""
+    """A whole length-prefixed message arrived on the inbound half (`Gathered` only on
+    a call whose decoder gathers: a pass-through's)."""
 
     stream_id: int
-    message: bytes
+    message: Body
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import trio
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.grpc._calls import (
@@ -43,7 +44,7 @@ class _Waiter:
     and it sits on every proxied call.
     """
 
-    messages: list[bytes] = field(default_factory=list)
+    messages: list[Body] = field(default_factory=list)
     error: RsgwError | None = None
     done: bool = False
     _task: trio.lowlevel.Task | None = None
@@ -60,7 +61,7 @@ class _Waiter:
         self._task = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-    def deliver(self, message: bytes) -> None:
+    def deliver(self, message: Body) -> None:
         self.messages.append(message)
 
     def finish(self, error: RsgwError | None) -> None:
@@ -73,7 +74,7 @@ class _Waiter:
     def drained(self) -> None:
         pass  # a unary request never waits for window: the core queues it whole
 
-    def reply(self, peer: str) -> bytes:
+    def reply(self, peer: str) -> Body:
         """The one response message, or the error the call ended with."""
         if self.error is not None:
             raise self.error
@@ -164,7 +165,7 @@ class ChannelConnection:
             except StreamLimitReached:
                 continue
 
-    async def call(self, headers: bytes, request: bytes, gather: bool = False) -> bytes:
+    async def call(self, headers: bytes, request: Body, gather: bool = False) -> Body:
         try:
             stream_id = self.connection.start_call(headers, request, gather)
         except StreamLimitReached:  # the peer's limit, not ours: wait for a stream

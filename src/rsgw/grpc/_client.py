@@ -31,15 +31,17 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Literal, overload
 
 import trio
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, WorkerUnavailable
 from rsgw._net import TCP, Network
 from rsgw._status import StatusCode
 from rsgw._tls import connect as tls_connect
 from rsgw.grpc._channel_connection import ChannelConnection
-from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress
+from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress, plain
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
 from rsgw.grpc._hpack import encode_headers
 from rsgw.grpc._metadata import CONTENT_TYPE, HeaderBlock, format_timeout
@@ -151,17 +153,43 @@ class Channel:
     async def aclose(self) -> None:
         self.close_nowait()
 
+    @overload
     async def unary(
         self,
         path: bytes,
-        request: bytes,
+        request: Body,
+        *,
+        deadline: float = ...,
+        metadata: HeaderBlock = ...,
+        uncapped: bool = ...,
+        enforce_deadline: bool = ...,
+        raw: Literal[False] = ...,
+    ) -> bytes: ...
+
+    @overload
+    async def unary(
+        self,
+        path: bytes,
+        request: Body,
+        *,
+        deadline: float = ...,
+        metadata: HeaderBlock = ...,
+        uncapped: bool = ...,
+        enforce_deadline: bool = ...,
+        raw: Literal[True],
+    ) -> Body: ...
+
+    async def unary(
+        self,
+        path: bytes,
+        request: Body,
         *,
         deadline: float = math.inf,
         metadata: HeaderBlock = (),
         uncapped: bool = False,
         enforce_deadline: bool = True,
         raw: bool = False,
-    ) -> bytes:
+    ) -> Body:
         """Call `path` with `request`; return the response message.
 
         A `Compressed` request goes out compressed (decompressed first if the peer
@@ -206,7 +234,7 @@ class Channel:
                     slots.release()
             if raw or type(reply) is bytes:
                 return reply
-            return decompress(reply, self.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
+            return plain(reply, self.max_receive_message_bytes)
         assert scope is not None and scope.cancelled_caught
         raise GrpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded calling {self.target}")
 
@@ -233,7 +261,7 @@ class Channel:
                 if not stream.ended:
                     connection.abandon(stream_id)
 
-    def _encoded(self, request: bytes, accepts: frozenset[bytes] | None) -> tuple[bytes, bytes]:
+    def _encoded(self, request: Body, accepts: frozenset[bytes] | None) -> tuple[Body, bytes]:
         """A compressed request as the peer can read it, and the header naming its
         encoding (encoded; b"" when it goes uncompressed)."""
         if not isinstance(request, Compressed):
@@ -317,7 +345,8 @@ class Channel:
         """A call `on_connect` makes on a connection not yet handed out (bounded)."""
         deadline = trio.current_time() + self.connect_timeout
         with trio.move_on_at(deadline):
-            return await connection.call(self._headers(path, deadline, ()), request)
+            reply = await connection.call(self._headers(path, deadline, ()), request)
+            return plain(reply, self.max_receive_message_bytes)
         connection.close(f"no answer within {self.connect_timeout}s while connecting")
         raise WorkerUnavailable(f"{self.target} did not answer while connecting")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
 from rsgw._status import StatusCode
 from rsgw.grpc import _http2 as http2
@@ -65,12 +66,12 @@ class ClientConnection(GrpcConnection):
     # -- calling --------------------------------------------------------------------------
 
     def start_call(
-        self, headers: Sequence[Header] | bytes, message: bytes, gather: bool = False
+        self, headers: Sequence[Header] | bytes, message: Body, gather: bool = False
     ) -> int:
         """Open a call, send `headers` and one message, and end the request.
 
         Returns the call's stream id; its outcome arrives as a `CallEnded`. With
-        `gather`, a large response may arrive `Gathered` (`rsgw.grpc._framing`).
+        `gather`, a large response may arrive `Gathered` (`rsgw._body`).
 
         Raises:
             GrpcError: RESOURCE_EXHAUSTED, the message is over the send limit.

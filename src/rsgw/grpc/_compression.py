@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from typing import ClassVar
 
+from rsgw._body import Body, joined
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
 
@@ -136,3 +137,11 @@ def _corrupt(message: Compressed, why: object) -> GrpcError:
     return GrpcError(
         StatusCode.INTERNAL, f"failed to decompress a {message.encoding.decode()} message: {why}"
     )
+
+
+def plain(message: Body, limit: int) -> bytes:
+    """`message` as contiguous, uncompressed bytes: decompressed (held to `limit`
+    bytes, see `decompress`) or joined, whichever it needs."""
+    if isinstance(message, Compressed):
+        return decompress(message, limit)
+    return joined(message)

@@ -26,6 +26,7 @@ import contextlib
 import enum
 from typing import TYPE_CHECKING
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.grpc import _http2 as http2
@@ -234,7 +235,7 @@ class GrpcConnection:
             self._pings += 1
             self._h2.ping(self._pings.to_bytes(8, "big"))
 
-    def send_message(self, stream_id: int, message: bytes) -> bool:
+    def send_message(self, stream_id: int, message: Body) -> bool:
         """Queue one message on a streaming call (a server's first sends the headers).
 
         Returns True when the message is all in h2's hands, False when part of it

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rsgw._body import Body, Gathered
 from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import Call, Step
 from rsgw.grpc._compression import Compressed
-from rsgw.grpc._framing import Gathered, message_prefix
+from rsgw.grpc._framing import message_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,7 +51,7 @@ class Outbound:
         #: Calls whose outbox waits for window, in the order they started waiting.
         self._waiting: dict[int, Call] = {}
 
-    def queue(self, call: Call, message: bytes, *, end: bool) -> None:
+    def queue(self, call: Call, message: Body, *, end: bool) -> None:
         """Queue one length-prefixed message, then the end of the half if `end`."""
         call.advance_outbound(Step.MESSAGE)
         total = len(message)

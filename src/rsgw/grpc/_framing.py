@@ -14,16 +14,15 @@ encoding, and comes out wrapped in that encoding's `Compressed` class, still
 compressed; the flag of a message sent follows its class the same way.
 
 A decoder told to `gather` (the gateway's pass-through calls) hands a message that
-arrived in several pieces over as a `Gathered`, the pieces as they came, instead of
-joining them: a 1 MiB tensor then crosses the gateway without ever being made
-contiguous (the join was the one copy of its bytes in user space). Like `Compressed`,
-a `Gathered` travels where the core's types say `bytes`; only calls that asked for
-it get one, and the places that take it (`rsgw.grpc._flow`, the gateway's routing)
-check for it.
+arrived in several pieces over as a `Gathered` (`rsgw._body`), the pieces as they
+came, instead of joining them: a 1 MiB tensor then crosses the gateway without ever
+being made contiguous (the join was the one copy of its bytes in user space). So
+what the decoder yields is a `Body`; only calls that asked for it get a `Gathered`.
 """
 
 from __future__ import annotations
 
+from rsgw._body import Body, Gathered
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
 from rsgw.grpc._compression import Compressed
@@ -48,33 +47,6 @@ def frame_message(payload: bytes) -> bytes:
 #: views: a peer that sends a message in 1-byte DATA frames must not make us hold a
 #: view object (about 200 bytes) per byte.
 SMALL_PIECE_BYTES = 1024
-
-
-class Gathered:
-    """A message received in several pieces (views of the reads), not joined.
-
-    `len()` is the message's length; `bytes()` joins it (a copy).
-    """
-
-    __slots__ = ("_length", "pieces")
-
-    def __init__(self, pieces: list[bytes | memoryview], length: int) -> None:
-        self.pieces = pieces
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __bytes__(self) -> bytes:
-        return b"".join(self.pieces)
-
-    def __repr__(self) -> str:
-        return f"Gathered({self._length} bytes in {len(self.pieces)} pieces)"
-
-
-def joined(message: bytes) -> bytes:
-    """`message` as contiguous bytes (a `Gathered` joined; anything else as it is)."""
-    return bytes(message) if isinstance(message, Gathered) else message
 
 
 def too_large(length: int, limit: int, what: str = "received") -> GrpcError:
@@ -136,7 +108,7 @@ class MessageDecoder:
         """True when no partial message is buffered (a clean end of stream)."""
         return self._need < 0 and not self._head
 
-    def feed(self, data: bytes | memoryview) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[Body]:
         """Consume one chunk (bytes, or a view of a read); return the messages it
         completed, in order, as bytes."""
         end = len(data)
@@ -145,7 +117,7 @@ class MessageDecoder:
             self._chunks.append(data)
             self.buffered += end
             return []
-        out: list[bytes] = []
+        out: list[Body] = []
         pos = 0
         head: bytes | memoryview
         while pos < end:
@@ -186,8 +158,8 @@ class MessageDecoder:
             pos += take
             if self.buffered == self._need:
                 if self._wrap is None and self.gather and len(chunks) > 1:
-                    pieces = [memoryview(c) if type(c) is bytearray else c for c in chunks]
-                    out.append(Gathered(pieces, self._need))  # type: ignore[arg-type]  # see the module docstring
+                    pieces = [memoryview(c) if isinstance(c, bytearray) else c for c in chunks]
+                    out.append(Gathered(pieces, self._need))
                 else:
                     payload = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
                     out.append(payload if self._wrap is None else self._wrap(payload))

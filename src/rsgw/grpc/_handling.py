@@ -8,11 +8,10 @@ Streaming handlers take a `ServerStream`, fed by the same `MessageReceived` /
 the call's deadline (and its method's own time limit); a call cut short by it,
 or by the server's drain, is answered with the status that says which.
 
-Compression (gzip, deflate): a handler sees its request decompressed, unless its
-path is one of `raw_paths` (a pass-through), which gets a compressed request as it
-came (`rsgw.grpc._compression.Compressed`) and may answer with a compressed
-reply; a large request on such a path may also come `Gathered` (in the pieces it
-arrived in, `rsgw.grpc._framing`), and the reply may be one. A reply goes out
+Compression (gzip, deflate): a handler sees its request decompressed, unless it
+is a pass-through (`GrpcServer(pass_through=)`), which gets the request as it came
+(a `rsgw._body.Body`: compressed, or `Gathered` in the pieces it arrived in if
+large) and may answer likewise. A reply goes out
 compressed only in an encoding the client accepts: a compressed reply it does not
 accept is decompressed, and with `response_encoding` set, a plain reply is
 compressed when the client accepts that encoding. Streamed messages are
@@ -32,13 +31,13 @@ from typing import Protocol
 
 import trio
 
-from rsgw._call import CallContext, UnaryHandler
+from rsgw._body import Body, joined
+from rsgw._call import CallContext, PassThrough, UnaryHandler
 from rsgw._peer import peer_of
 from rsgw._status import StatusCode
 from rsgw._tls import peer_identity
-from rsgw.grpc._compression import Compressed, compress, decompress
+from rsgw.grpc._compression import Compressed, compress, decompress, plain
 from rsgw.grpc._connection import ConnectionState
-from rsgw.grpc._framing import joined
 from rsgw.grpc._intake import Intake
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.grpc._server_connection import ServerConnection
@@ -61,11 +60,11 @@ class Pending:
 
     handler: UnaryHandler | None
     call: CallContext
-    #: The handler takes compressed requests as they came (a pass-through).
-    raw: bool = False
+    #: A pass-through's handler, in place of `handler`: it takes the request as it came.
+    passing: PassThrough | None = None
     #: The method's own time limit (`GrpcServer(time_limits=)`), if it has one.
     time_limit: float | None = None
-    messages: list[bytes] = field(default_factory=list)
+    messages: list[Body] = field(default_factory=list)
     stream: ServerStream | None = None
     ended: bool = False
 
@@ -74,7 +73,7 @@ class Server(Protocol):
     """What a connection asks of the server that accepted it (`GrpcServer`)."""
 
     limits: ConnectionLimits
-    #: Paths whose handlers take compressed requests as they came (a pass-through).
+    #: The pass-through paths, whose large requests arrive gathered.
     raw_paths: frozenset[bytes]
     #: Methods' own time limits, in seconds from when the handler starts.
     time_limits: dict[bytes, float]
@@ -90,6 +89,8 @@ class Server(Protocol):
     def stream_limit(self) -> int: ...
 
     def lookup(self, path: bytes) -> UnaryHandler | None: ...
+
+    def pass_through_lookup(self, path: bytes) -> PassThrough | None: ...
 
     def stream_lookup(self, path: bytes) -> StreamHandler | None: ...
 
@@ -188,14 +189,19 @@ class HandlerRunner:
         call = pending.call
         code = StatusCode.OK
         message = ""
-        response: bytes | None = None
-        assert pending.handler is not None
+        response: Body | None = None
         call.begin(scope, pending.time_limit)
         try:
             request = pending.messages.pop()
-            if type(request) is not bytes and not pending.raw:
-                request = decompress(request, self._server.max_receive_message_bytes)  # type: ignore[arg-type]  # not bytes: Compressed
-            response = await pending.handler(request, call)
+            passing = pending.passing
+            if passing is not None:  # the request as it came
+                response = await passing(request, call)
+            else:
+                handler = pending.handler
+                assert handler is not None
+                if type(request) is not bytes:  # compressed (only pass-throughs gather)
+                    request = plain(request, self._server.max_receive_message_bytes)
+                response = await handler(request, call)
             if type(response) is not bytes or self._server.response_encoding is not None:
                 response = self._recode(response, call)
         except Exception as exc:
@@ -209,7 +215,7 @@ class HandlerRunner:
         self,
         stream_id: int,
         pending: Pending,
-        response: bytes | None,
+        response: Body | None,
         code: StatusCode,
         message: str,
     ) -> None:
@@ -239,7 +245,7 @@ class HandlerRunner:
         self.connection.end_call(stream_id, code, message, call.trailers)
         self.transport.flush()
 
-    def _recode(self, response: bytes, call: CallContext) -> bytes:
+    def _recode(self, response: Body, call: CallContext) -> Body:
         """A reply the client can read: compressed only in an encoding it accepts."""
         if isinstance(response, Compressed):
             if response.encoding in call.accept:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, clip, shown
 from rsgw._status import StatusCode
 from rsgw.grpc._compression import ACCEPT_ENCODING, CODECS, Compressed, parse_accept
@@ -37,13 +38,13 @@ OK_TRAILERS: HeaderBlock = ((b"grpc-status", b"0"),)
 
 
 #: Those response headers, encoded once (`_hpack.encode_headers`), by message type.
-_RESPONSE_BLOCKS: dict[type[bytes], bytes] = {
+_RESPONSE_BLOCKS: dict[type[Body], bytes] = {
     kind: encode_headers(block) for kind, block in COMPRESSED_RESPONSE_HEADERS.items()
 }
 _RESPONSE_BLOCK = encode_headers(RESPONSE_HEADERS)
 
 
-def response_headers(first_message: bytes) -> bytes:
+def response_headers(first_message: Body) -> bytes:
     """The response header block (encoded) of a call whose first message is
     `first_message`: its encoding named if it is compressed."""
     return _RESPONSE_BLOCKS.get(type(first_message), _RESPONSE_BLOCK)

@@ -15,11 +15,11 @@ import contextlib
 import errno
 import logging
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 import trio
 
-from rsgw._call import TimeLimits, UnaryHandler
+from rsgw._call import PassThrough, TimeLimits, UnaryHandler
 from rsgw._net import TCP, Network
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
@@ -57,8 +57,9 @@ class GrpcServer:
         max_receive_message_bytes: larger request messages fail their own call
             with RESOURCE_EXHAUSTED; other calls on the connection go on.
         max_send_message_bytes: larger responses fail with RESOURCE_EXHAUSTED.
-        raw_paths: unary methods whose handlers take compressed requests as they
-            came and may answer compressed (see `rsgw.grpc._handling`).
+        pass_through: unary methods whose handlers take requests as they came
+            (compressed, or gathered if large) and may answer likewise (see
+            `rsgw.grpc._handling`).
         time_limits: unary methods' own time limits, in seconds from when the handler
             starts: a call whose client set no sooner deadline is cut short then
             (DEADLINE_EXCEEDED, or what `CallContext.limit` chose).
@@ -89,7 +90,7 @@ class GrpcServer:
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        raw_paths: Collection[str] = (),
+        pass_through: Mapping[str, PassThrough] | None = None,
         time_limits: TimeLimits | None = None,
         response_encoding: type[Compressed] | None = None,
         limits: ConnectionLimits | None = None,
@@ -97,7 +98,11 @@ class GrpcServer:
         tls: ServerTls | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
-        self.raw_paths = frozenset(path.encode() for path in raw_paths)
+        self._pass_through = {
+            path.encode(): handler for path, handler in (pass_through or {}).items()
+        }
+        #: The pass-through paths, whose large requests arrive gathered.
+        self.raw_paths = frozenset(self._pass_through)
         self.time_limits = {path.encode(): seconds for path, seconds in (time_limits or {}).items()}
         self.response_encoding = response_encoding
         self._stream_handlers = {
@@ -320,6 +325,9 @@ class GrpcServer:
 
     def lookup(self, path: bytes) -> UnaryHandler | None:
         return self._handlers.get(path)
+
+    def pass_through_lookup(self, path: bytes) -> PassThrough | None:
+        return self._pass_through.get(path)
 
     def stream_lookup(self, path: bytes) -> StreamHandler | None:
         return self._stream_handlers.get(path)

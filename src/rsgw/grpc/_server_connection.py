@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from rsgw._body import Body
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
 from rsgw.grpc import _http2 as http2
@@ -76,7 +77,7 @@ class ServerConnection(GrpcConnection):
     def send_response(
         self,
         stream_id: int,
-        message: bytes | None,
+        message: Body | None,
         code: StatusCode = StatusCode.OK,
         text: str = "",
         trailers: HeaderBlock = (),

@@ -145,9 +145,11 @@ class ServedConnection(HandlerRunner):
 
     def _on_started(self, event: CallStarted) -> None:
         head = event.head
-        handler = self._server.lookup(head.path)
-        stream_handler = None if handler else self._server.stream_lookup(head.path)
-        if handler is None and stream_handler is None:
+        server = self._server
+        handler = server.lookup(head.path)
+        passing = None if handler else server.pass_through_lookup(head.path)
+        stream_handler = None if handler or passing else server.stream_lookup(head.path)
+        if handler is None and passing is None and stream_handler is None:
             error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {shown(head.path)}")
             self.connection.reject(event.stream_id, error)
             self._refused(head.path, error.code)
@@ -162,9 +164,8 @@ class ServedConnection(HandlerRunner):
             client=self._client,
         )
         if stream_handler is None:
-            server = self._server
             self._calls[event.stream_id] = Pending(
-                handler, call, head.path in server.raw_paths, server.time_limits.get(head.path)
+                handler, call, passing, server.time_limits.get(head.path)
             )
             return
         stream = ServerStream(

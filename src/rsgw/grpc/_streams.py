@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw.grpc._compression import Compressed, decompress
+from rsgw._body import Body
+from rsgw.grpc._compression import plain
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
@@ -40,12 +41,12 @@ class _Inbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.messages: deque[bytes] = deque()
+        self.messages: deque[Body] = deque()
         self.closed = False
         self.error: RsgwError | None = None
         self._arrived = trio.Event()
 
-    def put(self, message: bytes) -> None:
+    def put(self, message: Body) -> None:
         self.messages.append(message)
         self._arrived.set()
 
@@ -65,9 +66,7 @@ class _Inbox:
             self._arrived = trio.Event()
         await trio.lowlevel.checkpoint()
         message = self.messages.popleft()
-        if isinstance(message, Compressed):
-            return decompress(message, self.limit)
-        return message
+        return message if type(message) is bytes else plain(message, self.limit)
 
 
 class _Outlet:
@@ -133,7 +132,7 @@ class ServerStream:
 
     # -- fed by the server shell ----------------------------------------------------------
 
-    def deliver(self, message: bytes) -> None:
+    def deliver(self, message: Body) -> None:
         self._inbox.put(message)
 
     def half_closed(self) -> None:
@@ -191,7 +190,7 @@ class ClientStream:
 
     # -- fed by the client shell ----------------------------------------------------------
 
-    def deliver(self, message: bytes) -> None:
+    def deliver(self, message: Body) -> None:
         self._inbox.put(message)
 
     def finish(self, error: RsgwError | None) -> None:

@@ -43,7 +43,11 @@ WALK_LIMIT = 1024
 PARSE_LIMIT_BYTES = 8 * 1024 * 1024
 
 
-def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+#: What the walks read: bytes, or a view of them (a gathered body's first piece).
+Buffer = bytes | memoryview
+
+
+def _varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     """Decode one varint at `pos`; return (value, next position).
 
     A tenth byte's bits beyond the 64th are dropped, as protobuf's parser drops
@@ -64,7 +68,7 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 10 bytes")
 
 
-def _tag(buf: bytes, pos: int, end: int) -> tuple[int, int, int]:
+def _tag(buf: Buffer, pos: int, end: int) -> tuple[int, int, int]:
     """Decode a field tag; return (field number, wire type, next position)."""
     if buf[pos] < 0x80:  # one-byte tag: the common case
         tag = buf[pos]
@@ -79,7 +83,7 @@ def _tag(buf: bytes, pos: int, end: int) -> tuple[int, int, int]:
     return field, tag & 7, pos
 
 
-def _skip(buf: bytes, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
+def _skip(buf: Buffer, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
     """Skip one field's value; return the position after it."""
     if wire_type == _VARINT:
         return _varint(buf, pos, end)[1]
@@ -109,7 +113,7 @@ def _skip(buf: bytes, pos: int, end: int, field: int, wire_type: int, depth: int
     return pos
 
 
-def _length_delimited(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def _length_delimited(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     """(start, stop) of a length-delimited value starting at `pos`."""
     length, pos = _varint(buf, pos, end)
     stop = pos + length
@@ -173,7 +177,7 @@ def peek_header(body: bytes) -> tuple[str, str]:
 RAW_INPUT_CONTENTS = 7
 
 
-def head_length(prefix: bytes, complete: bool, stop_field: int = RAW_INPUT_CONTENTS) -> int | None:
+def head_length(prefix: Buffer, complete: bool, stop_field: int = RAW_INPUT_CONTENTS) -> int | None:
     """Where a request's head ends: the first top-level field numbered `stop_field` or more.
 
     For a compressed request, routing inflates only its head, which is a valid
