@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_MODEL_INFER = Method.MODEL_INFER
+
 
 class InferProxy:
     """The gateway's ModelInfer; see the module docstring.
@@ -141,12 +143,15 @@ class InferProxy:
             raise _malformed(exc) from exc
         if not model:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "ModelInferRequest.model_name is empty")
-        try:
-            replicas = await self.resolver.resolve(model, Method.MODEL_INFER)
-        except GrpcError:
-            meter.timed = True
-            meter.label = self.resolver.label(model)
-            raise
+        resolver = self.resolver
+        replicas = resolver.ready(model, _MODEL_INFER)
+        if not replicas:
+            try:
+                replicas = await resolver.resolve(model, _MODEL_INFER)
+            except GrpcError:
+                meter.timed = True
+                meter.label = resolver.label(model)
+                raise
         meter.label = model
         self.scheduler.arrived(model)
         pinned = False

@@ -41,6 +41,12 @@ class Resolver:
     def __init__(self, prober: Prober) -> None:
         self._prober = prober
 
+    def ready(self, model: str, needs: Method) -> tuple[str, ...]:
+        """The routing table's replicas of `model` that can answer `needs`, or () when
+        it has none (`resolve` then finds them or says why). ModelInfer's path asks
+        this first: a plain call, where `resolve` costs a coroutine."""
+        return self._prober.table.replicas(model)
+
     async def resolve(self, model: str, needs: Method) -> tuple[str, ...]:
         """The ready replicas of `model` that can answer `needs` (never empty).
 
@@ -48,10 +54,10 @@ class Resolver:
             GrpcError: UNAVAILABLE when the model was served before but has no ready
                 replica now; NOT_FOUND when no worker serves it (or `model` is "").
         """
-        prober = self._prober
-        replicas = prober.table.replicas(model)
+        replicas = self.ready(model, needs)
         if replicas:
             return replicas
+        prober = self._prober
         if model:
             await prober.refresh_now()
             replicas = prober.table.replicas(model)

@@ -146,8 +146,8 @@ class ServedConnection(HandlerRunner):
     def _on_started(self, event: CallStarted) -> None:
         head = event.head
         server = self._server
-        handler = server.lookup(head.path)
-        passing = None if handler else server.pass_through_lookup(head.path)
+        passing = server.pass_through_lookup(head.path)  # first: ModelInfer is one
+        handler = None if passing else server.lookup(head.path)
         stream_handler = None if handler or passing else server.stream_lookup(head.path)
         if handler is None and passing is None and stream_handler is None:
             error = GrpcError(StatusCode.UNIMPLEMENTED, f"unknown method {shown(head.path)}")
