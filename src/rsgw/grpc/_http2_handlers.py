@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rsgw.grpc import _http2_state as layout
 from rsgw.grpc._hpack import HpackError
 from rsgw.grpc._http2_events import (
     ConnectionTerminated,
@@ -44,7 +45,6 @@ from rsgw.grpc._http2_state import (
     DEFAULT_MAX_FRAME,
     END_HEADERS,
     END_STREAM,
-    GOAWAY_HEAD,
     MAX_WINDOW,
     PADDED,
     PING,
@@ -52,12 +52,14 @@ from rsgw.grpc._http2_state import (
     RESET_RECEIVED,
     RESET_SENT,
     RST_STREAM,
-    SETTING,
     SETTINGS,
-    U32,
     Settings,
     Stream,
 )
+
+#: The frame layouts this module packs and unpacks, bound by assignment rather than
+#: imported, so that their methods are called as methods (`rsgw.grpc._http2_send` says why).
+GOAWAY_HEAD, SETTING, U32 = layout.GOAWAY_HEAD, layout.SETTING, layout.U32
 
 
 class FrameHandlers(Http2Sender):
