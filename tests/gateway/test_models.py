@@ -173,6 +173,9 @@ def test_merges_are_what_the_docs_say() -> None:
     other.models.add(name="m", version="1", state="READY")
     assert [r.state for r in merge_indexes([ready, other]).models] == ["READY"]
     assert merge_indexes([ready]).models[0].reason == "unloaded"
+    mlserver = pb.RepositoryIndexResponse()
+    mlserver.models.add(name="m", version="1", state="State.READY")
+    assert [r.state for r in merge_indexes([ready, mlserver]).models] == ["READY"]
 
 
 async def test_server_metadata_override(autojump_clock: MockClock) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._routing import RoundRobin, RoutingTable, build_routing_table
+from rsgw.scheduling._routing import RoundRobin, RoutingTable, build_routing_table, is_ready_state
 
 W = ["w0:1", "w1:1", "w2:1"]
 
@@ -19,6 +20,23 @@ def test_table_follows_worker_order_and_skips_silent_workers() -> None:
     assert table.replicas("c") == ()
     assert len(table) == 2 and table.generation == 3
     assert list(table.models) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("state", "ready"),
+    [
+        ("READY", True),  # Triton, rsgw's worker
+        ("State.READY", True),  # MLServer 1.7 (its enum's str)
+        ("ready", True),
+        ("UNAVAILABLE", False),
+        ("State.UNAVAILABLE", False),
+        ("NOT_READY", False),
+        ("UNREADY", False),
+        ("", False),
+    ],
+)
+def test_ready_states_in_the_spellings_servers_use(state: str, ready: bool) -> None:
+    assert is_ready_state(state) is ready
 
 
 def test_empty_table() -> None:

@@ -35,7 +35,7 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
-from rsgw.scheduling._routing import RoutingTable, build_routing_table
+from rsgw.scheduling._routing import RoutingTable, build_routing_table, is_ready_state
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class Prober:
                     continue
                 result = _answer(each)
                 if result.reply is not None:
-                    served[url] = [m.name for m in result.reply.models if m.state == "READY"]
+                    served[url] = [m.name for m in result.reply.models if is_ready_state(m.state)]
                 elif result.timed_out:
                     logger.warning(
                         "RepositoryIndex discovery timed out",

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.scheduling._routing import READY_STATE, is_ready_state
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -93,9 +94,13 @@ def merge_indexes(answers: Sequence[pb.RepositoryIndexResponse]) -> pb.Repositor
         for row in answer.models:
             key = (row.name, row.version)
             known = rows.get(key)
-            if known is None or (row.state == "READY" and known.state != "READY"):
+            if known is None or (is_ready_state(row.state) and not is_ready_state(known.state)):
                 rows[key] = row
-    return pb.RepositoryIndexResponse(models=[rows[key] for key in sorted(rows)])
+    merged = pb.RepositoryIndexResponse(models=[rows[key] for key in sorted(rows)])
+    for row in merged.models:  # one spelling for the client, Triton's, whoever said it
+        if row.state != READY_STATE and is_ready_state(row.state):
+            row.state = READY_STATE
+    return merged
 
 
 ShmStatus = TypeVar(

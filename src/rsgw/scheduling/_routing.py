@@ -1,7 +1,8 @@
 """The routing table (model -> workers serving it) and round-robin replica choice.
 
 Pure. The prober builds a new `RoutingTable` from each round's RepositoryIndex
-answers and swaps it in by reference; request handlers read whichever table is
+answers (a model is served where its state reads ready, `is_ready_state`) and swaps
+it in by reference; request handlers read whichever table is
 current, with no lock, because a table never changes once built.
 
 Round robin keeps one cursor per model. A swap that leaves a model's replica list
@@ -14,6 +15,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+#: How a model's state reads when it is ready, in the spellings real servers use:
+#: Triton (and rsgw's worker) write `READY`, MLServer writes its enum, `State.READY`.
+READY_STATE = "READY"
+
+
+def is_ready_state(state: str) -> bool:
+    """Whether a RepositoryIndex row's `state` says the model is ready to serve.
+
+    The part after the last dot, in any case: `READY`, `State.READY`, `ready`.
+    """
+    return state.rpartition(".")[2].upper() == READY_STATE
 
 
 @dataclass(frozen=True, slots=True)
