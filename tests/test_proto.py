@@ -343,7 +343,8 @@ def wire_md_rows(markdown: str) -> tuple[str, set[str]]:
 WIRE = parse_wire_rows(WIRE_ROWS)
 
 # rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
-# membership RPCs and the members in the status of issue 24.
+# membership RPCs and the members in the status of issue 24, and what each member
+# implements (issue 36).
 RSGW_ROWS = """
 # reactant_control
 GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
@@ -366,6 +367,7 @@ Member 3 public_name string
 Member 4 source string
 Member 5 ready bool
 Member 6 inflight int64
+Member 7 capabilities repeated string
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.

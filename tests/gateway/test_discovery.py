@@ -23,6 +23,7 @@ from trio.testing import MockClock
 from rsgw._config import GatewayConfig, ListenConfig
 from rsgw._net import TCP, Network
 from rsgw.gateway._running import RunningGateway
+from rsgw.scheduling._capabilities import CapabilityTable
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
 from tests.gateway.fleet import Fleet, start_gateway, start_worker
@@ -148,7 +149,7 @@ async def test_the_gateway_follows_the_pods_a_name_resolves_to(autojump_clock: M
         assert await load(fleet, 80, trio.lowlevel.checkpoint) == []
         assert served(fleet.workers[0]) == before[0], "a pod DNS no longer names gets nothing"
         assert served(fleet.workers[2]) > before[1], "the new pod takes its share"
-        status = gateway._members.status(gateway.statistics().ready)
+        status = gateway._members.status(gateway.statistics().ready, CapabilityTable())
         assert [(m.address, m.public_name, m.source) for m in status] == [
             (pod(1), "worker1", f"dns:{NAME}:{PORT}"),
             (pod(2), "worker2", f"dns:{NAME}:{PORT}"),

@@ -161,7 +161,9 @@ class GatewayControl:
             if packing is None
             else status_of(packing)
         )
-        status.members.extend(self._members.status(self._prober.ready))
+        status.members.extend(
+            self._members.status(self._prober.ready, self._prober.capabilities.table)
+        )
         return status
 
     # -- SetSchedulingPolicy ------------------------------------------------------------

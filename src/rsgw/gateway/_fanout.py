@@ -51,10 +51,10 @@ Results = dict[str, bytes | RsgwError]
 class Targets:
     """Which workers a fan-out asks, chosen from the pool in this one place.
 
-    `needs` is the method the fan-out will call on each worker: the workers the
-    gateway has met all implement every method it fans out, so today every
-    member is a target for every method, and what a worker implements is decided
-    here when that changes.
+    `needs` is the method the fan-out will call on each worker: only the workers
+    that implement it are asked (`rsgw.scheduling._capabilities`), and when there
+    are workers to ask but none implements it, the call is UNIMPLEMENTED in the
+    words of the first that said so.
 
     Args:
         holders: the workers that should hold a model (model control).
@@ -67,18 +67,34 @@ class Targets:
         self._prober = prober
         self._holders = holders
 
-    def every(self, needs: Method) -> tuple[str, ...]:
-        """Every member, in the order they joined (the configured ones first)."""
+    def members(self) -> tuple[str, ...]:
+        """Every member, whatever it implements, in the order they joined."""
         return self._pool.urls
 
+    def capable(self, urls: tuple[str, ...], needs: Method) -> tuple[str, ...]:
+        """Those of `urls` that implement `needs` (perhaps none)."""
+        return self._prober.capabilities.table.able(urls, needs)
+
+    def every(self, needs: Method) -> tuple[str, ...]:
+        """Every member that implements `needs`, in the order they joined (the
+        configured ones first)."""
+        return self._required(self._pool.urls, needs)
+
     def ready(self, needs: Method) -> tuple[str, ...]:
-        """The members whose last ServerReady said ready."""
+        """The members whose last ServerReady said ready and that implement `needs`."""
         ready = self._prober.ready
-        return tuple(url for url in self._pool.urls if url in ready)
+        return self._required(tuple(url for url in self._pool.urls if url in ready), needs)
 
     def holders(self, model: str, needs: Method) -> tuple[str, ...]:
-        """The workers that should hold `model`."""
-        return self._holders(model)
+        """The workers that should hold `model` and implement `needs`."""
+        return self._required(self._holders(model), needs)
+
+    def _required(self, urls: tuple[str, ...], needs: Method) -> tuple[str, ...]:
+        table = self._prober.capabilities.table
+        able = table.able(urls, needs)
+        if urls and not able:
+            raise GrpcError(StatusCode.UNIMPLEMENTED, table.refusal(urls, needs))
+        return able
 
 
 class FanOut:

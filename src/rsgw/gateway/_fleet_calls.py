@@ -7,8 +7,8 @@ Each is a fan-out (`rsgw.gateway._fanout`) with its own rule:
 - RepositoryModelUnload goes everywhere and succeeds if any worker unloaded;
   either answers once the routing table agrees (the prober rediscovers first);
 - IsSameIPCNamespace is true only if every worker sees the client's region (any of
-  them may serve a later ModelInfer), and never says anything about another
-  user's objects;
+  them may serve a later ModelInfer; one that does not implement the call cannot
+  say so), and never says anything about another user's objects;
 - CompactMemory compacts every worker and sums the models they reloaded.
 """
 
@@ -122,11 +122,12 @@ class FleetCalls:
             ):
                 return pb.IsSameIPCNamespaceResponse(same=False)  # nothing about others' objects
             deadline = min(call.deadline, trio.current_time() + IPC_DEADLINE)
-            urls = self.fan.targets.every(method)
+            members = self.fan.targets.members()
+            urls = self.fan.targets.capable(members, method)  # one that lacks it: false
             results = await self.fan.ask(
                 method, request.SerializeToString(), urls, deadline, gated=False
             )
-            same = bool(results)
+            same = bool(results) and len(urls) == len(members)
             for url, result in results.items():
                 if isinstance(result, RsgwError):
                     logger.warning(

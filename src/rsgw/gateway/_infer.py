@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MODEL_INFER = Method.MODEL_INFER
+_NONE: frozenset[Method] = frozenset()
 
 
 class InferProxy:
@@ -137,14 +138,15 @@ class InferProxy:
             # gathered one.
             head = body if type(body) is bytes else self._head_of(body)
             model, sequence = peek_routing(head)
-            if len(self.pool.regions):
-                self.pool.regions.check_request(head, call.owner)
+            regions = (
+                self.pool.regions.check_request(head, call.owner) if self.pool.regions else _NONE
+            )
         except DecodeError as exc:
             raise _malformed(exc) from exc
         if not model:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "ModelInferRequest.model_name is empty")
         resolver = self.resolver
-        replicas = resolver.ready(model, _MODEL_INFER)
+        replicas = resolver.infer_replicas(model)
         if not replicas:
             try:
                 replicas = await resolver.resolve(model, _MODEL_INFER)
@@ -153,6 +155,8 @@ class InferProxy:
                 meter.label = resolver.label(model)
                 raise
         meter.label = model
+        if regions:  # it names shared memory registered through the gateway
+            replicas = resolver.holding(replicas, regions)
         self.scheduler.arrived(model)
         pinned = False
         if sequence is not None and not sequence.start:

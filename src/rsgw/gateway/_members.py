@@ -33,6 +33,7 @@ from rsgw.gateway._packing import Packing
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._watchdog import Watchdog
 from rsgw.grpc._server import GrpcServer
+from rsgw.scheduling._capabilities import CapabilityTable
 from rsgw.scheduling._membership import Change, Member, Membership, MembershipError
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class Members:
         """Calls admitted at once: the per-worker cap times the workers (0 = uncapped)."""
         return self._per_worker_cap * self.count
 
-    def status(self, ready: frozenset[str]) -> list[cpb.Member]:
+    def status(self, ready: frozenset[str], capabilities: CapabilityTable) -> list[cpb.Member]:
         """The members for GetSchedulingStatus, in the order they joined."""
         held = self._service.ledger.held
         return [
@@ -115,6 +116,7 @@ class Members:
                 source=m.source,
                 ready=m.url in ready,
                 inflight=held(m.url),
+                capabilities=capabilities.of(m.url).names(),
             )
             for m in self.membership.members.values()
         ]

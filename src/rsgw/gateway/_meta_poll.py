@@ -76,7 +76,8 @@ class MetaPoller:
         self.polls = 0
 
     async def poll(self, ready: frozenset[str]) -> None:
-        urls = [url for url in self._pool.urls if url in ready]
+        able = self._prober.capabilities.table.able  # workers with ReactantServer's control plane
+        urls = able([url for url in self._pool.urls if url in ready], Method.MODEL_CONTROL_STATUS)
         results = await fan_out(
             urls, lambda url: poll_control_status(self._prober, self._pool, url)
         )

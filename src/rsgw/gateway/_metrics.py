@@ -10,7 +10,7 @@ client sending random names grows neither memory nor series.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -99,6 +99,13 @@ class GatewayMetrics:
             ["worker"],
             registry=r,
         )
+        self.worker_capability = Gauge(
+            "gateway_worker_capability",
+            "1 if the worker implements this optional part of the API, 0 if it answered "
+            "UNIMPLEMENTED (absent until learned).",
+            ["worker", "capability"],
+            registry=r,
+        )
         self.worker_metrics_up = Gauge(
             "gateway_worker_metrics_up",
             "1 if the last scrape of the worker's metrics endpoint succeeded, else 0.",
@@ -127,6 +134,7 @@ class GatewayMetrics:
         self._latency_children: dict[tuple[str, str], Latencies] = {}
         self._count_children: dict[tuple[str, str, StatusCode], Count] = {}
         self._worker_children: dict[tuple[str, str], Latencies] = {}
+        self._capability_labels: set[tuple[str, str]] = set()
 
     def track_inflight(self, read: Callable[[], int]) -> None:
         """Export `gateway_inflight_requests`, read at scrape time (cap enabled only)."""
@@ -233,6 +241,15 @@ class GatewayMetrics:
         self.worker_ejected.labels(label).set(0)
         self.worker_ejections.labels(label)
 
+    def capabilities_learned(self, label: str, has: Iterable[str], lacks: Iterable[str]) -> None:
+        """A worker's capabilities as last learned (`rsgw.scheduling._capabilities`)."""
+        if label in self._departed:
+            return
+        for value, names in ((1, has), (0, lacks)):
+            for name in names:
+                self._capability_labels.add((label, name))
+                self.worker_capability.labels(label, name).set(value)
+
     def metrics_scraped(self, label: str, up: bool) -> None:
         """Whether a worker's metrics endpoint answered the last scrape."""
         if label not in self._departed:  # not one that left during the scrape
@@ -250,6 +267,10 @@ class GatewayMetrics:
         ):
             with contextlib.suppress(KeyError):
                 family.remove(label)
+        for labels in [k for k in self._capability_labels if k[0] == label]:
+            self._capability_labels.discard(labels)
+            with contextlib.suppress(KeyError):
+                self.worker_capability.remove(*labels)
         for key in [k for k in self._worker_children if self.worker_label(k[1]) == label]:
             del self._worker_children[key]
             with contextlib.suppress(KeyError):

@@ -41,6 +41,7 @@ from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._merge import merge_indexes, merge_statistics
 from rsgw.scheduling._plan import RouteWalk, no_ready_replica
+from rsgw.scheduling._routing import READY_STATE
 from rsgw.scheduling._wire import peek_header
 
 if TYPE_CHECKING:
@@ -219,17 +220,37 @@ class ModelCalls:
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, call: CallContext
     ) -> pb.RepositoryIndexResponse:
-        """One row per model and version: READY if any replica is."""
+        """One row per model and version: READY if any replica is.
+
+        Workers without a RepositoryIndex of their own are listed by what discovery
+        found them serving (ready, no version).
+        """
         with metered(call, self.metrics.observer(Method.REPOSITORY_INDEX.rpc)):
             body = request.SerializeToString()
-            urls = self.targets.every(Method.REPOSITORY_INDEX)
+            members = self.targets.members()
+            urls = self.targets.capable(members, Method.REPOSITORY_INDEX)
             results = await self._everyone(urls, Method.REPOSITORY_INDEX, body, call)
             answers = [
                 pb.RepositoryIndexResponse.FromString(reply)
                 for url in urls  # configured order: "the first worker's reason" is stable
                 if isinstance(reply := results.get(url), bytes)
             ]
+            unindexed = set(members) - set(urls)
+            if unindexed:
+                answers.append(self._discovered_on(unindexed))
             return merge_indexes(answers)
+
+    def _discovered_on(self, urls: set[str]) -> pb.RepositoryIndexResponse:
+        """The models discovery found ready on `urls`, as index rows."""
+        served = sorted(
+            model for model, replicas in self.prober.table.models.items() if urls & set(replicas)
+        )
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(name=model, state=READY_STATE)
+                for model in served
+            ]
+        )
 
     async def _everyone(
         self, urls: tuple[str, ...] | list[str], method: Method, body: bytes, call: CallContext

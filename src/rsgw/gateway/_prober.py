@@ -33,8 +33,10 @@ from rsgw._logging import log_limited
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
+from rsgw.gateway._capability_probe import CapabilityProbe
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._pool import WorkerPool, fan_out
+from rsgw.scheduling._capabilities import Capability, learned_from
 from rsgw.scheduling._routing import RoutingTable, build_routing_table, is_ready_state
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class ProbeResult(Generic[M]):
 
     reply: M | None
     timed_out: bool
+    #: The worker's status and message when it answered with an error.
+    error: GrpcError | None = None
 
 
 class Prober:
@@ -76,6 +80,8 @@ class Prober:
     ) -> None:
         self._pool = pool
         self._metrics = metrics
+        #: What each worker implements (`capabilities.table`), probed per connection.
+        self.capabilities = CapabilityProbe(pool, metrics)
         self.interval = interval
         self.probe_timeout = probe_timeout
         self.wedge_rounds = wedge_rounds
@@ -211,6 +217,9 @@ class Prober:
             raise GatewayWedged(
                 f"every worker probe timed out for {self._wedged} consecutive rounds"
             )
+        stale = self.capabilities.stale([url for url in urls if url in self.ready])
+        if stale:  # connected anew: perhaps restarted, perhaps another server now
+            await self.capabilities.probe(stale)
         await self._refresh()
         if self.ready and self.on_ready is not None:
             await self.on_ready(self.ready)
@@ -230,7 +239,7 @@ class Prober:
                 deadline = trio.current_time() + min(PROBE_DEADLINE, self.probe_timeout)
                 reply = await channel.unary(method.wire, request, deadline=deadline, uncapped=True)
             except GrpcError as exc:
-                return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED)
+                return ProbeResult(None, exc.code is StatusCode.DEADLINE_EXCEEDED, exc)
             except RsgwError:  # unreachable, or its reply was cut short
                 return ProbeResult(None, False)
             try:
@@ -268,6 +277,7 @@ class Prober:
         """`url` left the pool: out of readiness, ejection and routing now."""
         self.ready = self.ready - {url}
         self.ejected.pop(url, None)
+        self.capabilities.forget(url)
         self._generation += 1
         self._swap(self.table.without(url, self._generation))
 
@@ -320,6 +330,11 @@ class Prober:
                 if url in self.ejected:
                     continue
                 result = _answer(each)
+                if result.error is not None:
+                    error = result.error
+                    self.capabilities.learn(
+                        url, Capability.REPOSITORY_INDEX, learned_from(error.code), error.message
+                    )
                 if result.reply is not None:
                     served[url] = [m.name for m in result.reply.models if is_ready_state(m.state)]
                 elif result.timed_out:

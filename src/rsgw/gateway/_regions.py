@@ -36,6 +36,7 @@ Send = Callable[[bytes, bytes], Awaitable[bytes]]
 
 #: What every request naming a shared memory region contains.
 REGION_MARK = REGION_PARAMETER.encode()
+_NONE: frozenset[Method] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +76,25 @@ class RegionBook:
             if kind is method and (owner is None or region.owner == owner)
         ]
 
-    def check_use(self, names: Iterable[str], owner: str) -> None:
-        """PERMISSION_DENIED if any of `names` is another's region (ModelInfer's check)."""
+    def check_use(self, names: Iterable[str], owner: str) -> frozenset[Method]:
+        """PERMISSION_DENIED if any of `names` is another's region (ModelInfer's check).
+
+        Returns the kinds (register methods) of the regions named that were
+        registered through the gateway: the call may go only to workers with them.
+        """
+        kinds: set[Method] = set()
         for name in names:
             for method in UNREGISTER_OF:
                 region = self._regions.get((method, name))
-                if region is not None and region.owner != owner:
-                    raise not_yours(name)
+                if region is not None:
+                    if region.owner != owner:
+                        raise not_yours(name)
+                    kinds.add(method)
+        return frozenset(kinds)
 
-    def check_request(self, head: bytes, owner: str) -> None:
-        """PERMISSION_DENIED if ModelInfer request `head` names another's region.
+    def check_request(self, head: bytes, owner: str) -> frozenset[Method]:
+        """PERMISSION_DENIED if ModelInfer request `head` names another's region; else
+        the kinds of the gateway's regions it names (`check_use`).
 
         `head` is what routing read: the body, or a compressed body's inflated head.
         Regions are named in the inputs' and outputs' parameters, which come before
@@ -97,14 +107,14 @@ class RegionBook:
         """
         part = head[: head_length(head, True)]  # the whole head itself when it has no tensors
         if REGION_MARK not in part:
-            return
+            return _NONE
         try:
             request = pb.ModelInferRequest.FromString(part)
         except Exception as exc:  # protobuf's DecodeError
             raise GrpcError(
                 StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}"
             ) from None
-        self.check_use(regions_named(request), owner)
+        return self.check_use(regions_named(request), owner)
 
     def registered(
         self,

@@ -11,11 +11,11 @@ UNAVAILABLE (its replicas are down, a client may retry); a model no worker ever
 served is NOT_FOUND in Triton's words. The name is client-chosen, so it never
 becomes a metric label or per-model state unless a worker serves it (`label`).
 
-`needs` is the method the call will make of the replica. Every worker the
-gateway has met implements every method it routes (rsgw's simulated worker,
-Triton), so today the table's replicas are the answer for every method; the
-resolution takes the method so that what a worker implements is decided here, once,
-for every door and every routed call.
+`needs` is the method the call will make of the replica: only replicas that
+implement it are offered (`rsgw.scheduling._capabilities`), and when the model's
+replicas are all workers that lack it, the call is UNIMPLEMENTED in the worker's own
+words. Every worker answers ModelInfer, so its path asks `infer_replicas`, which
+checks nothing more than the table.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
 from rsgw.gateway._metrics import UNKNOWN_MODEL
+from rsgw.scheduling._capabilities import NEEDS
 from rsgw.scheduling._plan import no_ready_replica, unknown_model
 
 if TYPE_CHECKING:
@@ -41,18 +44,35 @@ class Resolver:
     def __init__(self, prober: Prober) -> None:
         self._prober = prober
 
-    def ready(self, model: str, needs: Method) -> tuple[str, ...]:
-        """The routing table's replicas of `model` that can answer `needs`, or () when
-        it has none (`resolve` then finds them or says why). ModelInfer's path asks
-        this first: a plain call, where `resolve` costs a coroutine."""
+    def infer_replicas(self, model: str) -> tuple[str, ...]:
+        """The routing table's replicas of `model`, or () when it has none (`resolve`
+        then finds them or says why): ModelInfer's path asks this first, a plain call
+        where `resolve` costs a coroutine, and every worker answers ModelInfer."""
         return self._prober.table.replicas(model)
+
+    def ready(self, model: str, needs: Method) -> tuple[str, ...]:
+        """The routing table's replicas of `model` that can answer `needs`, or ().
+
+        Raises:
+            GrpcError: UNIMPLEMENTED, the model has replicas but none implements
+                `needs` (what the first of them said when it was asked).
+        """
+        replicas = self._prober.table.replicas(model)
+        if replicas and needs in NEEDS:
+            table = self._prober.capabilities.table
+            able = table.able(replicas, needs)
+            if not able:
+                raise GrpcError(StatusCode.UNIMPLEMENTED, table.refusal(replicas, needs))
+            return able
+        return replicas
 
     async def resolve(self, model: str, needs: Method) -> tuple[str, ...]:
         """The ready replicas of `model` that can answer `needs` (never empty).
 
         Raises:
             GrpcError: UNAVAILABLE when the model was served before but has no ready
-                replica now; NOT_FOUND when no worker serves it (or `model` is "").
+                replica now; NOT_FOUND when no worker serves it (or `model` is "");
+                UNIMPLEMENTED when no replica implements `needs`.
         """
         replicas = self.ready(model, needs)
         if replicas:
@@ -60,7 +80,7 @@ class Resolver:
         prober = self._prober
         if model:
             await prober.refresh_now()
-            replicas = prober.table.replicas(model)
+            replicas = self.ready(model, needs)
             if replicas:
                 return replicas
             if model in prober.known:
@@ -69,6 +89,23 @@ class Resolver:
         # log storm.
         logger.debug("model not found on any worker", extra={"model": model[:200]})
         raise unknown_model(model)
+
+    def holding(self, replicas: tuple[str, ...], regions: frozenset[Method]) -> tuple[str, ...]:
+        """Those of `replicas` that hold shared memory regions of the kinds `regions`
+        (register methods): the gateway registered its regions only on workers that
+        implement them, so a call naming one goes nowhere else.
+
+        Raises:
+            GrpcError: UNIMPLEMENTED, none of `replicas` implements them.
+        """
+        table = self._prober.capabilities.table
+        able = replicas
+        for kind in regions:
+            able = table.able(able, kind)
+        if not able:
+            said = next((table.refusal(replicas, kind) for kind in regions), "")
+            raise GrpcError(StatusCode.UNIMPLEMENTED, said)
+        return able
 
     def label(self, model: str) -> str:
         """The metrics label of a call for `model`: its name if some worker served it,

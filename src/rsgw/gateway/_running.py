@@ -50,6 +50,8 @@ class GatewayStatus:
     #: The scheduling mode, and under lpt_packing the placement in force (model -> URLs).
     mode: str
     placement: dict[str, tuple[str, ...]]
+    #: What each worker was found to implement of the optional API (URL -> names).
+    capabilities: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 class Reloadable(Protocol):
@@ -162,6 +164,9 @@ class RunningGateway:
             inflight=self._service.inflight,
             mode=str(self.config.scheduling.mode),
             placement=placement,
+            capabilities={
+                url: prober.capabilities.table.of(url).names() for url in self._service.pool.urls
+            },
         )
 
     def status(self) -> GatewayStatus:

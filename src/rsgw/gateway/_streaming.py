@@ -97,12 +97,13 @@ class StreamProxy:
     async def _route(self, stream: ServerStream, body: bytes) -> str | None:
         """The worker for one request, or None after answering it with an error."""
         try:
-            if len(self.pool.regions):
-                self.pool.regions.check_request(body, stream.call.owner)
+            regions = self.pool.regions.check_request(body, stream.call.owner)
             model, sequence = peek_routing(body)
             if not model:
                 raise GrpcError(StatusCode.INVALID_ARGUMENT, "model_name is empty")
             replicas = await self.resolver.resolve(model, Method.MODEL_STREAM_INFER)
+            if regions:
+                replicas = self.resolver.holding(replicas, regions)
             self.scheduler.arrived(model)
             now = trio.current_time()
             if sequence is not None and not sequence.start:
