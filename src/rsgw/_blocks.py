@@ -34,6 +34,11 @@ from rsgw._values import (
 )
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.scheduling._knobs import check_positive
+from rsgw.scheduling._lookups import (
+    DEFAULT_FOUND_TTL_SECONDS,
+    DEFAULT_LOOKUPS_PER_SECOND,
+    DEFAULT_MISS_TTL_SECONDS,
+)
 from rsgw.scheduling._stalls import (
     DEFAULT_EJECTION_SECONDS,
     DEFAULT_PING_TIMEOUT_SECONDS,
@@ -167,6 +172,25 @@ _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
 _AUTH_CHECKS: Mapping[str, Check] = {"tokens_file": check_str, "identities": _check_identities}
+
+
+def _check_models(value: object, key: str) -> tuple[str, ...]:
+    """A list of model names: strings, none empty, each once (in order)."""
+    if not isinstance(value, tuple | list):
+        raise ConfigError(f"{key} must be a list of model names, got {show(value)}")
+    names = tuple(check_str(name, f"{key}[{i}]") for i, name in enumerate(value))
+    for i, name in enumerate(names):
+        if not name:
+            raise ConfigError(f"{key}[{i}] must be a model name, got an empty string")
+    return tuple(dict.fromkeys(names))
+
+
+_DISCOVERY_CHECKS: Mapping[str, Check] = {
+    "models": _check_models,
+    "found_ttl_seconds": non_negative,
+    "miss_ttl_seconds": non_negative,
+    "lookups_per_second": _non_negative_int,
+}
 _SHM_CHECKS: Mapping[str, Check] = {
     "max_regions_per_client": _non_negative_int,
     "max_bytes_per_client": _non_negative_int,
@@ -352,6 +376,27 @@ class ConnectionsConfig:
             header_seconds=self.header_seconds,
             max_connections=self.max_connections,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """How the gateway learns the models of workers without a RepositoryIndex.
+
+    Such a worker (KServe's ModelServer) is asked ModelReady about each of `models`
+    every probe round; a model a client names that the routing table lacks is looked
+    up on those workers on demand, at most `lookups_per_second` a second (0: never),
+    a name found nowhere not again for `miss_ttl_seconds`, and a model found kept
+    among the ones asked about until no round has found it for `found_ttl_seconds`
+    (docs/workers.md).
+    """
+
+    models: tuple[str, ...] = ()
+    found_ttl_seconds: float = DEFAULT_FOUND_TTL_SECONDS
+    miss_ttl_seconds: float = DEFAULT_MISS_TTL_SECONDS
+    lookups_per_second: int = DEFAULT_LOOKUPS_PER_SECOND
+
+    def __post_init__(self) -> None:
+        check_fields(self, "discovery.", _DISCOVERY_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)

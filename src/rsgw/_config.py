@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from rsgw._blocks import AuthConfig as AuthConfig
 from rsgw._blocks import ConnectionsConfig as ConnectionsConfig
+from rsgw._blocks import DiscoveryConfig as DiscoveryConfig
 from rsgw._blocks import GrpcLimits as GrpcLimits
 from rsgw._blocks import ListenConfig as ListenConfig
 from rsgw._blocks import LoggingConfig as LoggingConfig
@@ -126,6 +127,10 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "connections.flood_budget": "int",
         "connections.max_concurrent_streams": "int",
         "metrics.scrape_timeout_seconds": "float",
+        "discovery.models": "names",
+        "discovery.found_ttl_seconds": "float",
+        "discovery.miss_ttl_seconds": "float",
+        "discovery.lookups_per_second": "int",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -244,6 +249,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "outlier_detection": OutlierConfig,
         "connections": ConnectionsConfig,
         "metrics": MetricsConfig,
+        "discovery": DiscoveryConfig,
         "scheduling": SchedulingConfig,
     }
 )

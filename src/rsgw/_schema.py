@@ -26,6 +26,7 @@ from typing import Any
 from rsgw._blocks import (
     AuthConfig,
     ConnectionsConfig,
+    DiscoveryConfig,
     GrpcLimits,
     ListenConfig,
     LoggingConfig,
@@ -88,6 +89,7 @@ class GatewayConfig:
     outlier_detection: OutlierConfig = field(default_factory=OutlierConfig)
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -193,6 +195,7 @@ class GatewayConfig:
                 "outlier_detection",
                 "connections",
                 "metrics",
+                "discovery",
                 "scheduling",
             )
         }

@@ -24,7 +24,7 @@ from rsgw._errors import GatewayWedged
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.gateway._gateway import serve_gateway
-from rsgw.gateway._prober import MIN_REFRESH_INTERVAL
+from rsgw.gateway._model_discovery import MIN_REFRESH_INTERVAL
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._server import GrpcServer
 from rsgw.scheduling._knobs import SchedulingMode
@@ -157,11 +157,11 @@ async def test_on_demand_refresh_is_single_flight(autojump_clock: MockClock) -> 
         worker.index_gate = trio.Event()
         async with trio.open_nursery() as callers:
             for _ in range(10):
-                callers.start_soon(prober.refresh_now)
+                callers.start_soon(prober.discovery.refresh_now)
             await trio.testing.wait_all_tasks_blocked(0.05)
             worker.index_gate.set()
         assert worker.index_calls == before + 1
-        await prober.refresh_now()  # within the 1 s floor: no new scan
+        await prober.discovery.refresh_now()  # within the 1 s floor: no new scan
         assert worker.index_calls == before + 1
         nursery.cancel_scope.cancel()
 
@@ -184,13 +184,13 @@ async def test_an_older_discovery_never_replaces_a_newer_table(autojump_clock: M
             await prober.next_round()
 
         async with trio.open_nursery() as callers:
-            callers.start_soon(prober.refresh_now)  # reads ["m"], then is slow to answer
+            callers.start_soon(prober.discovery.refresh_now)  # reads ["m"], then is slow to answer
             await trio.testing.wait_all_tasks_blocked()
             worker.models = ["m", "n"]  # the fleet changes meanwhile...
             callers.start_soon(probe_round)  # ...and a round rediscovers
             await trio.testing.wait_all_tasks_blocked()
             slow.set()
-        assert prober.table.replicas("n") == gateway.statistics().workers
+        assert prober.discovery.table.replicas("n") == gateway.statistics().workers
         assert worker.most_reading == 1, "discoveries overlapped"
         nursery.cancel_scope.cancel()
 

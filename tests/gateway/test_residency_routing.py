@@ -49,7 +49,7 @@ async def test_pin_and_unpin_flip_routing_on_the_next_probe_round(
         health_interval_seconds=0.2,
     ) as fleet:
         prober = fleet.gateway._service.prober
-        assert prober.table.replicas("simple") == ()
+        assert prober.discovery.table.replicas("simple") == ()
         with pytest.raises(GrpcError) as caught:
             await check_simple(fleet, 0)
         assert caught.value.code is StatusCode.NOT_FOUND
@@ -58,7 +58,7 @@ async def test_pin_and_unpin_flip_routing_on_the_next_probe_round(
         control = Channel(worker1, fleet.nursery, network=fleet.network)
         assert await set_residency(control, "simple", cpb.PINNED_DEVICE) == cpb.PINNED_DEVICE
         await wait_until_async(
-            lambda: prober.table.replicas("simple") == (worker1,), what="pin to show up"
+            lambda: prober.discovery.table.replicas("simple") == (worker1,), what="pin to show up"
         )
         for seed in range(4):
             await check_simple(fleet, seed)
@@ -66,4 +66,6 @@ async def test_pin_and_unpin_flip_routing_on_the_next_probe_round(
         assert fleet.workers[0].service.device.counters["simple"].requests_served == 0
 
         assert await set_residency(control, "simple", cpb.UNPINNED) == cpb.UNPINNED
-        await wait_until_async(lambda: prober.table.replicas("simple") == (), what="unpin")
+        await wait_until_async(
+            lambda: prober.discovery.table.replicas("simple") == (), what="unpin"
+        )

@@ -211,7 +211,7 @@ class GatewayControl:
         name = request.name
         if not name:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "name is empty")
-        known = bool(self._prober.table.replicas(name))
+        known = bool(self._prober.discovery.table.replicas(name))
         if not known and not request.allow_unknown_model:
             raise GrpcError(
                 StatusCode.NOT_FOUND,

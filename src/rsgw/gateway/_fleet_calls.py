@@ -90,7 +90,7 @@ class FleetCalls:
             )
             deadline = self.fan.deadline(call, SLOW_MIN_DEADLINE)
             await self.fan.all_or_nothing(method, request.SerializeToString(), urls, deadline, undo)
-            await self.prober.rediscover()
+            await self.prober.discovery.rediscover()
             return pb.RepositoryModelLoadResponse()
 
     async def model_unload(
@@ -102,7 +102,7 @@ class FleetCalls:
             body = request.SerializeToString()
             urls = self.fan.targets.every(method)
             await self.fan.any_succeeds(method, body, urls, self.fan.deadline(call), gated=False)
-            await self.prober.rediscover()
+            await self.prober.discovery.rediscover()
             return pb.RepositoryModelUnloadResponse()
 
     # -- answered by asking everyone ----------------------------------------------------

@@ -45,6 +45,7 @@ from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.scheduling._knobs import WorkBasis
+from rsgw.scheduling._lookups import ModelLookups
 from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMetaTracker
 from rsgw.scheduling._packer import Packer
@@ -116,13 +117,19 @@ async def serve_gateway(
             interval=config.health_interval_seconds,
             probe_timeout=config.probe_timeout_seconds,
             wedge_rounds=config.wedge_exit_rounds,
+            lookups=ModelLookups(
+                config.discovery.models,
+                found_ttl=config.discovery.found_ttl_seconds,
+                miss_ttl=config.discovery.miss_ttl_seconds,
+                per_second=config.discovery.lookups_per_second,
+            ),
         )
         scheduler, packing = _scheduler(config, pool, prober, metrics)
         add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
 
         def ready_replicas() -> dict[str, int]:
-            table, ready = prober.table, prober.ready
-            return {m: sum(u in ready for u in table.replicas(m)) for m in prober.known}
+            table, ready = prober.discovery.table, prober.ready
+            return {m: sum(u in ready for u in table.replicas(m)) for m in prober.discovery.known}
 
         metrics.track_model_replicas(ready_replicas)
         service = GatewayService(
@@ -139,7 +146,7 @@ async def serve_gateway(
             access=_access_log(config, pool),
             shm=config.shm,
         )
-        prober.on_swap = service.on_table_swap
+        prober.discovery.on_swap = service.on_table_swap
         members = Members(config, service, nursery)  # the configured workers join the pool
         discovery = Discovery.from_config(config, members)
         app = admin_app(config, pool, metrics, prober, http)
@@ -169,7 +176,7 @@ async def serve_gateway(
         members.attach(watchdog=watchdog, packing=packing)
         control = GatewayControl(mode, packing, prober, metrics, members)
         settings = ServerSettings(
-            metrics, config.logging.format, lambda model: model in prober.known
+            metrics, config.logging.format, lambda model: model in prober.discovery.known
         )
         handlers = (
             service.handlers()

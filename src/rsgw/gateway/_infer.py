@@ -244,7 +244,7 @@ class InferProxy:
                 expired = trio.current_time() >= deadline
                 answer = walk.failed(url, exc, expired=expired, who=pool.public_name(url))
                 if exc.code is StatusCode.NOT_FOUND:
-                    self.prober.request_refresh()
+                    self.prober.discovery.request_refresh()
                 if answer is not None:
                     if not expired:
                         self._log_worker_error(walk.model, url, answer.code)

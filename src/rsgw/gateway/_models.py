@@ -243,7 +243,9 @@ class ModelCalls:
     def _discovered_on(self, urls: set[str]) -> pb.RepositoryIndexResponse:
         """The models discovery found ready on `urls`, as index rows."""
         served = sorted(
-            model for model, replicas in self.prober.table.models.items() if urls & set(replicas)
+            model
+            for model, replicas in self.prober.discovery.table.models.items()
+            if urls & set(replicas)
         )
         return pb.RepositoryIndexResponse(
             models=[

@@ -31,7 +31,8 @@ from rsgw.scheduling._plan import no_ready_replica, unknown_model
 
 if TYPE_CHECKING:
     from rsgw._methods import Method
-    from rsgw.gateway._prober import Prober
+    from rsgw.gateway._capability_probe import CapabilityProbe
+    from rsgw.gateway._model_discovery import ModelDiscovery
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +40,17 @@ logger = logging.getLogger(__name__)
 class Resolver:
     """The one replica resolution of a gateway; see the module docstring."""
 
-    __slots__ = ("_prober",)
+    __slots__ = ("_capabilities", "_discovery")
 
-    def __init__(self, prober: Prober) -> None:
-        self._prober = prober
+    def __init__(self, discovery: ModelDiscovery, capabilities: CapabilityProbe) -> None:
+        self._discovery = discovery
+        self._capabilities = capabilities
 
     def infer_replicas(self, model: str) -> tuple[str, ...]:
         """The routing table's replicas of `model`, or () when it has none (`resolve`
         then finds them or says why): ModelInfer's path asks this first, a plain call
         where `resolve` costs a coroutine, and every worker answers ModelInfer."""
-        return self._prober.table.replicas(model)
+        return self._discovery.table.replicas(model)
 
     def ready(self, model: str, needs: Method) -> tuple[str, ...]:
         """The routing table's replicas of `model` that can answer `needs`, or ().
@@ -57,9 +59,9 @@ class Resolver:
             GrpcError: UNIMPLEMENTED, the model has replicas but none implements
                 `needs` (what the first of them said when it was asked).
         """
-        replicas = self._prober.table.replicas(model)
+        replicas = self._discovery.table.replicas(model)
         if replicas and needs in NEEDS:
-            table = self._prober.capabilities.table
+            table = self._capabilities.table
             able = table.able(replicas, needs)
             if not able:
                 raise GrpcError(StatusCode.UNIMPLEMENTED, table.refusal(replicas, needs))
@@ -77,13 +79,13 @@ class Resolver:
         replicas = self.ready(model, needs)
         if replicas:
             return replicas
-        prober = self._prober
+        discovery = self._discovery
         if model:
-            await prober.refresh_now()
+            await discovery.refresh_now(model)
             replicas = self.ready(model, needs)
             if replicas:
                 return replicas
-            if model in prober.known:
+            if model in discovery.known:
                 raise no_ready_replica(model)
         # Debug only: the name is client-chosen, and a storm of them must not become a
         # log storm.
@@ -98,7 +100,7 @@ class Resolver:
         Raises:
             GrpcError: UNIMPLEMENTED, none of `replicas` implements them.
         """
-        table = self._prober.capabilities.table
+        table = self._capabilities.table
         able = replicas
         for kind in regions:
             able = table.able(able, kind)
@@ -110,4 +112,4 @@ class Resolver:
     def label(self, model: str) -> str:
         """The metrics label of a call for `model`: its name if some worker served it,
         else `_unknown_` (client-chosen names must not grow the metrics)."""
-        return model if model in self._prober.known else UNKNOWN_MODEL
+        return model if model in self._discovery.known else UNKNOWN_MODEL

@@ -158,7 +158,7 @@ class RunningGateway:
         return GatewayStatus(
             workers=self._service.pool.urls,
             ready=prober.ready,
-            models=dict(prober.table.models),
+            models=dict(prober.discovery.table.models),
             probe_rounds=prober.rounds,
             channel_resets=prober.channel_resets,
             inflight=self._service.inflight,

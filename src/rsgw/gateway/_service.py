@@ -81,7 +81,7 @@ class GatewayService:
         #: Admitted calls, and the calls each worker holds.
         self.ledger = self.admission.ledger
         self.queue = self.admission.queue
-        self.resolver = Resolver(prober)
+        self.resolver = Resolver(prober.discovery, prober.capabilities)
         #: Which worker holds each live sequence of a stateful model.
         self.sequences = SequenceTable()
         self.infer = InferProxy(
