@@ -68,12 +68,15 @@ def test_a_poll_nobody_answered_keeps_plans_and_locators() -> None:
     assert lpt.plans["m"].batch_input == "x"
 
 
-def test_replicas_discovery_lost_are_skipped_and_unplaced_models_rotate() -> None:
+def test_replicas_discovery_lost_are_skipped_and_unplaced_models_are_fill_routed() -> None:
     lpt = scheduler()
     order, reservation = lpt.select("m", (B,), body(1))  # A is gone from the table
     assert order == (B,) and isinstance(reservation, FillReservation)
-    order, none = lpt.select("other", (A, B), body(1))
-    assert none is None and sorted(order) == [A, B]
+    # Unplaced (served by a worker without a control plane, say): fill-routed over the
+    # workers that have it, not spread blindly.
+    order, reservation = lpt.select("other", (A, B), body(1))
+    assert isinstance(reservation, FillReservation) and sorted(order) == [A, B]
+    assert lpt.select("other", (), body(1)) == ((), None)
 
 
 def test_a_knob_change_keeps_locators_and_plan_for_covers_unknown_models() -> None:

@@ -1,9 +1,12 @@
 """The gateway in front of KServe V2 servers nobody here wrote: MLServer and KServe.
 
 Two workers of one kind, `simple` on both and `solo` on the first only, a gateway
-in front of them, and Triton's stock client (`tritonclient.grpc`) calling through it
-as it would call one server: correct answers, the one-worker model on its worker, an
-unknown model NOT_FOUND, and what the servers lack UNIMPLEMENTED in their words.
+in front of them in each scheduling mode, and Triton's stock client
+(`tritonclient.grpc`) calling through it as it would call one server: correct
+answers, the one-worker model on its worker, an unknown model NOT_FOUND, and what the
+servers lack UNIMPLEMENTED in their words. Under lpt_packing neither server can be
+placed (no control plane): the gateway serves their models where they are, and its
+status says so.
 MLServer lists its models (RepositoryIndex, `State.READY`); KServe's ModelServer
 does not, so the gateway asks it ModelReady (`simple` configured in
 `discovery.models`, `solo` found on demand). Then one worker is killed under load
@@ -26,12 +29,15 @@ from tritonclient.utils import InferenceServerException
 from rsgw import open_gateway
 from rsgw._blocks import DiscoveryConfig
 from rsgw._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
+from rsgw._methods import Method
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.gateway._preconditions import NO_CONTROL_PLANE
 from rsgw.gateway._running import RunningGateway
-from tests.helpers import in_thread, wait_until_async
+from tests.helpers import in_thread, unary_call, wait_until_async
 from tests.thirdparty.servers import ServerProcess, available, missing, start_server
 
 KINDS = ["mlserver", "kserve"]
-MODES = [SchedulingMode.ROUND_ROBIN, SchedulingMode.LEAST_OUTSTANDING]
+MODES = list(SchedulingMode)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -90,7 +96,8 @@ async def test_stock_client_through_the_gateway(
     pair: list[ServerProcess], mode: SchedulingMode
 ) -> None:
     async with open_gateway(config_for(pair, mode)) as gateway:
-        client = triton.InferenceServerClient(f"127.0.0.1:{gateway.grpc_port}")
+        target = f"127.0.0.1:{gateway.grpc_port}"
+        client = triton.InferenceServerClient(target)
 
         def calls() -> None:
             assert client.is_server_ready()
@@ -107,6 +114,16 @@ async def test_stock_client_through_the_gateway(
             assert index == {"simple": "READY", "solo": "READY"}
 
         await in_thread(calls)
+        if mode is SchedulingMode.LPT_PACKING:  # nothing to place: it says so, and serves
+            reply = await in_thread(
+                lambda: unary_call(
+                    target,
+                    Method.GET_SCHEDULING_STATUS.path,
+                    cpb.GetSchedulingStatusRequest().SerializeToString(),
+                )
+            )
+            (warning,) = cpb.GetSchedulingStatusResponse.FromString(reply).warnings
+            assert warning == f"{NO_CONTROL_PLANE}: first, second"
         status = gateway.statistics()
         assert status.models["solo"] == (pair[0].target,)
         assert status.models["simple"] == (pair[0].target, pair[1].target)

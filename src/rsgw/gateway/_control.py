@@ -30,6 +30,7 @@ from rsgw._status import StatusCode
 from rsgw.gateway._members import Members, MembershipRefused
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
+from rsgw.gateway._preconditions import NO_CONTROL_PLANE
 from rsgw.gateway._prober import Prober
 from rsgw.gateway._scheduling_status import (
     policy_message,
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 #: The longest a Repack call may wait for its repack.
 MAX_REPACK_WAIT = 120.0
+_CONTROL_STATUS = Method.MODEL_CONTROL_STATUS
 
 Req = TypeVar("Req", bound=Message)
 
@@ -161,9 +163,13 @@ class GatewayControl:
             if packing is None
             else status_of(packing)
         )
-        status.members.extend(
-            self._members.status(self._prober.ready, self._prober.capabilities.table)
-        )
+        table = self._prober.capabilities.table
+        status.members.extend(self._members.status(self._prober.ready, table))
+        if packing is not None:
+            members = self._members.membership.members
+            unplaced = [m.label for m in members.values() if not table.can(m.url, _CONTROL_STATUS)]
+            if unplaced:
+                status.warnings.append(f"{NO_CONTROL_PLANE}: {', '.join(unplaced)}")
         return status
 
     # -- SetSchedulingPolicy ------------------------------------------------------------

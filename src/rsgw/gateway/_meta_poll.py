@@ -18,8 +18,10 @@ from types import MappingProxyType
 
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
+from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._meta import ModelCounters, RoutingMeta, RoutingMetaTracker, WorkerCounters
 from rsgw.scheduling._schedulers import Scheduler
 
@@ -34,10 +36,12 @@ PollListener = Callable[[Mapping[str, WorkerCounters], RoutingMeta, frozenset[st
 
 @dataclass(frozen=True, slots=True)
 class ControlAnswer:
-    """One worker's ModelControlStatus: its counters, or None (failed or `timed_out`)."""
+    """One worker's ModelControlStatus: its counters, or None (failed or `timed_out`,
+    or `lacking`: the worker has no such control plane, in its own words)."""
 
     counters: WorkerCounters | None
     timed_out: bool = False
+    lacking: str | None = None
 
 
 async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> ControlAnswer:
@@ -53,6 +57,10 @@ async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> Con
         pool.channels[url].reset("reset after a hung ModelControlStatus poll")
         return ControlAnswer(None, True)
     if result.reply is None:
+        error = result.error
+        if error is not None and error.code is StatusCode.UNIMPLEMENTED:
+            prober.capabilities.learn(url, Capability.CONTROL_PLANE, False, error.message)
+            return ControlAnswer(None, lacking=error.message or "UNIMPLEMENTED")
         return ControlAnswer(None)
     return ControlAnswer(to_counters(result.reply))
 

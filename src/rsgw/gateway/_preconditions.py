@@ -7,6 +7,11 @@ discipline (`fair` interleaves models and defeats the fill quantum), and report 
 same model set (docs/original.md §4.6.1). Workers that are still starting are waited
 for up to `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS` (`inf` = forever).
 
+A worker that answers ModelControlStatus UNIMPLEMENTED has no such control plane
+(Triton, MLServer, KServe): it has answered, and is left out of the checks and of
+the placement; its models are routed over the workers that have them, and the log
+says so, naming the workers and the capability they lack.
+
 Better than the original: the polls of a round run concurrently (docs/product.md §3
 item 12), so one hung worker costs one watchdog, not one per worker; and a missing
 worker is re-polled every second rather than every ten, so a late worker delays
@@ -24,6 +29,7 @@ from rsgw._errors import GatewayWedged, StartupError
 from rsgw.gateway._meta_poll import ControlAnswer, poll_control_status
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
+from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._meta import WorkerCounters
 
 logger = logging.getLogger(__name__)
@@ -36,6 +42,12 @@ WAITING_LOG_INTERVAL = 10.0
 BATCHING_DISCIPLINES = ("fifo", "edf")
 #: Model names listed in a model-set mismatch message, at most.
 SHOWN_MODELS = 5
+#: What start-up says of workers without ReactantServer's control plane.
+NO_CONTROL_PLANE = (
+    "lpt_packing: these workers report no ModelControlStatus (ReactantServer's control "
+    "plane); they are not placed, and their models are routed over the workers that "
+    "have them"
+)
 
 
 async def await_fleet(
@@ -59,14 +71,17 @@ async def await_fleet(
     while True:
         results = await fan_out(pool.urls, lambda url: poll_control_status(prober, pool, url))
         answers: dict[str, WorkerCounters] = {}
+        lacking: dict[str, str] = {}
         timed_out = 0
         for url in pool.urls:
             result = results[url]
             if isinstance(result, ControlAnswer) and result.counters is not None:
                 answers[url] = result.counters
+            elif isinstance(result, ControlAnswer) and result.lacking is not None:
+                lacking[url] = result.lacking
             elif isinstance(result, ControlAnswer) and result.timed_out:
                 timed_out += 1
-        if len(answers) == len(pool.urls):
+        if len(answers) + len(lacking) == len(pool.urls):
             break
         streak = streak + 1 if timed_out == len(pool.urls) else 0
         if wedge_rounds > 0 and streak >= wedge_rounds:
@@ -74,7 +89,9 @@ async def await_fleet(
             raise GatewayWedged(
                 f"every worker's ModelControlStatus poll timed out for {streak} consecutive rounds"
             )
-        pending = sorted(pool.label(url) for url in pool.urls if url not in answers)
+        pending = sorted(
+            pool.label(url) for url in pool.urls if url not in answers and url not in lacking
+        )
         now = trio.current_time()
         if now >= deadline:
             waited = f" after {now - started:.0f}s" if wait_seconds > 0 else ""
@@ -94,7 +111,17 @@ async def await_fleet(
         "lpt_packing: all workers ready",
         extra={"count": len(answers), "workers": [pool.label(u) for u in answers]},
     )
-    check_fleet(pool, answers)
+    if lacking:
+        logger.warning(
+            NO_CONTROL_PLANE,
+            extra={
+                "workers": [pool.label(u) for u in lacking],
+                "capability": str(Capability.CONTROL_PLANE),
+                "said": next(iter(lacking.values())),
+            },
+        )
+    if answers:
+        check_fleet(pool, answers)
     return answers
 
 

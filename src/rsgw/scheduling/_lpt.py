@@ -142,11 +142,16 @@ class LptScheduler:
             room = set(replicas)
             urls = tuple(u for u in placement.urls if u in room)
         if not urls:
-            if placement is not None and any(
-                u in self._table.replicas(model) for u in placement.urls
-            ):
+            if placement is None:
+                # Unplaced (a worker without a control plane serves it, or no repack
+                # has placed it yet): fill-routed over the workers that have it.
+                urls = replicas
+            elif any(u in self._table.replicas(model) for u in placement.urls):
                 return (), None  # its replicas are alive but busy: shed, never spill
-            return self._rr.select(model, replicas), None  # unplaced, or its replicas gone
+            else:
+                return self._rr.select(model, replicas), None  # its placed replicas gone
+        if not urls:
+            return (), None
         knobs = self._knobs
         plan = self.plans.get(model, DEFAULT_FILL_PLAN)
         units = 1
