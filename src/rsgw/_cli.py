@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         "0 keeps every model on the device (default 0)",
     )
     worker.add_argument(
+        "--api",
+        choices=["reactant", "triton"],
+        default="reactant",
+        help="what the worker answers: reactant (Triton's API, IsSameIPCNamespace and "
+        "ReactantServer's ControlService) or triton (exactly what stock Triton answers: "
+        "no ControlService, no IsSameIPCNamespace) (default reactant)",
+    )
+    worker.add_argument(
         "--residency-mode",
         choices=["self_managed", "externally_managed"],
         default="self_managed",
@@ -278,7 +286,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     from rsgw.worker._catalogue import builtin_catalogue, named_catalogue
     from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
     from rsgw.worker._weights import ResidencyMode
-    from rsgw.worker._worker import WorkerConfig
+    from rsgw.worker._worker import WorkerApi, WorkerConfig
 
     catalogue = named_catalogue(args.models) if args.models else builtin_catalogue()
     return WorkerConfig(
@@ -293,6 +301,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         time_scale=args.time_scale,
         weight_cache_bytes=args.weight_cache_bytes,
         residency_mode=ResidencyMode(args.residency_mode),
+        api=WorkerApi(args.api),
         load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
         pinned=frozenset(args.pin),
         response_compression=args.response_compression,

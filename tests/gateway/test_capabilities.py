@@ -1,18 +1,27 @@
 """What the gateway learns each worker implements, and how it acts on it.
 
 rsgw's own worker implements every optional part of the API, so every capability is
-learned present; the real servers that lack some (MLServer, KServe's ModelServer)
-are in tests/thirdparty.
+learned present; answering as Triton (`--api triton`) it lacks ReactantServer's
+control plane and IsSameIPCNamespace; the real servers that lack more (MLServer,
+KServe's ModelServer) are in tests/thirdparty.
 """
 
 from __future__ import annotations
 
+import pytest
 from trio.testing import MockClock
 
+from rsgw._config import SchedulingConfig, SchedulingMode
+from rsgw._errors import GrpcError
 from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
+from rsgw.gateway._preconditions import NO_CONTROL_PLANE
 from rsgw.scheduling._capabilities import Capability
+from rsgw.worker._worker import WorkerApi
 from tests.gateway.fleet import open_fleet
+from tests.helpers import infer_request, simple_inputs
 
 EVERY = tuple(str(c) for c in Capability)
 
@@ -43,3 +52,59 @@ async def test_a_restarted_worker_is_probed_again(autojump_clock: MockClock) -> 
         await prober.next_round()
         assert prober.capabilities._probed[url] > first
         assert fleet.gateway.statistics().capabilities[url] == EVERY
+
+
+async def test_a_worker_answering_as_triton_lacks_the_control_plane_and_ipc(
+    autojump_clock: MockClock,
+) -> None:
+    lacking = {"control_plane", "ipc_namespace"}
+    async with open_fleet(
+        2, memory=True, worker_overrides=[{"api": WorkerApi.TRITON}, {}]
+    ) as fleet:
+        status = fleet.gateway.statistics()
+        assert set(status.capabilities[fleet.worker_url(0)]) == set(EVERY) - lacking
+        assert status.capabilities[fleet.worker_url(1)] == EVERY
+        client = fleet.channel()
+        # IsSameIPCNamespace: a worker that cannot say counts as false, and is not asked.
+        request = pb.IsSameIPCNamespaceRequest(name="x").SerializeToString()
+        reply = await client.unary(Method.IPC_NAMESPACE.wire, request)
+        assert not pb.IsSameIPCNamespaceResponse.FromString(reply).same
+        # CompactMemory goes to the worker that has it only.
+        reply = await client.unary(
+            Method.COMPACT_MEMORY.wire, cpb.CompactMemoryRequest().SerializeToString()
+        )
+        assert cpb.CompactMemoryResponse.FromString(reply).reloaded_models == 0
+
+
+async def test_what_no_worker_implements_is_unimplemented_in_its_words(
+    autojump_clock: MockClock,
+) -> None:
+    triton = {"api": WorkerApi.TRITON}
+    async with open_fleet(2, memory=True, worker_overrides=triton) as fleet:
+        with pytest.raises(GrpcError) as failed:
+            await fleet.channel().unary(
+                Method.COMPACT_MEMORY.wire, cpb.CompactMemoryRequest().SerializeToString()
+            )
+        assert failed.value.code is StatusCode.UNIMPLEMENTED
+        assert failed.value.message.startswith("no worker implements CompactMemory (unknown")
+
+
+async def test_lpt_packing_over_workers_without_a_control_plane_serves_and_says_so(
+    autojump_clock: MockClock,
+) -> None:
+    triton = {"api": WorkerApi.TRITON}
+    async with open_fleet(
+        2,
+        memory=True,
+        worker_overrides=triton,
+        scheduling=SchedulingConfig(mode=SchedulingMode.LPT_PACKING),
+    ) as fleet:
+        for seed in range(6):
+            await fleet.infer(infer_request("simple", simple_inputs(seed)))
+        reply = await fleet.channel().unary(
+            Method.GET_SCHEDULING_STATUS.wire,
+            cpb.GetSchedulingStatusRequest().SerializeToString(),
+        )
+        status = cpb.GetSchedulingStatusResponse.FromString(reply)
+        assert f"{NO_CONTROL_PLANE}: worker0, worker1" in status.warnings
+        assert not fleet.gateway.statistics().placement  # nothing placed: routed where it is

@@ -66,8 +66,10 @@ def test_a_table_offers_only_workers_that_implement_a_method() -> None:
     assert table.able((A, B, C), Method.MODEL_INFER) == (A, B, C)
     assert table.can(A, Method.REPOSITORY_INDEX)
     assert not table.can(A, Method.MODEL_CONFIG)
-    assert table.refusal((C, A), Method.MODEL_CONFIG) == "Method not found!"
-    assert table.refusal((B, C), Method.MODEL_CONFIG) == ""
+    assert table.refusal((C, A), Method.MODEL_CONFIG) == (
+        "no worker implements ModelConfig (Method not found!)"
+    )
+    assert table.refusal((B, C), Method.MODEL_CONFIG) == "no worker implements ModelConfig"
     assert table.of(A).names() == ("repository_index",)
 
 

@@ -156,14 +156,16 @@ class CapabilityTable:
         return tuple(url for url in urls if self.of(url).implements(capability))
 
     def refusal(self, urls: Iterable[str], method: Method) -> str:
-        """What the first of `urls` that lacks `method` said of it ("" if none did)."""
+        """Why `method` cannot go to `urls`, in the words the first that lacks it said
+        of its capability (the message of a call UNIMPLEMENTED at the gateway)."""
         capability = NEEDS.get(method)
+        said = ""
         if capability is not None:
-            for url in urls:
-                said = self.of(url).lacks.get(capability)
-                if said is not None:
-                    return said or f"{method.rpc} is not implemented"
-        return ""
+            said = next(
+                (s for url in urls if (s := self.of(url).lacks.get(capability)) is not None),
+                "",
+            )
+        return f"no worker implements {method.rpc}" + (f" ({said})" if said else "")
 
     def learn(
         self, url: str, capability: Capability, implemented: bool | None, said: str = ""

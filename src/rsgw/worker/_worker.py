@@ -8,6 +8,7 @@ listen.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import ssl
@@ -20,6 +21,7 @@ import trio
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
+from rsgw._methods import Method
 from rsgw._net import TCP, Network
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles
 from rsgw.grpc._compression import codec
@@ -42,6 +44,28 @@ logger = logging.getLogger(__name__)
 
 #: A worker accepts the largest messages the gateway forwards (its 512 MiB default).
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+class WorkerApi(enum.Enum):
+    """Which server the worker answers as."""
+
+    #: Triton's API, IsSameIPCNamespace and ReactantServer's ControlService: what
+    #: ReactantServer.jl's workers serve (the default).
+    REACTANT = "reactant"
+    #: Exactly what stock Triton answers: its API, without ReactantServer's
+    #: ControlService and IsSameIPCNamespace (UNIMPLEMENTED), so the gateway meets
+    #: a worker it can place only through the repository extension (docs/workers.md).
+    TRITON = "triton"
+
+
+#: What a worker answering as Triton (`WorkerApi.TRITON`) does not serve.
+TRITON_LACKS = (
+    Method.MODEL_CONTROL_STATUS,
+    Method.SET_MODEL_RESIDENCY,
+    Method.SET_MODEL_POLICY,
+    Method.COMPACT_MEMORY,
+    Method.IPC_NAMESPACE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +93,7 @@ class WorkerConfig:
     #: on the device, as a worker without a cache behaves).
     weight_cache_bytes: int = 0
     residency_mode: ResidencyMode = ResidencyMode.SELF_MANAGED
+    api: WorkerApi = WorkerApi.REACTANT
     #: Bytes/s a weight load moves, for models without their own `load_ms`.
     load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
     #: Models pinned on the device from the start (a node file's `models:` map).
@@ -195,6 +220,9 @@ async def serve_worker(
     )
     metrics.admission = service
     handlers = service.handlers()
+    if config.api is WorkerApi.TRITON:  # what stock Triton does not serve
+        for method in TRITON_LACKS:
+            handlers.pop(method.path, None)
     standard, streams = standard_services(handlers, lambda: service.ready)
     tls, admin_tls = config.server_tls(), config.server_tls(ADMIN_ALPN)
     server = GrpcServer(
@@ -232,6 +260,7 @@ async def serve_worker(
                     "time_scale": config.time_scale,
                     "weight_cache_bytes": config.weight_cache_bytes,
                     "residency_mode": config.residency_mode.value,
+                    "api": config.api.value,
                 },
             )
             task_status.started(
