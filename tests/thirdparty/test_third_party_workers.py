@@ -133,15 +133,16 @@ async def test_stock_client_through_the_gateway(
         client.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_killed_worker_fails_no_call_of_a_replicated_model(
-    kind: str, tmp_path: Path
+    kind: str, mode: SchedulingMode, tmp_path: Path
 ) -> None:
     if not available(kind):
         pytest.skip(missing(kind))
     servers = [start_server(kind, ["simple"], tmp_path / f"w{i}") for i in range(2)]
     try:
-        async with open_gateway(config_for(servers, SchedulingMode.ROUND_ROBIN)) as gateway:
+        async with open_gateway(config_for(servers, mode)) as gateway:
             await load_while_killing(gateway, servers[1])
     finally:
         for server in servers:
