@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import grpc
 import numpy as np
 from trio.testing import MockClock
 
@@ -48,3 +49,23 @@ async def test_tritonclient_streams_to_a_worker() -> None:
         got = await in_thread(partial(stream_simple, target, 3))
         assert sorted(request_id for request_id, _ in got) == ["0", "1", "2"]
         assert all(error is None for _, error in got)
+
+
+def _long_stream(target: str, count: int) -> int:
+    """`count` requests on one stream from grpcio with its window probing off, so it
+    acknowledges every reply with WINDOW_UPDATEs as perf_analyzer --streaming does;
+    how many replies came."""
+    options = [("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(target, options=options) as channel:
+        stream = channel.stream_stream(Method.MODEL_STREAM_INFER.path)
+        body = infer_request("simple", simple_inputs(0)).SerializeToString()
+        return sum(1 for _ in stream(iter([body] * count), timeout=30))
+
+
+async def test_a_long_stream_of_small_requests_is_not_taken_for_a_flood() -> None:
+    # Its acknowledgments (a stream and a connection WINDOW_UPDATE per reply) were
+    # charged to the flood budget with nothing earned back: after about 700 replies
+    # the worker answered GOAWAY ENHANCE_YOUR_CALM (perf_analyzer --streaming stalled).
+    async with open_worker(WorkerConfig(port=0, metrics_port=-1)) as worker:
+        target = f"127.0.0.1:{worker.grpc_port}"
+        assert await in_thread(partial(_long_stream, target, 3000)) == 3000

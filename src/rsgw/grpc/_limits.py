@@ -11,7 +11,8 @@ often an answer, and a reset of a call we run costs a handler. So each one spend
 from a budget; calls the peer opens earn a little back, and the shell refills it to
 its base every `refill_seconds`. A peer that overdraws it is told ENHANCE_YOUR_CALM
 and disconnected. A well-behaved client never comes near: grpc-core sends a few
-control frames per call, and a PING a minute.
+control frames per call, and a PING a minute; on a long stream it acknowledges each
+reply with WINDOW_UPDATEs, which each reply sent pays for.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class ConnectionLimits:
 #: What a call the peer opens earns back, and what resetting it at once costs.
 CALL_CREDIT = 10
 RESET_COST = 15
+#: What each message we send on a stream earns back: the peer acknowledges it with a
+#: stream and a connection WINDOW_UPDATE (a unary call's are in its CALL_CREDIT).
+MESSAGE_CREDIT = 2
 
 
 class FloodGuard:
@@ -75,6 +79,11 @@ class FloodGuard:
     def earn(self) -> None:
         """The peer opened a call: useful work buys a little more room."""
         self.budget += CALL_CREDIT
+
+    def sent(self) -> None:
+        """We sent a message on a stream: its flow-control acknowledgments are paid for
+        (a long stream of replies is work, not a flood of control frames)."""
+        self.budget += MESSAGE_CREDIT
 
     def refill(self) -> None:
         """A new period: back to the base if below it."""

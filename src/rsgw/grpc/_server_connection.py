@@ -146,6 +146,12 @@ class ServerConnection(GrpcConnection):
 
     # -- receiving ------------------------------------------------------------------------
 
+    def send_message(self, stream_id: int, message: Body) -> bool:
+        """`GrpcConnection.send_message`; the WINDOW_UPDATEs that acknowledge it are
+        paid for (see `FloodGuard.sent`)."""
+        self.guard.sent()
+        return super().send_message(stream_id, message)
+
     def _on_control(self, event: http2.Event, events: list[Event]) -> None:
         self.guard.spend()
 

@@ -159,10 +159,11 @@ class RequestCodec:
                 raw.append(b"")
             else:
                 raw.append(tensor.data)
-        # tritonclient indexes raw_output_contents by output position, so a region-backed
-        # output keeps an empty placeholder unless every output went to shared memory.
-        if any(raw):
-            response.raw_output_contents.extend(raw)
+        # Triton's clients index raw_output_contents by output position, so a region-backed
+        # output keeps an empty placeholder, as Triton writes it: even when every output
+        # went to shared memory (without them, perf_analyzer's C++ client read past the
+        # end of the list and crashed).
+        response.raw_output_contents.extend(raw)
         return response.SerializeToString()
 
     def final_response(self, spec: ModelSpec, request: pb.ModelInferRequest) -> bytes:

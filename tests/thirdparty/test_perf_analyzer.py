@@ -1,0 +1,96 @@
+"""NVIDIA's perf_analyzer against `rsgw worker` and through the gateway, in each of its
+gRPC modes: synchronous, asynchronous, streaming, and with system shared memory.
+
+perf_analyzer is Triton's own load generator (a C++ binary shipped in the
+tritonclient 2.48.0 manylinux wheel; it needs Debian's libb64-0d, and loads libcudart
+from the nvidia-cuda-runtime-cu12 wheel even when no GPU is used). `.ci/run` installs
+it in `.venv-perf`; elsewhere point `RSGW_PERF_ANALYZER` at the binary, or these tests
+are skipped.
+
+Two of its modes found worker bugs: `--streaming` stalled after about 700 replies
+(their acknowledgments were charged to the flood budget and the worker said GOAWAY),
+and `--shared-memory system` crashed the client (a response whose every output went
+to shared memory had no raw_output_contents placeholders, which its C++ client indexes
+by output position).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from rsgw import open_gateway
+from rsgw._config import GatewayConfig, ListenConfig
+from rsgw.worker._worker import WorkerConfig, open_worker
+from tests.helpers import in_thread
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PERF_ANALYZER = Path(
+    os.environ.get("RSGW_PERF_ANALYZER", REPO / ".venv-perf" / "bin" / "perf_analyzer")
+)
+MODES = {
+    "sync": [],
+    "async": ["--async"],
+    "streaming": ["--streaming"],
+    "system_shared_memory": ["--shared-memory", "system"],
+}
+
+pytestmark = pytest.mark.skipif(
+    not PERF_ANALYZER.is_file(),
+    reason=f"perf_analyzer is not installed at {PERF_ANALYZER} (.ci/run makes it; "
+    "or set RSGW_PERF_ANALYZER)",
+)
+
+
+def _cuda_runtime() -> str:
+    """Where the nvidia-cuda-runtime-cu12 wheel put libcudart, beside perf_analyzer."""
+    venv = PERF_ANALYZER.parent.parent
+    found = sorted(venv.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
+    return str(found[0]) if found else ""
+
+
+def perf_analyzer(target: str, mode: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LD_LIBRARY_PATH": _cuda_runtime()}
+    argv = [str(PERF_ANALYZER), "-m", "simple", "-u", target, "-i", "grpc", *mode]
+    argv += ["--measurement-interval", "500", "--max-trials", "20"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+@asynccontextmanager
+async def node() -> AsyncIterator[tuple[str, str]]:
+    """Two workers and a gateway in front of them: (a worker's target, the gateway's)."""
+    async with trio.open_nursery() as nursery:
+        workers = [await nursery.start(serve_worker_on_port, i) for i in range(2)]
+        config = GatewayConfig(
+            endpoints=tuple(f"127.0.0.1:{port}" for port in workers),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        )
+        async with open_gateway(config) as gateway:
+            yield f"127.0.0.1:{workers[0]}", f"127.0.0.1:{gateway.grpc_port}"
+        nursery.cancel_scope.cancel()
+
+
+async def serve_worker_on_port(
+    index: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    config = WorkerConfig(name=f"worker{index}", gpu=str(index), port=0, metrics_port=-1)
+    async with open_worker(config) as worker:
+        task_status.started(worker.grpc_port)
+        await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_perf_analyzer_runs_against_a_worker_and_through_the_gateway(mode: str) -> None:
+    async with node() as (worker, gateway):
+        for target in (worker, gateway):
+            run = await in_thread(functools.partial(perf_analyzer, target, MODES[mode]))
+            assert run.returncode == 0, (target, run.stdout[-1500:], run.stderr[-1500:])
+            assert "throughput:" in run.stdout, run.stdout[-1500:]
+            assert "No valid requests" not in run.stdout
