@@ -368,6 +368,7 @@ Member 4 source string
 Member 5 ready bool
 Member 6 inflight int64
 Member 7 capabilities repeated string
+Member 8 counters string
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.

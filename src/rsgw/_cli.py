@@ -130,11 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--api",
-        choices=["reactant", "triton"],
+        choices=["reactant", "triton", "kserve"],
         default="reactant",
         help="what the worker answers: reactant (Triton's API, IsSameIPCNamespace and "
-        "ReactantServer's ControlService) or triton (exactly what stock Triton answers: "
-        "no ControlService, no IsSameIPCNamespace) (default reactant)",
+        "ReactantServer's ControlService), triton (what stock Triton answers: no "
+        "ControlService, no IsSameIPCNamespace) or kserve (what KServe's ModelServer "
+        "answers: no RepositoryIndex, streaming, shared memory, config or statistics "
+        "either) (default reactant)",
     )
     worker.add_argument(
         "--residency-mode",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from trio.testing import MockClock
 
+from rsgw._blocks import DiscoveryConfig
 from rsgw._config import SchedulingConfig, SchedulingMode
 from rsgw._errors import GrpcError
 from rsgw._methods import Method
@@ -108,3 +109,32 @@ async def test_lpt_packing_over_workers_without_a_control_plane_serves_and_says_
         status = cpb.GetSchedulingStatusResponse.FromString(reply)
         assert f"{NO_CONTROL_PLANE}: worker0, worker1" in status.warnings
         assert not fleet.gateway.statistics().placement  # nothing placed: routed where it is
+
+
+async def test_work_counters_come_from_the_best_source_each_worker_has(
+    autojump_clock: MockClock,
+) -> None:
+    # least_outstanding on compute reads work counters: ReactantServer's control plane,
+    # else Triton's statistics, else what the gateway measures of its calls.
+    apis = [{"api": WorkerApi.REACTANT}, {"api": WorkerApi.TRITON}, {"api": WorkerApi.KSERVE}]
+    async with open_fleet(
+        3,
+        memory=True,
+        worker_overrides=apis,
+        scheduling=SchedulingConfig(mode=SchedulingMode.LEAST_OUTSTANDING),
+        discovery=DiscoveryConfig(models=("simple",)),  # the KServe-like one lists none
+    ) as fleet:
+        for seed in range(12):
+            await fleet.infer(infer_request("simple", simple_inputs(seed)))
+        prober = fleet.gateway._service.prober
+        await prober.next_round()
+        await prober.next_round()
+        reply = await fleet.channel().unary(
+            Method.GET_SCHEDULING_STATUS.wire,
+            cpb.GetSchedulingStatusRequest().SerializeToString(),
+        )
+        members = cpb.GetSchedulingStatusResponse.FromString(reply).members
+        assert [m.counters for m in members] == ["control_plane", "statistics", "gateway"]
+        measured = fleet.gateway._service.infer.measured
+        assert measured is not None
+        assert measured.counters(fleet.worker_url(2)).models["simple"].requests_served > 0

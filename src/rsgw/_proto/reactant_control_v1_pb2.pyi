@@ -256,7 +256,7 @@ class GetSchedulingStatusResponse(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("worker", "address", "public_name", "source", "ready", "inflight", "capabilities")
+    __slots__ = ("worker", "address", "public_name", "source", "ready", "inflight", "capabilities", "counters")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class Member(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
     worker: str
     address: str
     public_name: str
@@ -271,7 +272,8 @@ class Member(_message.Message):
     ready: bool
     inflight: int
     capabilities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker: _Optional[str] = ..., address: _Optional[str] = ..., public_name: _Optional[str] = ..., source: _Optional[str] = ..., ready: _Optional[bool] = ..., inflight: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+    counters: str
+    def __init__(self, worker: _Optional[str] = ..., address: _Optional[str] = ..., public_name: _Optional[str] = ..., source: _Optional[str] = ..., ready: _Optional[bool] = ..., inflight: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., counters: _Optional[str] = ...) -> None: ...
 
 class SetSchedulingPolicyRequest(_message.Message):
     __slots__ = ("update_mask", "policy")

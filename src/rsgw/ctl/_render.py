@@ -156,7 +156,7 @@ def _model_lines(models: Sequence[cpb.ModelSchedulingStatus]) -> list[str]:
 
 
 def _member_lines(members: Sequence[cpb.Member]) -> list[str]:
-    header = ("worker", "address", "name", "source", "ready", "calls", "implements")
+    header = ("worker", "address", "name", "source", "ready", "calls", "counters", "implements")
     rows = [
         (
             member.worker,
@@ -165,6 +165,7 @@ def _member_lines(members: Sequence[cpb.Member]) -> list[str]:
             member.source,
             format_bool(member.ready),
             str(member.inflight),
+            member.counters or "-",
             ",".join(member.capabilities) or "-",
         )
         for member in members

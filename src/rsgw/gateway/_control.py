@@ -16,7 +16,7 @@ INTERNAL `gateway control call failed: ...`, logged with its traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import trio
@@ -52,6 +52,7 @@ from rsgw.scheduling._policy import (
     update_override,
     update_policy,
 )
+from rsgw.scheduling._reported import CounterSource
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +73,15 @@ class GatewayControl:
         prober: Prober,
         metrics: GatewayMetrics,
         members: Members,
+        counter_sources: Mapping[str, CounterSource] | None = None,
     ) -> None:
         self.mode = mode
         self._packing = packing
         self._prober = prober
         self._metrics = metrics
         self._members = members
+        #: Where each worker's work counters come from (the metadata poller's, live).
+        self._counter_sources = counter_sources or {}
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per GatewayControlService method."""
@@ -164,7 +168,9 @@ class GatewayControl:
             else status_of(packing)
         )
         table = self._prober.capabilities.table
-        status.members.extend(self._members.status(self._prober.ready, table))
+        status.members.extend(
+            self._members.status(self._prober.ready, table, self._counter_sources)
+        )
         if packing is not None:
             members = self._members.membership.members
             unplaced = [m.label for m in members.values() if not table.can(m.url, _CONTROL_STATUS)]

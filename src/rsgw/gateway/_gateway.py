@@ -124,7 +124,7 @@ async def serve_gateway(
                 per_second=config.discovery.lookups_per_second,
             ),
         )
-        scheduler, packing = _scheduler(config, pool, prober, metrics)
+        scheduler, packing, poller = _scheduler(config, pool, prober, metrics)
         add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
 
         def ready_replicas() -> dict[str, int]:
@@ -145,6 +145,7 @@ async def serve_gateway(
             max_message_bytes=limits.max_recv_msg_bytes,
             access=_access_log(config, pool),
             shm=config.shm,
+            measured=None if poller is None else poller.measured,
         )
         prober.discovery.on_swap = service.on_table_swap
         members = Members(config, service, nursery)  # the configured workers join the pool
@@ -174,7 +175,9 @@ async def serve_gateway(
         )
         await nursery.start(watchdog.serve)
         members.attach(watchdog=watchdog, packing=packing)
-        control = GatewayControl(mode, packing, prober, metrics, members)
+        control = GatewayControl(
+            mode, packing, prober, metrics, members, poller.sources if poller else None
+        )
         settings = ServerSettings(
             metrics, config.logging.format, lambda model: model in prober.discovery.known
         )
@@ -262,13 +265,14 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 def _scheduler(
     config: GatewayConfig, pool: WorkerPool, prober: Prober, metrics: GatewayMetrics
-) -> tuple[Scheduler, Packing | None]:
-    """The scheduler for `scheduling.mode`, wired to its metrics and metadata polls."""
+) -> tuple[Scheduler, Packing | None, MetaPoller | None]:
+    """The scheduler for `scheduling.mode`, wired to its metrics and its metadata
+    polls (the poller, when the mode reads work counters)."""
     scheduling = config.scheduling
     mode = scheduling.mode
     if mode is SchedulingMode.ROUND_ROBIN:
         logger.info("gateway scheduling", extra={"mode": str(mode)})
-        return RoundRobinScheduler(), None
+        return RoundRobinScheduler(), None, None
     tracker = RoutingMetaTracker(scheduling.routing_meta_halflife)
     if mode is SchedulingMode.LPT_PACKING:
         # The EMA halflife is held resolved, as the original's knobs hold it: a configured
@@ -280,16 +284,19 @@ def _scheduler(
         packing = Packing(
             lpt, pool, prober, metrics, tracker, startup_wait=config.startup_wait_seconds
         )
-        prober.on_ready = MetaPoller(pool, prober, tracker, lpt, packing.on_poll).poll
+        placing = MetaPoller(pool, prober, tracker, lpt, packing.on_poll)
+        prober.on_ready = placing.poll
         logger.info("gateway scheduling", extra={"mode": str(mode)})
-        return lpt, packing
+        return lpt, packing, placing
     basis = WorkBasis(scheduling.work_basis)
     scheduler = LeastOutstandingScheduler(basis)
     metrics.track_inflight_work(lambda: str(basis), scheduler.loads)
+    poller: MetaPoller | None = None
     if scheduler.needs_routing_meta:
-        prober.on_ready = MetaPoller(pool, prober, tracker, scheduler).poll
+        poller = MetaPoller(pool, prober, tracker, scheduler)
+        prober.on_ready = poller.poll
     logger.info("gateway scheduling", extra={"mode": str(mode), "work_basis": str(basis)})
-    return scheduler, None
+    return scheduler, None, poller
 
 
 @asynccontextmanager

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from rsgw.gateway._prober import Prober
     from rsgw.gateway._resolve import Resolver
     from rsgw.scheduling._ledger import Ticket
+    from rsgw.scheduling._reported import MeasuredCounters
     from rsgw.scheduling._schedulers import AnyReservation, Scheduler
     from rsgw.scheduling._sequences import SequenceTable
 
@@ -75,6 +76,8 @@ class InferProxy:
         max_message_bytes: the receive limit, which a compressed request's inflated
             head is held to.
         access: the access log, when `logging.access_log_sample_rate` is above 0.
+        measured: records each answered call's service time at its worker, when the
+            scheduler reads work counters (`rsgw.scheduling._reported`).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class InferProxy:
         request_timeout: float,
         max_message_bytes: int,
         access: AccessLog | None = None,
+        measured: MeasuredCounters | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -103,6 +107,8 @@ class InferProxy:
         self.request_timeout = request_timeout
         self.max_message_bytes = max_message_bytes
         self.access = access
+        #: Where each answered call's service time goes (workers the gateway measures).
+        self.measured = measured
         #: What failover may add to the fleet's load (`rsgw.scheduling._budget`).
         self.retries = RetryBudget()
         metrics.track_failovers(lambda: self.retries.spent, lambda: self.retries.refused)
@@ -251,9 +257,11 @@ class InferProxy:
                     raise answer from exc
             finally:
                 ledger.unhold(ticket)
-                self.metrics.observe_worker(
-                    Method.MODEL_INFER.rpc, url, time.perf_counter() - started
-                )
+                elapsed = time.perf_counter() - started
+                self.metrics.observe_worker(Method.MODEL_INFER.rpc, url, elapsed)
+                measured = self.measured
+                if measured is not None and walk.answered == url:
+                    measured.record(url, walk.model, elapsed)
         outcome = walk.outcome()
         if walk.last is None:
             self.metrics.shed.inc()

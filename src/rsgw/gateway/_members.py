@@ -35,6 +35,7 @@ from rsgw.gateway._watchdog import Watchdog
 from rsgw.grpc._server import GrpcServer
 from rsgw.scheduling._capabilities import CapabilityTable
 from rsgw.scheduling._membership import Change, Member, Membership, MembershipError
+from rsgw.scheduling._reported import CounterSource
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +106,14 @@ class Members:
         """Calls admitted at once: the per-worker cap times the workers (0 = uncapped)."""
         return self._per_worker_cap * self.count
 
-    def status(self, ready: frozenset[str], capabilities: CapabilityTable) -> list[cpb.Member]:
+    def status(
+        self,
+        ready: frozenset[str],
+        capabilities: CapabilityTable,
+        counter_sources: Mapping[str, CounterSource] | None = None,
+    ) -> list[cpb.Member]:
         """The members for GetSchedulingStatus, in the order they joined."""
+        sources = counter_sources or {}
         held = self._service.ledger.held
         return [
             cpb.Member(
@@ -117,6 +124,7 @@ class Members:
                 ready=m.url in ready,
                 inflight=held(m.url),
                 capabilities=capabilities.of(m.url).names(),
+                counters=str(sources.get(m.url, "")),
             )
             for m in self.membership.members.values()
         ]
@@ -255,6 +263,8 @@ class Members:
         service = self._service
         service.pool.retire(member.url)
         service.prober.forget(member.url)
+        if service.infer.measured is not None:
+            service.infer.measured.forget(member.url)
         if self._watchdog is not None:
             self._watchdog.watch.forget(member.url)
         if self._packing is not None:

@@ -1,5 +1,8 @@
-"""Routing-metadata polls: ModelControlStatus from every ready worker, each round.
+"""Routing-metadata polls: every ready worker's work counters, each round.
 
+The counters come from ModelControlStatus where a worker has ReactantServer's
+control plane, from ModelStatistics and ModelConfig where it has Triton's, and from
+the gateway's own measurements of its calls elsewhere (`rsgw.scheduling._reported`).
 The prober calls `poll` at the end of every round that saw a ready worker. Each
 call runs under the prober's watchdog; a poll that hangs resets that worker's
 channel (docs/original.md §5.4), exactly as a hung ServerReady probe does, and the
@@ -16,18 +19,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import trio
+
 from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
 from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._meta import ModelCounters, RoutingMeta, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._reported import CounterSource, MeasuredCounters, from_statistics
 from rsgw.scheduling._schedulers import Scheduler
 
 logger = logging.getLogger(__name__)
 
 _REQUEST = cpb.ModelControlStatusRequest().SerializeToString()
+_ALL_STATISTICS = pb.ModelStatisticsRequest().SerializeToString()
 
 #: What a poll hands on: the answering workers' counters (poll order), the new
 #: routing metadata, and the ready set the round saw.
@@ -66,7 +74,14 @@ async def poll_control_status(prober: Prober, pool: WorkerPool, url: str) -> Con
 
 
 class MetaPoller:
-    """Feeds the scheduler fresh routing metadata after each probe round."""
+    """Feeds the scheduler fresh routing metadata after each probe round.
+
+    Each ready worker is read from the best source it has (`CounterSource`):
+    ReactantServer's ModelControlStatus; else ModelStatistics and ModelConfig
+    (Triton); else what the gateway measured of its calls to it (`measured`, which
+    the ModelInfer path records into). Only the first are placeable under
+    lpt_packing (`on_poll` gets those); every source feeds the costs.
+    """
 
     def __init__(
         self,
@@ -75,30 +90,86 @@ class MetaPoller:
         tracker: RoutingMetaTracker,
         scheduler: Scheduler,
         on_poll: PollListener | None = None,
+        *,
+        measured: MeasuredCounters | None = None,
     ) -> None:
         self._pool = pool
         self._prober = prober
         self.tracker = tracker
         self._scheduler = scheduler
         self._on_poll = on_poll
+        #: What the gateway measures of its own calls (the last source).
+        self.measured = measured or MeasuredCounters()
+        #: Where each worker's counters came from at the last poll that read it.
+        self.sources: dict[str, CounterSource] = {}
+        #: url -> (the connection it was read on, its models' configurations).
+        self._configs: dict[str, tuple[int, dict[str, pb.ModelConfig]]] = {}
         self.polls = 0
 
     async def poll(self, ready: frozenset[str]) -> None:
-        able = self._prober.capabilities.table.able  # workers with ReactantServer's control plane
-        urls = able([url for url in self._pool.urls if url in ready], Method.MODEL_CONTROL_STATUS)
-        results = await fan_out(
-            urls, lambda url: poll_control_status(self._prober, self._pool, url)
+        table = self._prober.capabilities.table
+        urls = [url for url in self._pool.urls if url in ready]
+        control = table.able(urls, Method.MODEL_CONTROL_STATUS)
+        others = [url for url in urls if url not in control]
+        reporting = table.able(table.able(others, Method.MODEL_STATISTICS), Method.MODEL_CONFIG)
+        controlled = await fan_out(
+            control, lambda url: poll_control_status(self._prober, self._pool, url)
         )
+        reported = await fan_out(reporting, self._statistics)
         polled: dict[str, WorkerCounters] = {}
-        for url in urls:
-            answer = results[url]
-            if isinstance(answer, ControlAnswer) and answer.counters is not None:
-                polled[url] = answer.counters
+        placeable: dict[str, WorkerCounters] = {}
+        for url in urls:  # pool order
+            if url in controlled:
+                answer = controlled[url]
+                if isinstance(answer, ControlAnswer) and answer.counters is not None:
+                    polled[url] = placeable[url] = answer.counters
+                    self.sources[url] = CounterSource.CONTROL_PLANE
+            elif url in reported:
+                counters = reported[url]
+                if isinstance(counters, WorkerCounters):
+                    polled[url] = counters
+                    self.sources[url] = CounterSource.STATISTICS
+            else:
+                polled[url] = self.measured.counters(url)
+                self.sources[url] = CounterSource.GATEWAY
         meta = self.tracker.refresh(polled)
         self._scheduler.meta_refreshed(meta)
         self.polls += 1
         if self._on_poll is not None:
-            self._on_poll(MappingProxyType(polled), meta, ready)
+            self._on_poll(MappingProxyType(placeable), meta, ready)
+
+    async def _statistics(self, url: str) -> WorkerCounters | None:
+        """A Triton-like worker's counters: ModelStatistics, and the configuration of
+        each model it names (read once per connection)."""
+        result = await self._prober.probe(
+            url, Method.MODEL_STATISTICS, _ALL_STATISTICS, pb.ModelStatisticsResponse
+        )
+        if result.reply is None:
+            return None
+        connection = self._pool.channels[url].connects
+        cached = self._configs.get(url)
+        configs = cached[1] if cached is not None and cached[0] == connection else {}
+        missing = {s.name for s in result.reply.model_stats} - set(configs)
+
+        async def read(model: str) -> None:
+            request = pb.ModelConfigRequest(name=model).SerializeToString()
+            answer = await self._prober.probe(
+                url, Method.MODEL_CONFIG, request, pb.ModelConfigResponse
+            )
+            if answer.reply is not None:
+                configs[model] = answer.reply.config
+
+        async with trio.open_nursery() as nursery:
+            for model in sorted(missing):
+                nursery.start_soon(read, model)
+        self._configs[url] = (connection, configs)
+        return from_statistics(result.reply, configs)
+
+    def forget(self, url: str) -> None:
+        """`url` left the pool."""
+        self.measured.forget(url)
+        self.sources.pop(url, None)
+        self._configs.pop(url, None)
 
 
 def to_counters(status: cpb.ModelControlStatusResponse) -> WorkerCounters:

@@ -31,6 +31,7 @@ from rsgw.gateway._shm_calls import ShmCalls
 from rsgw.gateway._streaming import StreamProxy
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.scheduling._ledger import Ledger
+from rsgw.scheduling._reported import MeasuredCounters
 from rsgw.scheduling._schedulers import RoundRobinScheduler, Scheduler
 from rsgw.scheduling._sequences import SequenceTable
 
@@ -65,6 +66,7 @@ class GatewayService:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         access: AccessLog | None = None,
         shm: ShmConfig | None = None,
+        measured: MeasuredCounters | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -95,6 +97,7 @@ class GatewayService:
             request_timeout=request_timeout,
             max_message_bytes=max_message_bytes,
             access=access,
+            measured=measured,
         )
         #: Which workers each fan-out asks, and the rules that merge their answers.
         self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))

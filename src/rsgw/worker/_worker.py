@@ -21,12 +21,13 @@ import trio
 from rsgw._admin import AdminApp, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
-from rsgw._methods import Method
+from rsgw._methods import METHODS_BY_PATH, Method
 from rsgw._net import TCP, Network
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles
 from rsgw.grpc._compression import codec
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
+from rsgw.scheduling._capabilities import NEEDS, Capability
 from rsgw.worker._batching import Discipline
 from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._device import Device
@@ -56,16 +57,22 @@ class WorkerApi(enum.Enum):
     #: ControlService and IsSameIPCNamespace (UNIMPLEMENTED), so the gateway meets
     #: a worker it can place only through the repository extension (docs/workers.md).
     TRITON = "triton"
+    #: What KServe's ModelServer answers: the KServe V2 core and model load/unload,
+    #: no RepositoryIndex, streaming, shared memory, configuration or statistics.
+    KSERVE = "kserve"
 
 
-#: What a worker answering as Triton (`WorkerApi.TRITON`) does not serve.
-TRITON_LACKS = (
-    Method.MODEL_CONTROL_STATUS,
-    Method.SET_MODEL_RESIDENCY,
-    Method.SET_MODEL_POLICY,
-    Method.COMPACT_MEMORY,
-    Method.IPC_NAMESPACE,
-)
+#: The optional parts of the API each kind of worker lacks (`rsgw.scheduling._capabilities`).
+LACKING: dict[WorkerApi, frozenset[Capability]] = {
+    WorkerApi.REACTANT: frozenset(),
+    WorkerApi.TRITON: frozenset({Capability.CONTROL_PLANE, Capability.IPC_NAMESPACE}),
+    WorkerApi.KSERVE: frozenset(Capability) - {Capability.MODEL_CONTROL},
+}
+#: The methods each kind of worker does not serve.
+LACKS: dict[WorkerApi, frozenset[Method]] = {
+    api: frozenset(m for m, needs in NEEDS.items() if needs in lacking)
+    for api, lacking in LACKING.items()
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,14 +227,17 @@ async def serve_worker(
     )
     metrics.admission = service
     handlers = service.handlers()
-    if config.api is WorkerApi.TRITON:  # what stock Triton does not serve
-        for method in TRITON_LACKS:
-            handlers.pop(method.path, None)
+    for method in LACKS[config.api]:  # what the server it answers as does not serve
+        handlers.pop(method.path, None)
     standard, streams = standard_services(handlers, lambda: service.ready)
     tls, admin_tls = config.server_tls(), config.server_tls(ADMIN_ALPN)
     server = GrpcServer(
         handlers | standard,
-        stream_handlers=service.stream_handlers() | streams,
+        stream_handlers={
+            path: handler
+            for path, handler in (service.stream_handlers() | streams).items()
+            if METHODS_BY_PATH.get(path.encode()) not in LACKS[config.api]
+        },
         max_receive_message_bytes=config.max_message_bytes,
         max_send_message_bytes=config.max_message_bytes,
         response_encoding=codec(config.response_compression),
