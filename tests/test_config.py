@@ -122,6 +122,11 @@ DEFAULTS: list[tuple[str, object]] = [
     ("discovery.found_ttl_seconds", 300.0),
     ("discovery.miss_ttl_seconds", 10.0),
     ("discovery.lookups_per_second", 10),
+    ("repository.models", ()),
+    ("repository.weight_bytes", {}),
+    ("repository.worker_budget_bytes", 0),
+    ("repository.drain_seconds", 30.0),
+    ("repository.load_timeout_seconds", 300.0),
     ("scheduling.mode", SchedulingMode.ROUND_ROBIN),
     ("scheduling.work_basis", WorkBasis.COMPUTE),
     ("scheduling.rebalance_compute_seconds", 300.0),
@@ -197,6 +202,32 @@ def test_shm_quotas_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"shm\.max_regions_per_client"):
         parse({"shm": {"max_regions_per_client": -1}})
     assert parse({"shm": {"max_bytes_per_client": 2**30}}).shm.max_bytes_per_client == 2**30
+
+
+@pytest.mark.parametrize(
+    ("block", "fragment"),
+    [
+        ({"models": "simple"}, "repository.models must be a list of model names, got 'simple'"),
+        ({"weight_bytes": {"m": 0}}, "repository.weight_bytes.m must be positive, got 0"),
+        ({"weight_bytes": ["m"]}, "repository.weight_bytes must be a mapping"),
+        ({"worker_budget_bytes": -1}, "repository.worker_budget_bytes"),
+        ({"drain_seconds": -1}, "repository.drain_seconds must be non-negative, got -1"),
+        ({"load_timeout_seconds": 0}, "repository.load_timeout_seconds"),
+    ],
+)
+def test_bad_repository_blocks_name_the_key(block: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({"repository": block})
+    assert fragment in str(caught.value)
+
+
+def test_a_repository_block_parses() -> None:
+    cfg = parse({"repository": {"models": ["a", "b"], "weight_bytes": {"a": 300}}})
+    assert cfg.repository.models == ("a", "b")
+    assert dict(cfg.repository.weight_bytes) == {"a": 300}
+    assert hash(cfg) == hash(
+        parse({"repository": {"models": ["a", "b"], "weight_bytes": {"a": 300}}})
+    )
 
 
 def test_every_yaml_key_has_a_default_test() -> None:
@@ -679,6 +710,10 @@ def test_environment_variable_names() -> None:
             "DISCOVERY_FOUND_TTL_SECONDS",
             "DISCOVERY_MISS_TTL_SECONDS",
             "DISCOVERY_LOOKUPS_PER_SECOND",
+            "REPOSITORY_MODELS",
+            "REPOSITORY_WORKER_BUDGET_BYTES",
+            "REPOSITORY_DRAIN_SECONDS",
+            "REPOSITORY_LOAD_TIMEOUT_SECONDS",
             "SCHEDULING_MODE",
             "SCHEDULING_WORK_BASIS",
             "SCHEDULING_REBALANCE_COMPUTE_SECONDS",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from rsgw._auth import parse_identities
 from rsgw._errors import ConfigError
@@ -44,6 +45,8 @@ from rsgw.scheduling._stalls import (
     DEFAULT_PING_TIMEOUT_SECONDS,
     DEFAULT_STALL_SECONDS,
 )
+
+V = TypeVar("V")
 
 # Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
@@ -73,6 +76,11 @@ DEFAULT_CLIENT_STREAMS = 256
 DEFAULT_SHM_REGIONS_PER_CLIENT = 64
 # The gRPC length prefix is four bytes: no message can be longer than this.
 MAX_MESSAGE_BYTES = 2**32 - 1
+# rsgw's own: how long a worker losing a model's placement may finish the calls it
+# holds for it before the model is unloaded there (a call's default timeout is 60 s).
+DEFAULT_DRAIN_SECONDS = 30.0
+# rsgw's own: one RepositoryModelLoad; Triton's own client waits as long as it takes.
+DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("json", "text")
 
@@ -95,13 +103,14 @@ non_negative = ranged(check_float, lambda x: x >= 0, "non-negative")
 _non_negative_int = ranged(check_int, lambda n: n >= 0, "non-negative (0: no cap)")
 
 
-class RoleTable(Mapping[str, tuple[str, ...]]):
-    """`auth.identities` as checked: identity -> sorted role names; immutable and hashable."""
+class FrozenTable(Mapping[str, V]):
+    """A checked name -> value table (`auth.identities`, `repository.weight_bytes`):
+    immutable and hashable, so the frozen blocks that hold one stay hashable."""
 
-    def __init__(self, entries: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    def __init__(self, entries: Mapping[str, V] | None = None) -> None:
         self._entries = dict(entries or {})
 
-    def __getitem__(self, key: str) -> tuple[str, ...]:
+    def __getitem__(self, key: str) -> V:
         return self._entries[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -120,10 +129,10 @@ class RoleTable(Mapping[str, tuple[str, ...]]):
         return repr(self._entries)
 
 
-def _check_identities(value: object, key: str) -> RoleTable:
+def _check_identities(value: object, key: str) -> FrozenTable[tuple[str, ...]]:
     """`auth.identities`: certificate identity -> role names (checked, sorted)."""
     parsed = parse_identities(value, key)
-    return RoleTable(
+    return FrozenTable(
         {name: tuple(sorted(r.value for r in roles)) for name, roles in parsed.items()}
     )
 
@@ -191,6 +200,28 @@ _DISCOVERY_CHECKS: Mapping[str, Check] = {
     "miss_ttl_seconds": non_negative,
     "lookups_per_second": _non_negative_int,
 }
+
+
+def _check_weights(value: object, key: str) -> FrozenTable[int]:
+    """`repository.weight_bytes`: model name -> the bytes of its weights (> 0)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} must be a mapping of model name to bytes, got {show(value)}")
+    weights: dict[str, int] = {}
+    for name, size in value.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{key} keys must be model names, got {show(name)}")
+        weights[name] = _positive_int(size, f"{key}.{name}")
+    return FrozenTable(weights)
+
+
+_REPOSITORY_CHECKS: Mapping[str, Check] = {
+    "models": _check_models,
+    "weight_bytes": _check_weights,
+    "worker_budget_bytes": _non_negative_int,
+    "drain_seconds": non_negative,
+    "load_timeout_seconds": check_positive,
+}
+
 _SHM_CHECKS: Mapping[str, Check] = {
     "max_regions_per_client": _non_negative_int,
     "max_bytes_per_client": _non_negative_int,
@@ -300,7 +331,7 @@ class AuthConfig:
     """
 
     tokens_file: str = ""
-    identities: Mapping[str, tuple[str, ...]] = field(default_factory=RoleTable)
+    identities: Mapping[str, tuple[str, ...]] = field(default_factory=FrozenTable)
 
     def __post_init__(self) -> None:
         check_fields(self, "auth.", _AUTH_CHECKS)
@@ -397,6 +428,30 @@ class DiscoveryConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "discovery.", _DISCOVERY_CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryConfig:
+    """Which models lpt_packing may place by loading and unloading them.
+
+    For workers without ReactantServer's control plane but with Triton's repository
+    extension (Triton in explicit model control, MLServer): each of `models` is loaded
+    only on the workers its placement names and unloaded from the others, a new holder
+    loaded (within `load_timeout_seconds`) before an old one is drained (for at most
+    `drain_seconds`) and unloaded. Models not listed are never loaded or unloaded
+    (default: none, so nothing is touched). The packer weighs each model's weights
+    (`weight_bytes`, else what the worker's statistics report) against
+    `worker_budget_bytes` per worker (0: unbounded) (docs/workers.md).
+    """
+
+    models: tuple[str, ...] = ()
+    weight_bytes: Mapping[str, int] = field(default_factory=FrozenTable)
+    worker_budget_bytes: int = 0
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    load_timeout_seconds: float = DEFAULT_LOAD_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        check_fields(self, "repository.", _REPOSITORY_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from rsgw._blocks import ListenConfig as ListenConfig
 from rsgw._blocks import LoggingConfig as LoggingConfig
 from rsgw._blocks import MetricsConfig as MetricsConfig
 from rsgw._blocks import OutlierConfig as OutlierConfig
+from rsgw._blocks import RepositoryConfig as RepositoryConfig
 from rsgw._blocks import ServerMetadataConfig as ServerMetadataConfig
 from rsgw._blocks import ShmConfig as ShmConfig
 from rsgw._blocks import ShutdownConfig as ShutdownConfig
@@ -131,6 +132,10 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "discovery.found_ttl_seconds": "float",
         "discovery.miss_ttl_seconds": "float",
         "discovery.lookups_per_second": "int",
+        "repository.models": "names",
+        "repository.worker_budget_bytes": "int",
+        "repository.drain_seconds": "float",
+        "repository.load_timeout_seconds": "float",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -250,6 +255,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "connections": ConnectionsConfig,
         "metrics": MetricsConfig,
         "discovery": DiscoveryConfig,
+        "repository": RepositoryConfig,
         "scheduling": SchedulingConfig,
     }
 )

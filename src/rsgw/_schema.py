@@ -32,6 +32,7 @@ from rsgw._blocks import (
     LoggingConfig,
     MetricsConfig,
     OutlierConfig,
+    RepositoryConfig,
     ServerMetadataConfig,
     ShmConfig,
     ShutdownConfig,
@@ -90,6 +91,7 @@ class GatewayConfig:
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    repository: RepositoryConfig = field(default_factory=RepositoryConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
@@ -196,6 +198,7 @@ class GatewayConfig:
                 "connections",
                 "metrics",
                 "discovery",
+                "repository",
                 "scheduling",
             )
         }

@@ -173,7 +173,13 @@ class GatewayControl:
         )
         if packing is not None:
             members = self._members.membership.members
-            unplaced = [m.label for m in members.values() if not table.can(m.url, _CONTROL_STATUS)]
+            loadable = set(table.loadable(m.url for m in members.values()))
+            unplaced = [
+                m.label
+                for m in members.values()
+                if not table.can(m.url, _CONTROL_STATUS)
+                and not (m.url in loadable and packing.placer.handed)
+            ]
             if unplaced:
                 status.warnings.append(f"{NO_CONTROL_PLANE}: {', '.join(unplaced)}")
         return status

@@ -282,9 +282,17 @@ def _scheduler(
         )
         lpt = LptScheduler(resolved, Packer())
         packing = Packing(
-            lpt, pool, prober, metrics, tracker, startup_wait=config.startup_wait_seconds
+            lpt,
+            pool,
+            prober,
+            metrics,
+            tracker,
+            startup_wait=config.startup_wait_seconds,
+            repository=config.repository,
         )
-        placing = MetaPoller(pool, prober, tracker, lpt, packing.on_poll)
+        placing = packing.poller = MetaPoller(
+            pool, prober, tracker, lpt, packing.on_poll, repository=config.repository
+        )
         prober.on_ready = placing.poll
         logger.info("gateway scheduling", extra={"mode": str(mode)})
         return lpt, packing, placing

@@ -14,13 +14,15 @@ so one round costs one poll per worker whatever reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import trio
 
+from rsgw._blocks import RepositoryConfig
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 _REQUEST = cpb.ModelControlStatusRequest().SerializeToString()
 _ALL_STATISTICS = pb.ModelStatisticsRequest().SerializeToString()
+_WHOLE_INDEX = pb.RepositoryIndexRequest(ready=False).SerializeToString()
+_NOTHING = ModelCounters()
 
 #: What a poll hands on: the answering workers' counters (poll order), the new
 #: routing metadata, and the ready set the round saw.
@@ -92,6 +96,7 @@ class MetaPoller:
         on_poll: PollListener | None = None,
         *,
         measured: MeasuredCounters | None = None,
+        repository: RepositoryConfig | None = None,
     ) -> None:
         self._pool = pool
         self._prober = prober
@@ -105,10 +110,29 @@ class MetaPoller:
         #: url -> (the connection it was read on, its models' configurations).
         self._configs: dict[str, tuple[int, dict[str, pb.ModelConfig]]] = {}
         self.polls = 0
+        #: The models the gateway places by loading and unloading them, if any.
+        self.repository = repository or RepositoryConfig()
+        #: model -> the largest weight a worker reported for it (an unloaded model
+        #: reports none, and the packer still weighs it).
+        self._weights: dict[str, int] = {}
 
     async def poll(self, ready: frozenset[str]) -> None:
-        table = self._prober.capabilities.table
         urls = [url for url in self._pool.urls if url in ready]
+        polled, placeable = await self.read(urls)
+        meta = self.tracker.refresh(polled)
+        self._scheduler.meta_refreshed(meta)
+        self.polls += 1
+        if self._on_poll is not None:
+            self._on_poll(MappingProxyType(placeable), meta, ready)
+
+    async def read(
+        self, urls: Sequence[str]
+    ) -> tuple[dict[str, WorkerCounters], dict[str, WorkerCounters]]:
+        """`urls`' counters, each from its best source, and the placeable ones (both
+        in `urls`' order): the control plane's, and those of the workers placed by
+        loading and unloading (`rsgw.scheduling._repository_moves`), which list every
+        model handed to the gateway that their repository has, loaded or not."""
+        table = self._prober.capabilities.table
         control = table.able(urls, Method.MODEL_CONTROL_STATUS)
         others = [url for url in urls if url not in control]
         reporting = table.able(table.able(others, Method.MODEL_STATISTICS), Method.MODEL_CONFIG)
@@ -116,6 +140,9 @@ class MetaPoller:
             control, lambda url: poll_control_status(self._prober, self._pool, url)
         )
         reported = await fan_out(reporting, self._statistics)
+        table = self._prober.capabilities.table  # what the control polls taught
+        loadable = table.loadable(urls) if self.repository.models else ()
+        repositories = await fan_out(loadable, self._repository_models)
         polled: dict[str, WorkerCounters] = {}
         placeable: dict[str, WorkerCounters] = {}
         for url in urls:  # pool order
@@ -132,11 +159,39 @@ class MetaPoller:
             else:
                 polled[url] = self.measured.counters(url)
                 self.sources[url] = CounterSource.GATEWAY
-        meta = self.tracker.refresh(polled)
-        self._scheduler.meta_refreshed(meta)
-        self.polls += 1
-        if self._on_poll is not None:
-            self._on_poll(MappingProxyType(placeable), meta, ready)
+            models = repositories.get(url)
+            if url in polled and isinstance(models, tuple):
+                placeable[url] = self._placeable(polled[url], models)
+        return polled, placeable
+
+    async def _repository_models(self, url: str) -> tuple[str, ...] | None:
+        """The handed models `url`'s repository has, loaded or not (None: no answer)."""
+        result = await self._prober.probe(
+            url, Method.REPOSITORY_INDEX, _WHOLE_INDEX, pb.RepositoryIndexResponse
+        )
+        if result.reply is None:
+            return None
+        handed = self.repository.models
+        return tuple(sorted({m.name for m in result.reply.models if m.name in handed}))
+
+    def _placeable(self, counters: WorkerCounters, models: Sequence[str]) -> WorkerCounters:
+        """A loadable worker's counters as the packer takes them: every handed model
+        its repository has (zeros for one not loaded), weighed as configured or as last
+        reported, against the configured budget."""
+        configured = self.repository.weight_bytes
+        placed: dict[str, ModelCounters] = {}
+        for model in models:
+            each = counters.models.get(model, _NOTHING)
+            reported = self._weights.get(model, 0)
+            if each.weight_nbytes > reported:
+                reported = self._weights[model] = each.weight_nbytes
+            weight = configured.get(model, reported)
+            placed[model] = dataclasses.replace(each, weight_nbytes=weight)
+        return WorkerCounters(
+            models=MappingProxyType(placed),
+            weight_cache_max_bytes=self.repository.worker_budget_bytes,
+            discipline=counters.discipline,
+        )
 
     async def _statistics(self, url: str) -> WorkerCounters | None:
         """A Triton-like worker's counters: ModelStatistics, and the configuration of

@@ -124,13 +124,23 @@ class GatewayMetrics:
         )
         self.repack_failures = Counter(
             "gateway_repack_failures",
-            "lpt_packing failures: a tick that raised (placement kept), or a worker's "
-            "CompactMemory that failed after a repack. Always 0 in the other modes.",
+            "lpt_packing failures: a tick that raised (placement kept), a worker's "
+            "CompactMemory that failed after a repack, or a RepositoryModelLoad or "
+            "Unload of a placement that failed. Always 0 in the other modes.",
             ["stage"],
             registry=r,
         )
-        for stage in ("tick", "compaction"):
+        for stage in ("tick", "compaction", "load", "unload"):
             self.repack_failures.labels(stage)
+        self.placement_actions = Counter(
+            "gateway_placement_actions",
+            "Models lpt_packing loaded on or unloaded from a worker to carry out a "
+            "placement (workers placed through the repository extension).",
+            ["action"],
+            registry=r,
+        )
+        for action in ("load", "unload"):
+            self.placement_actions.labels(action)
         self._latency_children: dict[tuple[str, str], Latencies] = {}
         self._count_children: dict[tuple[str, str, StatusCode], Count] = {}
         self._worker_children: dict[tuple[str, str], Latencies] = {}

@@ -23,22 +23,26 @@ so a request sees either the old assignment and counters or the new ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import trio
 from google.protobuf.message import DecodeError
 
+from rsgw._blocks import RepositoryConfig
 from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw._values import human_bytes
+from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
-from rsgw.gateway._preconditions import await_fleet
+from rsgw.gateway._preconditions import NO_CONTROL_PLANE, await_fleet
 from rsgw.gateway._prober import Prober
+from rsgw.gateway._repository_placer import RepositoryPlacer
+from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._knobs import FillMode
 from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
@@ -81,8 +85,16 @@ class Packing:
         tracker: RoutingMetaTracker,
         *,
         startup_wait: float,
+        repository: RepositoryConfig | None = None,
     ) -> None:
         self.scheduler = scheduler
+        #: Carries out placements on workers placed by loading and unloading models.
+        self.placer = RepositoryPlacer(
+            repository or RepositoryConfig(), scheduler, pool, prober, metrics
+        )
+        #: The metadata poller (set once built: it posts to `on_poll`), which reads the
+        #: workers placed by load and unload at start-up too.
+        self.poller: MetaPoller | None = None
         self.packer = scheduler.packer
         self._pool = pool
         self._prober = prober
@@ -105,8 +117,8 @@ class Packing:
         return self.scheduler.knobs
 
     def holders(self, model: str) -> tuple[str, ...]:
-        """The workers the placement in force puts `model` on; every worker if unplaced."""
-        placed = self.packer.assignment.get(model)
+        """The workers `model` is routed to by placement; every worker if unplaced."""
+        placed = self.scheduler.routing.get(model)
         return placed.urls if placed is not None else self._pool.urls
 
     def retune(self, knobs: SchedulingConfig) -> int:
@@ -127,19 +139,61 @@ class Packing:
             StartupError: the fleet does not meet the preconditions.
             GatewayWedged: every startup poll hung for `wedge_rounds` rounds.
         """
-        answers = await await_fleet(
+        answers, lacking = await await_fleet(
             self._pool,
             self._prober,
             wait_seconds=self._startup_wait,
             wedge_rounds=self._prober.wedge_rounds,
         )
-        meta = self._tracker.refresh(answers)
+        polled, placeable = dict(answers), dict(answers)
+        if lacking and self.poller is not None:  # some may be placed by load and unload
+            others, loadable = await self.poller.read(lacking)
+            polled.update(others)
+            placeable.update(loadable)
+        self._log_unplaced(lacking, placeable)
+        if self.placer.handed:  # the placement's loads are of what is not loaded yet
+            await self._prober.discovery.refresh()
+        meta = self._tracker.refresh(polled)
         self.scheduler.meta_refreshed(meta)
-        summary = summarize_poll(answers, fleet_compute=meta.fleet_compute_seconds)
+        summary = summarize_poll(placeable, fleet_compute=meta.fleet_compute_seconds)
         knobs = self.knobs
         self._log_settings(knobs)
         self.scheduler.polled(summary)
         self._installed(self.packer.repack(summary, knobs, trio.current_time(), "startup"), knobs)
+
+    def _log_unplaced(self, lacking: Sequence[str], placeable: Mapping[str, object]) -> None:
+        """Say which workers without the control plane are placed by load and unload,
+        and which are not placed at all, and why."""
+        label = self._pool.label
+        loaded = [url for url in lacking if url in placeable]
+        if loaded:
+            logger.info(
+                "lpt_packing: placing these workers' models by loading and unloading them",
+                extra={
+                    "workers": [label(u) for u in loaded],
+                    "models": sorted(self.placer.handed),
+                },
+            )
+        unplaced = [url for url in lacking if url not in placeable]
+        if unplaced:
+            table = self._prober.capabilities.table
+            missing = sorted(
+                {
+                    str(capability)
+                    for url in unplaced
+                    for capability in (Capability.REPOSITORY_INDEX, Capability.MODEL_CONTROL)
+                    if not table.of(url).implements(capability)
+                }
+            )
+            if not self.placer.handed:
+                missing.append("repository.models is empty")
+            logger.warning(
+                NO_CONTROL_PLANE,
+                extra={
+                    "workers": [label(u) for u in unplaced],
+                    "lacking": [str(Capability.CONTROL_PLANE), *missing],
+                },
+            )
 
     def _log_settings(self, knobs: SchedulingConfig) -> None:
         logger.info(
@@ -183,6 +237,7 @@ class Packing:
         so ticks, and the operator repacks waiting on them, never queue behind one.
         """
         async with trio.open_nursery() as compactions:
+            await compactions.start(self.placer.serve)
             task_status.started()
             while True:
                 await self._mail_arrived.wait()
@@ -218,7 +273,7 @@ class Packing:
 
     def _installed(self, report: RepackReport, knobs: SchedulingConfig) -> None:
         """A repack ran: put its assignment in force, export it, and say so."""
-        self.scheduler.install(report.assignment)
+        self.placer.place(report.assignment)
         self._exported_models |= set(report.assignment)
         self._exported_pairs |= {
             (model, url) for model, placement in report.assignment.items() for url in placement.urls
@@ -268,7 +323,8 @@ class Packing:
 
     async def _compact(self, plan: CompactionPlan) -> None:
         """CompactMemory on each changed worker, concurrently (docs/original.md §4.6.5)."""
-        workers = [url for url in plan.reloads if url in self._pool.urls]  # not departed ones
+        able = self._prober.capabilities.table.able(self._pool.urls, Method.COMPACT_MEMORY)
+        workers = [url for url in plan.reloads if url in able]  # not departed or Triton ones
         deadline = trio.current_time() + COMPACTION_DEADLINE
 
         async def one(url: str) -> int:

@@ -8,9 +8,11 @@ same model set (docs/original.md §4.6.1). Workers that are still starting are w
 for up to `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS` (`inf` = forever).
 
 A worker that answers ModelControlStatus UNIMPLEMENTED has no such control plane
-(Triton, MLServer, KServe): it has answered, and is left out of the checks and of
-the placement; its models are routed over the workers that have them, and the log
-says so, naming the workers and the capability they lack.
+(Triton, MLServer, KServe): it has answered, and is left out of these checks. The
+packing shell places its models by loading and unloading them where it can
+(`repository.models`, Triton's repository extension), and otherwise routes them over
+the workers that have them, and its start-up log says which, naming the capability
+each lacks.
 
 Better than the original: the polls of a round run concurrently (docs/product.md §3
 item 12), so one hung worker costs one watchdog, not one per worker; and a missing
@@ -29,7 +31,6 @@ from rsgw._errors import GatewayWedged, StartupError
 from rsgw.gateway._meta_poll import ControlAnswer, poll_control_status
 from rsgw.gateway._pool import WorkerPool, fan_out
 from rsgw.gateway._prober import Prober
-from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._meta import WorkerCounters
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,9 @@ BATCHING_DISCIPLINES = ("fifo", "edf")
 SHOWN_MODELS = 5
 #: What start-up says of workers without ReactantServer's control plane.
 NO_CONTROL_PLANE = (
-    "lpt_packing: these workers report no ModelControlStatus (ReactantServer's control "
-    "plane); they are not placed, and their models are routed over the workers that "
-    "have them"
+    "lpt_packing: these workers have neither ReactantServer's control plane nor models "
+    "the gateway may load and unload (repository.models); they are not placed, and "
+    "their models are routed over the workers that have them"
 )
 
 
@@ -56,8 +57,12 @@ async def await_fleet(
     *,
     wait_seconds: float,
     wedge_rounds: int = 3,
-) -> dict[str, WorkerCounters]:
-    """Poll every worker until all answer, then check them; their answers, in pool order.
+) -> tuple[dict[str, WorkerCounters], tuple[str, ...]]:
+    """Poll every worker until all answer, then check them.
+
+    Returns:
+        The answers of the workers with the control plane, and the workers without it
+        (ModelControlStatus UNIMPLEMENTED), each in pool order.
 
     Raises:
         StartupError: a worker stayed unreachable past the wait, reports a
@@ -111,18 +116,9 @@ async def await_fleet(
         "lpt_packing: all workers ready",
         extra={"count": len(answers), "workers": [pool.label(u) for u in answers]},
     )
-    if lacking:
-        logger.warning(
-            NO_CONTROL_PLANE,
-            extra={
-                "workers": [pool.label(u) for u in lacking],
-                "capability": str(Capability.CONTROL_PLANE),
-                "said": next(iter(lacking.values())),
-            },
-        )
     if answers:
         check_fleet(pool, answers)
-    return answers
+    return answers, tuple(url for url in pool.urls if url in lacking)
 
 
 def check_fleet(pool: WorkerPool, answers: dict[str, WorkerCounters]) -> None:

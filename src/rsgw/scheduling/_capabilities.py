@@ -155,6 +155,17 @@ class CapabilityTable:
             return tuple(urls)
         return tuple(url for url in urls if self.of(url).implements(capability))
 
+    def loadable(self, urls: Iterable[str]) -> tuple[str, ...]:
+        """Those of `urls` lpt_packing places by loading and unloading models: no
+        ReactantServer control plane, but a repository index and model control."""
+        return tuple(
+            url
+            for url in urls
+            if not self.of(url).implements(Capability.CONTROL_PLANE)
+            and self.of(url).implements(Capability.REPOSITORY_INDEX)
+            and self.of(url).implements(Capability.MODEL_CONTROL)
+        )
+
     def refusal(self, urls: Iterable[str], method: Method) -> str:
         """Why `method` cannot go to `urls`, in the words the first that lacks it said
         of its capability (the message of a call UNIMPLEMENTED at the gateway)."""

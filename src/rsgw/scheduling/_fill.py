@@ -35,7 +35,7 @@ each replica's outstanding items, and per worker a float load in work-basis unit
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -332,6 +332,14 @@ class FillRouter:
         load = reservation._load
         load.held -= 1
         load.work = 0.0 if load.held <= 0 else settle(load.work - reservation.weight)
+
+    def pending(self, pairs: Iterable[tuple[str, str]]) -> Callable[[], int]:
+        """A reader of the items in flight on `pairs` (model, worker URL) now and
+        until they are released, even after a rebuild drops the pairs (their late
+        releases land on the same cells): a worker leaving a model's placement is
+        drained by it before the model is unloaded there."""
+        cells = [c for m, u in pairs if (c := self._replicas.get(m, {}).get(u)) is not None]
+        return lambda: sum(c.items for c in cells)
 
     def outstanding(self) -> Mapping[tuple[str, str], int]:
         """A snapshot of outstanding items per (model, worker URL)."""

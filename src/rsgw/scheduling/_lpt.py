@@ -71,6 +71,8 @@ class LptScheduler:
         self._table = RoutingTable()
         #: model -> (its placement, the placement's replicas the table has).
         self._live_cache: dict[str, tuple[Placement, tuple[str, ...]]] = {}
+        #: model -> the placement requests are routed by (`install`).
+        self.routing: Mapping[str, Placement] = MappingProxyType({})
         self._meta = RoutingMeta()
         self._max_batch: Mapping[str, int] = MappingProxyType({})
         self._batch_at: Mapping[str, tuple[str, int]] = MappingProxyType({})
@@ -116,7 +118,12 @@ class LptScheduler:
         return plan
 
     def install(self, assignment: Mapping[str, Placement]) -> None:
-        """A repack's assignment is in force: re-key the fill counters to it."""
+        """Route by `assignment` from now on, and re-key the fill counters to it.
+
+        Usually the packer's, as its repack decided; while models placed by loading
+        and unloading move, the one their loads allow (`rsgw.scheduling._repository_moves`).
+        """
+        self.routing = assignment
         self.router.rebuild({model: placement.urls for model, placement in assignment.items()})
 
     # -- Scheduler --------------------------------------------------------------------
@@ -133,7 +140,7 @@ class LptScheduler:
         An empty order means the model's placed replicas are all busy: the service
         sheds the call rather than spill it (and its weights) onto another GPU.
         """
-        placement = self.packer.assignment.get(model)
+        placement = self.routing.get(model)
         if placement is None:
             urls: tuple[str, ...] = ()
         elif replicas is self._table.replicas(model):  # none is full: the usual case

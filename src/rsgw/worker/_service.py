@@ -223,8 +223,17 @@ class WorkerService:
             unloaded = self.device.memory.unloaded
             specs = tuple(s for s in self.catalogue.routable if s.name not in unloaded)
         counters = self.device.counters
+        gpu, catalogue = self.identity.gpu, self.catalogue
         return pb.ModelStatisticsResponse(
-            model_stats=[model_statistics(spec, counters[spec.name]) for spec in specs]
+            model_stats=[
+                model_statistics(
+                    spec,
+                    counters[spec.name],
+                    gpu,
+                    sum(sub.weight_bytes for sub in catalogue.submodels(spec)),
+                )
+                for spec in specs
+            ]
         )
 
     async def repository_index(

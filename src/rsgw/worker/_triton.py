@@ -173,11 +173,15 @@ def _duration(count: int, seconds: float) -> pb.StatisticDuration:
     return pb.StatisticDuration(count=count, ns=round(seconds * _NS))
 
 
-def model_statistics(spec: ModelSpec, counters: ModelCounters) -> pb.ModelStatistics:
+def model_statistics(
+    spec: ModelSpec, counters: ModelCounters, gpu: str, weight_bytes: int
+) -> pb.ModelStatistics:
     """Triton's statistics of one model from the device's and the service's counters.
 
     Durations are the simulated device seconds (scaled by --time-scale) for queue and
     compute, and wall seconds for a request's success or failure, as /metrics has them.
+    The memory usage is the model's weights on its GPU, as Triton reports a loaded
+    model's (`weight_bytes`, its sub-models' for a meta).
     """
     served = counters.requests_served
     stats = pb.ModelStatistics(
@@ -187,6 +191,9 @@ def model_statistics(spec: ModelSpec, counters: ModelCounters) -> pb.ModelStatis
         inference_count=counters.rows_served,
         execution_count=counters.dispatch_count,
     )
+    if weight_bytes > 0:
+        device = int(gpu) if gpu.isdigit() else 0
+        stats.memory_usage.add(type="GPU", id=device, byte_size=weight_bytes)
     inference = stats.inference_stats
     inference.success.CopyFrom(_duration(*counters.success))
     inference.fail.CopyFrom(_duration(*counters.fail))
