@@ -103,6 +103,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "and worker_client.max_concurrent_streams, and each worker's --max-concurrent-requests "
         "(default: their defaults)",
     )
+    p.add_argument(
+        "--api",
+        choices=("reactant", "triton"),
+        default="reactant",
+        help="what the workers answer as: ReactantServer (lpt_packing places by routing, "
+        "through the control plane) or stock Triton (lpt_packing places by loading and "
+        "unloading every model: repository.models); default reactant",
+    )
     p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
     p.add_argument(
         "--from-json",
@@ -234,6 +242,7 @@ def one_run(
         load.time_scale,
         SETTINGS,
         args.admission_cap,
+        api=args.api,
     )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731

@@ -152,14 +152,18 @@ def gateway_config(
     workers: Sequence[Proc],
     settings: sc.RunSettings,
     admission_cap: int | None = None,
+    repository: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """gateway.yml: the one `rsgw simulate` parses for the same run, plus what only real
-    processes need (the workers' metrics ports and names, the log format read back)."""
+    processes need (the workers' metrics ports and names, the log format read back), and
+    the models lpt_packing may load and unload on Triton-like workers (`repository`)."""
     from rsgw.simulate._engine import gateway_yaml
 
     endpoints = [f"127.0.0.1:{w.info['grpc_port']}" for w in workers]
+    extra = {"repository": repository} if repository else {}
     return {
         **gateway_yaml(mode, endpoints, settings, admission_cap),
+        **extra,
         "metrics_endpoints": [f"127.0.0.1:{w.info['metrics_port']}" for w in workers],
         "worker_names": [w.name for w in workers],
         "logging": {"level": "info", "format": "json"},
@@ -204,8 +208,15 @@ def start_fleet(
     time_scale: float,
     settings: sc.RunSettings,
     admission_cap: int | None = None,
+    *,
+    api: str = "reactant",
 ) -> Fleet:
-    """The scenario's workers, then the gateway; returns once every model is routable."""
+    """The scenario's workers, then the gateway; returns once every model is routable.
+
+    `api`: what the workers answer as (`rsgw worker --api`); as Triton, lpt_packing
+    places the scenario's models by loading and unloading them, within the scenario's
+    weight budget per worker.
+    """
     deadline = time.monotonic() + START_TIMEOUT
     env = clean_env()
     workers = []
@@ -221,6 +232,7 @@ def start_fleet(
             *("--discipline", scenario.discipline),
             *("--weight-cache-bytes", str(scenario.budget_bytes)),
             *("--time-scale", f"{time_scale:g}", "--log-format", "json"),
+            *("--api", api),
         ]
         if admission_cap is not None:
             argv += ["--max-concurrent-requests", str(admission_cap)]
@@ -235,9 +247,17 @@ def start_fleet(
             return all(w.info for w in workers)
 
         wait_for("workers", workers, workers_serving, deadline)
+        repository = None
+        if api == "triton":
+            repository = {
+                "models": list(scenario.names),
+                "worker_budget_bytes": scenario.budget_bytes,
+            }
         config = workdir / "gateway.yml"
         config.write_text(
-            yaml.safe_dump(gateway_config(mode, workers, settings, admission_cap), sort_keys=False)
+            yaml.safe_dump(
+                gateway_config(mode, workers, settings, admission_cap, repository), sort_keys=False
+            )
         )
         genv = dict(env)
         genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{settings.health_interval_s:g}"

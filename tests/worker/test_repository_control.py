@@ -82,6 +82,23 @@ async def test_unload_then_load(autojump_clock: MockClock) -> None:
         await client.check_simple()
 
 
+async def test_a_load_puts_the_weights_on_the_device_before_it_answers(
+    autojump_clock: MockClock,
+) -> None:
+    # As Triton's load returns once the model can serve: the first call after it pays
+    # no weight load (a worker with a weight cache, self-managed).
+    async with open_memory_worker(_config(weight_cache_bytes=10**9)) as client:
+        memory = client.device.memory
+        await _unload(client, "simple")
+        assert "simple" not in memory.cache.resident_models()
+        loads = memory.counters.loads
+        await _load(client, "simple")
+        assert "simple" in memory.cache.resident_models()
+        assert memory.counters.loads == loads + 1
+        await client.check_simple()
+        assert memory.counters.loads == loads + 1
+
+
 async def test_unload_fails_the_queued_requests(autojump_clock: MockClock) -> None:
     """Queued behind a running batch, they fail UNAVAILABLE; the running batch completes."""
     async with open_memory_worker(_config(catalogue=SLOW)) as client:

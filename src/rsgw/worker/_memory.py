@@ -226,8 +226,10 @@ class DeviceMemory:
         """RepositoryModelLoad: `model` is back as the worker started with it.
 
         A model the worker started pinned on the device is loaded again (paying the
-        load); the others come back at their start floor and load on demand (or, when
-        externally managed, when the control plane pins them).
+        load); the others come back at their start floor, and a self-managed worker
+        with a weight cache loads their weights now (paying the load, evicting the
+        least recently used if it must), as a load on Triton returns once the model
+        can serve; an externally managed one waits for the control plane to pin them.
         """
         spec = self.catalogue.get(model)
         assert spec is not None
@@ -242,6 +244,12 @@ class DeviceMemory:
                     await self._pay(sub, load)
             elif not self.cache.is_pinned(sub.name):
                 self.cache.unpin(sub.name, floor)
+                if self.cache_enabled and self.mode is ResidencyMode.SELF_MANAGED:
+                    # Loaded means ready to serve, as Triton's load returns once the
+                    # weights are on the GPU: the first call does not pay for them.
+                    load = self.cache.load(sub.name, trio.current_time())
+                    if load is not None:
+                        await self._pay(sub, load)
         logger.info("model loaded", extra={"model": model})
 
     def _exclusive_submodels(self, spec: ModelSpec) -> list[str]:
