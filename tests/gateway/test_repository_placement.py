@@ -44,12 +44,12 @@ async def holders(fleet: Fleet, model: str) -> list[int]:
     return [i for i in range(len(fleet.workers)) if (await states(fleet, i))[model] == "READY"]
 
 
-async def settled(fleet: Fleet, moves: int) -> None:
-    """Wait (on the mock clock) until the placer has carried out `moves` moves."""
+async def settled(fleet: Fleet, posted: int) -> None:
+    """Wait (on the mock clock) until the placement numbered `posted` is carried out."""
     packing = fleet.gateway._packing
     assert packing is not None
     with trio.fail_after(120):
-        await packing.placer.wait_moves(moves)
+        await packing.placer.wait_carried(posted)
 
 
 @asynccontextmanager
@@ -120,21 +120,21 @@ async def test_moves_under_load_fail_no_call(autojump_clock: MockClock) -> None:
                 np.testing.assert_array_equal(total, inputs["INPUT0"] + inputs["INPUT1"])
                 answered += 1
 
-        async def place(replicas: int, moves: int) -> None:
+        async def place(replicas: int) -> None:
             request = cpb.SetModelPlacementRequest(name="simple", replicas=replicas)
             await client.unary(Method.SET_MODEL_PLACEMENT.wire, request.SerializeToString())
             reply = await client.unary(
                 Method.REPACK.wire, cpb.RepackRequest(wait_seconds=30).SerializeToString()
             )
+            # Served once the loads and unloads are done.
             assert cpb.RepackResponse.FromString(reply).completed
-            await settled(fleet, moves)
 
         async with trio.open_nursery() as nursery:
             for seed in range(8):
                 nursery.start_soon(caller, seed)
-            await place(3, 2)
+            await place(3)
             assert len(await holders(fleet, "simple")) == 3
-            await place(1, 3)
+            await place(1)
             assert len(await holders(fleet, "simple")) == 1
             done.set()
         assert answered > 0

@@ -4,9 +4,9 @@ Two workers of one kind, `simple` on both and `solo` on the first only, a gatewa
 in front of them in each scheduling mode, and Triton's stock client
 (`tritonclient.grpc`) calling through it as it would call one server: correct
 answers, the one-worker model on its worker, an unknown model NOT_FOUND, and what the
-servers lack UNIMPLEMENTED in their words. Under lpt_packing neither server can be
-placed (no control plane): the gateway serves their models where they are, and its
-status says so.
+servers lack UNIMPLEMENTED in their words. Under lpt_packing with no model handed to
+the gateway (`repository.models`; test_mlserver_placement.py hands some) neither server
+is placed: the gateway serves their models where they are, and its status says so.
 MLServer lists its models (RepositoryIndex, `State.READY`); KServe's ModelServer
 does not, so the gateway asks it ModelReady (`simple` configured in
 `discovery.models`, `solo` found on demand). Then one worker is killed under load

@@ -151,12 +151,10 @@ class MetaPoller:
                 if isinstance(answer, ControlAnswer) and answer.counters is not None:
                     polled[url] = placeable[url] = answer.counters
                     self.sources[url] = CounterSource.CONTROL_PLANE
-            elif url in reported:
-                counters = reported[url]
-                if isinstance(counters, WorkerCounters):
-                    polled[url] = counters
-                    self.sources[url] = CounterSource.STATISTICS
-            else:
+            elif isinstance(counters := reported.get(url), WorkerCounters):
+                polled[url] = counters
+                self.sources[url] = CounterSource.STATISTICS
+            else:  # no statistics (or, this once, no answer to them: UNIMPLEMENTED is learned)
                 polled[url] = self.measured.counters(url)
                 self.sources[url] = CounterSource.GATEWAY
             models = repositories.get(url)

@@ -361,17 +361,23 @@ class Packing:
         """Ask for a repack on the next tick and wait up to `wait_seconds` for it.
 
         The prober is woken so the tick comes now. A request made before the first
-        tick waits for that tick (docs/product.md §3.12).
+        tick waits for that tick (docs/product.md §3.12). Where models are placed by
+        load and unload, it is served once the loads and unloads are done too.
         """
         sequence = self.packer.request_repack()
         self._prober.wake()
         started = trio.current_time()
+        carried = False
         if wait_seconds > 0:
             with trio.move_on_after(wait_seconds):
                 while self.packer.repack_completed < sequence:
                     await self._ticked.wait()
+                # Models placed by load and unload: served once they are where placed.
+                await self.placer.wait_carried(self.placer.posted)
+                carried = True
         completed = self.packer.repack_completed
-        return RepackWait(sequence, completed, completed >= sequence, trio.current_time() - started)
+        done = completed >= sequence and (carried or not self.placer.handed)
+        return RepackWait(sequence, completed, done, trio.current_time() - started)
 
     def request_repack_now(self) -> None:
         """Ask for a repack on the next tick without waiting for it (a worker joined

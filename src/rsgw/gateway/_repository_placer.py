@@ -60,13 +60,15 @@ class RepositoryPlacer:
         self._pool = pool
         self._prober = prober
         self._metrics = metrics
-        self._mail: MovePlan | None = None
+        self._mail: tuple[int, MovePlan] | None = None
         self._mail_arrived = trio.Event()
         #: (model, worker) pairs routing left -> their calls in flight, until unloaded
         #: there (bounded by the handed models times the workers).
         self._leaving: dict[Pair, Callable[[], int]] = {}
-        #: Moves carried out to their end (`wait_moves` waits on it).
-        self.moves = 0
+        #: Placements posted (numbered from 1), and the number of the last one carried
+        #: out to its end (a move abandoned for a newer one is carried out by that one).
+        self.posted = 0
+        self.carried = 0
         self._moved = trio.Event()
 
     def _controlled(self) -> frozenset[str]:
@@ -85,12 +87,13 @@ class RepositoryPlacer:
         plan = plan_moves(target, routing, self.handed, self._controlled(), self._loaded())
         self._watch_leaving(routing, plan.routing)
         self._scheduler.install(plan.routing)
-        self._mail = plan
+        self.posted += 1
+        self._mail = (self.posted, plan)
         self._mail_arrived.set()
 
-    async def wait_moves(self, moves: int) -> None:
-        """Wait until `moves` moves have been carried out to their end."""
-        while self.moves < moves:
+    async def wait_carried(self, posted: int) -> None:
+        """Wait until the placement numbered `posted` (or a later one) is carried out."""
+        while self.carried < posted:
             await self._moved.wait()
 
     def _watch_leaving(
@@ -118,15 +121,15 @@ class RepositoryPlacer:
         while True:
             await self._mail_arrived.wait()
             self._mail_arrived = trio.Event()
-            plan, self._mail = self._mail, None
-            if plan is None:
+            mail, self._mail = self._mail, None
+            if mail is None:
                 continue
             try:
-                await self._move(plan)
+                await self._move(*mail)
             except Exception:  # a bug in one move must not stop placing
                 logger.exception("lpt_packing: placement move failed; routing as it stands")
 
-    async def _move(self, plan: MovePlan) -> None:
+    async def _move(self, number: int, plan: MovePlan) -> None:
         discovery = self._prober.discovery
         failed = await self._act(Method.REPOSITORY_MODEL_LOAD, plan.loads)
         if plan.loads:
@@ -148,7 +151,7 @@ class RepositoryPlacer:
         unload_failed = await self._act(Method.REPOSITORY_MODEL_UNLOAD, settled.unloads)
         if settled.unloads:
             await discovery.rediscover()
-        self.moves += 1
+        self.carried = number
         moved, self._moved = self._moved, trio.Event()
         moved.set()
         if plan.loads or settled.unloads:
