@@ -81,6 +81,7 @@ def raises(raw: dict[str, Any], *fragments: str, **env: str) -> str:
 DEFAULTS: list[tuple[str, object]] = [
     ("listen.grpc", "0.0.0.0:8001"),
     ("listen.metrics", "0.0.0.0:8002"),
+    ("listen.http", "0.0.0.0:8000"),
     ("metrics_endpoints", ()),
     ("worker_names", ()),
     ("worker_client.request_timeout_seconds", 60),
@@ -476,6 +477,7 @@ INVALID: list[tuple[str, object, tuple[str, ...]]] = [
     # addresses
     ("listen.grpc", "8001", ("listen.grpc must be host:port", "'8001'")),
     ("listen.metrics", "h:70000", ("listen.metrics", "'h:70000'")),
+    ("listen.http", "h:70000", ("listen.http", "'h:70000'")),
     ("listen.metrics", "h:http", ("listen.metrics", "'h:http'")),
 ]
 
@@ -669,6 +671,7 @@ def test_environment_variable_names() -> None:
         for name in [
             "LISTEN_GRPC",
             "LISTEN_METRICS",
+            "LISTEN_HTTP",
             "WORKERS",
             "WORKER_METRICS",
             "WORKER_NAMES",

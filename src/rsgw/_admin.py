@@ -49,13 +49,8 @@ class AdminApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         endpoint = self._routes.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
@@ -71,6 +66,17 @@ class AdminApp:
             }
         )
         await send({"type": "http.response.body", "body": reply.body})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """ASGI's lifespan handshake, acknowledged (hypercorn waits for it to serve)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 class _CurrentContext:
@@ -95,15 +101,19 @@ class _Config(Config):
         return None if self.tls is None else _CurrentContext(self.tls)  # type: ignore[return-value]  # duck-typed: wrap_bio only
 
 
+#: Any ASGI application hypercorn can serve (the admin app, the REST door).
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
 async def serve_admin(
-    app: AdminApp,
+    app: AsgiApp,
     host: str,
     port: int,
     *,
     tls: ServerTls | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `app` on `host:port` until cancelled; reports the bound port.
+    """Serve `app` on `host:port` with hypercorn until cancelled; reports the bound port.
 
     With `tls`, HTTPS only (build it with `rsgw._tls.ADMIN_ALPN`); a changed
     certificate is picked up at the next connection.

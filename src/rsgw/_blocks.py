@@ -51,6 +51,8 @@ V = TypeVar("V")
 # Defaults: docs/original.md §3.2 (the original's gateway.yml defaults), unless noted.
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
 DEFAULT_LISTEN_METRICS = "0.0.0.0:8002"
+# Triton's REST port.
+DEFAULT_LISTEN_HTTP = "0.0.0.0:8000"
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60
 # rsgw's own (the original: 32). A worker batches only what it holds, and with 32 calls a
 # GPU hosting a model of max batch 32 beside others never runs full batches: measured on
@@ -138,8 +140,19 @@ def _check_identities(value: object, key: str) -> FrozenTable[tuple[str, ...]]:
 
 
 _message_bytes = ranged(check_int, lambda n: 0 < n <= MAX_MESSAGE_BYTES, "in 1..4294967295")
+
+
 # The checks of the other blocks, by field (the dataclass adds the block's key prefix).
-_LISTEN_CHECKS: Mapping[str, Check] = {"grpc": check_listen, "metrics": check_listen}
+def _check_optional_listen(value: object, key: str) -> str:
+    """A listen address, or "" for none."""
+    return "" if value == "" else check_listen(value, key)
+
+
+_LISTEN_CHECKS: Mapping[str, Check] = {
+    "grpc": check_listen,
+    "metrics": check_listen,
+    "http": _check_optional_listen,
+}
 _WORKER_CLIENT_CHECKS: Mapping[str, Check] = {
     "request_timeout_seconds": _positive_int,
     "max_concurrent_streams": _positive_int,
@@ -236,10 +249,12 @@ _SHM_CHECKS: Mapping[str, Check] = {
 
 @dataclass(frozen=True, slots=True)
 class ListenConfig:
-    """Where the gateway listens: gRPC (`listen.grpc`) and admin HTTP (`listen.metrics`)."""
+    """Where the gateway listens: gRPC (`listen.grpc`), Triton's REST API (`listen.http`;
+    "" for no REST listener) and admin HTTP (`listen.metrics`)."""
 
     grpc: str = DEFAULT_LISTEN_GRPC
     metrics: str = DEFAULT_LISTEN_METRICS
+    http: str = DEFAULT_LISTEN_HTTP
 
     def __post_init__(self) -> None:
         check_fields(self, "listen.", _LISTEN_CHECKS)

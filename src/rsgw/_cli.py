@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--listen-metrics", metavar="H:P", help="admin HTTP listen address (0.0.0.0:8002)"
     )
+    run.add_argument(
+        "--listen-http", metavar="H:P", help="KServe V2 REST listen address (0.0.0.0:8000)"
+    )
     run.add_argument("--log-level", choices=LEVELS, help="(default info, or logging.level)")
     run.add_argument("--log-format", choices=FORMATS, help="(default json, or logging.format)")
 
@@ -326,6 +329,7 @@ _RUN_FLAG_KEYS = {
     "worker_metrics": "metrics_endpoints",
     "listen_grpc": "listen.grpc",
     "listen_metrics": "listen.metrics",
+    "listen_http": "listen.http",
     "log_level": "logging.level",
     "log_format": "logging.format",
 }
@@ -335,6 +339,7 @@ _RUN_FLAG_ENV = {
     "worker_metrics": "REACTANT_GATEWAY_WORKER_METRICS",
     "listen_grpc": "REACTANT_GATEWAY_LISTEN_GRPC",
     "listen_metrics": "REACTANT_GATEWAY_LISTEN_METRICS",
+    "listen_http": "REACTANT_GATEWAY_LISTEN_HTTP",
     "log_level": "REACTANT_GATEWAY_LOGGING_LEVEL",
     "log_format": "REACTANT_GATEWAY_LOGGING_FORMAT",
 }

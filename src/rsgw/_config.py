@@ -91,6 +91,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
     {
         "listen.grpc": "str",
         "listen.metrics": "str",
+        "listen.http": "str",
         "endpoints": "targets",
         "metrics_endpoints": "targets",
         "worker_names": "names",

@@ -105,7 +105,7 @@ def gateway_config(
             tuple(f"127.0.0.1:{w.metrics_port}" for w in workers) if with_metrics else ()
         ),
         worker_names=tuple(w.config.name for w in workers),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=overrides.pop("health_interval_seconds", 0.2),
     )
     return dataclasses.replace(config, **overrides)

@@ -105,7 +105,7 @@ async def start_dns_fleet(
         workers.append(await nursery.start(start_worker, config, network))
     gateway_config = GatewayConfig(
         endpoints=(f"dns:///{name}:{port}",),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=interval,
     )
     gateway: RunningGateway = await nursery.start(start_gateway, gateway_config, network)

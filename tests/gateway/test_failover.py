@@ -204,7 +204,7 @@ def config_for(workers: list[WorkerProcess], **overrides: object) -> GatewayConf
         endpoints=tuple(w.target for w in workers),
         metrics_endpoints=tuple(f"127.0.0.1:{w.metrics_port}" for w in workers),
         worker_names=tuple(f"worker{i}" for i in range(len(workers))),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=0.3,
         probe_timeout_seconds=1.0,
     )

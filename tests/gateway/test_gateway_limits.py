@@ -290,7 +290,7 @@ async def test_forwarded_deadline_is_at_most_the_clients(autojump_clock: MockClo
         port = await nursery.start(partial(worker.serve, network=network), "127.0.0.1", 0)
         config = GatewayConfig(
             endpoints=(f"127.0.0.1:{port}",),
-            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         )
         gateway: RunningGateway = await nursery.start(
             partial(serve_gateway, network=network), config

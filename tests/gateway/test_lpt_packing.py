@@ -188,7 +188,7 @@ def with_late_worker(worker: RunningWorker, port: int, wait: float) -> GatewayCo
     """A gateway over `worker` and a second endpoint where nothing listens yet."""
     return GatewayConfig(
         endpoints=(f"127.0.0.1:{worker.grpc_port}", f"127.0.0.1:{port}"),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=0.2,
         startup_wait_seconds=wait,
         scheduling=lpt(),
@@ -256,7 +256,7 @@ async def test_a_fleet_whose_every_startup_poll_hangs_is_wedged(autojump_clock: 
         nursery.start_soon(trio.serve_listeners, silent, [listener])
         config = GatewayConfig(
             endpoints=(f"127.0.0.1:{port}",),
-            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
             startup_wait_seconds=math.inf,
             probe_timeout_seconds=0.2,
             wedge_exit_rounds=2,

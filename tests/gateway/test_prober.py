@@ -108,7 +108,7 @@ async def serve(
 def config(port: int, **overrides: object) -> GatewayConfig:
     base = GatewayConfig(
         endpoints=(f"127.0.0.1:{port}",),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=0.05,
         probe_timeout_seconds=0.2,
     )

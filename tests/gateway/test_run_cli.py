@@ -24,6 +24,8 @@ def run_gateway(*workers: WorkerProcess, wait: str = "0") -> subprocess.Complete
             "127.0.0.1:0",
             "--listen-metrics",
             "127.0.0.1:0",
+            "--listen-http",
+            "127.0.0.1:0",
         ],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("REACTANT_")},

@@ -64,6 +64,7 @@ def test_rsgw_run_and_worker_with_mtls_reload_on_sighup(tmp_path: Path) -> None:
         "REACTANT_GATEWAY_WORKER_METRICS": f"127.0.0.1:{worker.metrics_port}",
         "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
+        "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
         "REACTANT_GATEWAY_TLS_CERT_FILE": served.cert,
         "REACTANT_GATEWAY_TLS_KEY_FILE": served.key,
         "REACTANT_GATEWAY_WORKER_CLIENT_TLS_CA_FILE": pki.ca_file,
@@ -97,6 +98,7 @@ def test_an_unauthenticated_gateway_on_every_address_warns(tmp_path: Path) -> No
         "REACTANT_GATEWAY_WORKERS": worker.target,
         "REACTANT_GATEWAY_LISTEN_GRPC": "0.0.0.0:0",
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
+        "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
     }
     gateway = start_rsgw_process("run", event="gateway serving", env=env)
     try:

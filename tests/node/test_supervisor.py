@@ -51,6 +51,7 @@ RESTART_SECONDS = 20.0
 NODE_ENV = {
     "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:0",
     "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
+    "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
     # A restarted worker is routed to again after one probe round.
     "REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS": "0.2",
 }

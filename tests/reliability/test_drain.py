@@ -67,6 +67,7 @@ def _start_gateway(worker: WorkerProcess, **variables: str) -> WorkerProcess:
         "REACTANT_GATEWAY_WORKERS": worker.target,
         "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
+        "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
     }
     env |= {f"REACTANT_GATEWAY_{name}": value for name, value in variables.items()}
     return start_rsgw_process("run", event="gateway serving", env=env)

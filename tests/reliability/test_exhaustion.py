@@ -80,6 +80,7 @@ def test_a_gateway_out_of_descriptors_waits_and_serves_again(
         "REACTANT_GATEWAY_WORKERS": limited_worker.target,
         "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
+        "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
     }
     gateway = start_rsgw_process("run", event="gateway serving", env=env, prefix=LIMITED)
     hogs: list[socket.socket] = []

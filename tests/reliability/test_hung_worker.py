@@ -56,7 +56,7 @@ def _config(workers: list[WorkerProcess], *, health_interval: float) -> GatewayC
     return GatewayConfig(
         endpoints=tuple(w.target for w in workers),
         worker_names=tuple(f"worker{i}" for i in range(len(workers))),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=health_interval,
     )
 

@@ -101,7 +101,7 @@ def write_config(path: Path, workers: list[WorkerProcess]) -> None:
                 "endpoints": [w.target for w in workers],
                 "metrics_endpoints": [f"127.0.0.1:{w.metrics_port}" for w in workers],
                 "worker_names": [w.args[w.args.index("--name") + 1] for w in workers],
-                "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
+                "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0", "http": "127.0.0.1:0"},
             }
         )
     )

@@ -73,7 +73,7 @@ async def test_models_are_loaded_only_where_placed_and_moves_fail_no_call(
     config = GatewayConfig(
         endpoints=tuple(s.target for s in workers),
         worker_names=("first", "second"),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=0.5,
         scheduling=SchedulingConfig(mode=SchedulingMode.LPT_PACKING),
         repository=RepositoryConfig(models=MODELS, weight_bytes={"simple": 10, "twin": 10}),

@@ -70,7 +70,7 @@ async def node() -> AsyncIterator[tuple[str, str]]:
         workers = [await nursery.start(serve_worker_on_port, i) for i in range(2)]
         config = GatewayConfig(
             endpoints=tuple(f"127.0.0.1:{port}" for port in workers),
-            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+            listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         )
         async with open_gateway(config) as gateway:
             yield f"127.0.0.1:{workers[0]}", f"127.0.0.1:{gateway.grpc_port}"

@@ -62,7 +62,7 @@ def config_for(servers: list[ServerProcess], mode: SchedulingMode) -> GatewayCon
     return GatewayConfig(
         endpoints=tuple(s.target for s in servers),
         worker_names=("first", "second"),
-        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0"),
+        listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         health_interval_seconds=0.5,
         scheduling=dataclasses.replace(SchedulingConfig(), mode=mode),
         # KServe's ModelServer has no RepositoryIndex: `simple` is asked about by name.

@@ -44,6 +44,7 @@ from rsgw.gateway._watchdog import Watchdog
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
+from rsgw.rest._door import RestDoor
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._lookups import ModelLookups
 from rsgw.scheduling._lpt import LptScheduler
@@ -188,9 +189,10 @@ async def serve_gateway(
         )
         pass_through = service.pass_through()
         standard, streams = standard_services([*handlers, *pass_through], lambda: prober.serving)
+        guarded, guarded_through = guard.wrap(handlers | standard), guard.wrap(pass_through)
         server = GrpcServer(
-            guard.wrap(handlers | standard),
-            pass_through=guard.wrap(pass_through),
+            guarded,
+            pass_through=guarded_through,
             stream_handlers=guard.wrap_streams(service.stream_handlers() | streams),
             on_refused=metrics.refused,
             time_limits=service.time_limits,
@@ -206,6 +208,18 @@ async def serve_gateway(
             functools.partial(server.serve, network=network), grpc_host, grpc_port
         )
         members.own_port = bound_grpc
+        bound_http: int | None = None
+        if config.listen.http:
+            door = RestDoor(
+                guarded,
+                guarded_through,
+                time_limits=service.time_limits,
+                max_body_bytes=limits.max_recv_msg_bytes,
+            )
+            http_host, http_port = split_host_port(config.listen.http)
+            bound_http = await nursery.start(
+                functools.partial(serve_admin, tls=admin_tls), door, http_host, http_port
+            )
         logger.info(
             "gateway serving",
             extra={
@@ -213,6 +227,7 @@ async def serve_gateway(
                 "metrics": f"{admin_host}:{bound_admin}",
                 "grpc_port": bound_grpc,
                 "metrics_port": bound_admin,
+                "http_port": bound_http,
                 "endpoints": list(pool.urls),
                 "mode": str(mode),
                 "max_concurrent_requests": members.inbound_cap,
@@ -231,6 +246,7 @@ async def serve_gateway(
             discovery=discovery,
             reload_config=reload_config,
             reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
+            http_port=bound_http,
         )
         if config_file and reload_config is not None:
             # Stamped now, so a change made once `started` returns is never missed.

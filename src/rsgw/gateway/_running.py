@@ -75,8 +75,11 @@ class RunningGateway:
         discovery: Discovery,
         reloadables: tuple[Reloadable, ...] = (),
         reload_config: Callable[[], GatewayConfig] | None = None,
+        http_port: int | None = None,
     ) -> None:
         self.config = config
+        #: The REST listener's port; None when `listen.http` is "".
+        self.http_port = http_port
         self._reloadables = reloadables
         self._reload_config = reload_config
         self._members = members

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._blocks import DEFAULT_SHUTDOWN_GRACE_SECONDS
+from rsgw._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
 from rsgw._config import env_name, find_config_file
 from rsgw._net import bind_tcp, split_host_port
 from rsgw.node._children import DEFAULT_STOP_GRACE, GATEWAY, Child, GatewayChild, WorkerChild
@@ -231,6 +231,9 @@ async def serve_node(
         yml_mounted = find_config_file(env) is not None
         # With a gateway.yml the gateway's listen addresses are its own business.
         public_ports = [] if yml_mounted else [split_host_port(grpc), split_host_port(metrics)]
+        http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
+        if not yml_mounted:
+            public_ports.append(split_host_port(check_listen(http, env_name("listen.http"))))
         gateway_env = dict(env)
         gateway_env.setdefault(env_name("logging.level"), log_level)
         gateway_env.setdefault(env_name("logging.format"), log_format)

@@ -67,7 +67,7 @@ def gateway_yaml(
     """The gateway.yml of a simulated run (bench/fleet writes the same for real ones)."""
     config: dict[str, Any] = {
         "endpoints": list(workers),
-        "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0"},
+        "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0", "http": "127.0.0.1:0"},
         "scheduling": settings.gateway_scheduling(mode),
     }
     if admission_cap is not None:

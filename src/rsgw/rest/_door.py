@@ -1,0 +1,246 @@
+"""The REST front door: an ASGI app that answers Triton's REST API with the gateway's handlers.
+
+Each request is matched to its gRPC method (`rsgw.rest._routes`), its body read
+(bounded by `grpc.max_recv_msg_bytes`, inflated when `Content-Encoding` says gzip or
+deflate) and turned into that method's request; then the same guarded handler the
+gRPC door calls runs with a `CallContext` built from the HTTP request (its headers
+are the call's metadata, so `Authorization: Bearer` is checked by the same guard and
+roles), under the same deadline rules. Its reply, or its error, is written the way
+Triton's REST server writes it. Inference goes through the tensor codec
+(`rsgw.rest._codec`): one ModelInferRequest is built per call, and the worker's
+answer becomes JSON and binary tensors; the gateway's ModelInfer path in between is
+the gRPC one, byte for byte.
+
+hypercorn serves it on trio (HTTP/1.1 keep-alive and h2c), on `listen.http`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from rsgw._admin import Receive, Scope, Send, lifespan
+from rsgw._call import CallContext, PassThrough, TimeLimits, UnaryHandler
+from rsgw._methods import Method
+from rsgw._peer import LOOPBACK, REMOTE, Peer, is_loopback
+from rsgw._status import StatusCode
+from rsgw.grpc._compression import plain
+from rsgw.rest._codec import decode_response, encode_request
+from rsgw.rest._errors import RestError, error_body, http_status
+from rsgw.rest._routes import INFER, match
+
+logger = logging.getLogger(__name__)
+
+
+#: Headers that describe the HTTP request itself, not the call: never call metadata.
+_NOT_METADATA = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"content-type",
+        b"content-encoding",
+        b"accept-encoding",
+        b"connection",
+        b"transfer-encoding",
+        b"inference-header-content-length",
+        b"user-agent",
+        b"accept",
+    }
+)
+_JSON = b"application/json"
+_ENCODINGS = {b"gzip": 31, b"deflate": 15}
+#: Replies shorter than this go uncompressed whatever the client accepts (not worth it).
+COMPRESS_FROM_BYTES = 256
+
+
+class RestDoor:
+    """The ASGI app of the REST listener; see the module docstring.
+
+    Args:
+        handlers: the gateway's unary handlers by gRPC path, guarded.
+        pass_through: ModelInfer's handler by path, guarded.
+        time_limits: the methods' own time limits, by path (as the gRPC door's).
+        max_body_bytes: the largest request body, inflated (`grpc.max_recv_msg_bytes`).
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, UnaryHandler],
+        pass_through: Mapping[str, PassThrough],
+        *,
+        time_limits: TimeLimits,
+        max_body_bytes: int,
+    ) -> None:
+        self._handlers = dict(handlers)
+        self._infer = pass_through[Method.MODEL_INFER.path]
+        self._time_limits = time_limits
+        self._max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        try:
+            route, target = match(scope["method"], scope["path"])
+            body = await self._body(headers, receive)
+            call = self._call(scope, headers, route.method.path)
+            if route is INFER:
+                status, reply, extra = await self._inference(
+                    target.model, target.version, body, headers, call
+                )
+            else:
+                request = route.build(target, body)
+                handler = self._handlers.get(route.method.path)
+                if handler is None:
+                    raise RestError(501, f"{route.method.rpc} is not served here")
+                answer = await self._run(handler, request, call)
+                status, reply = route.render(answer)
+                extra = []
+        except RestError as exc:
+            status, reply, extra = exc.status, error_body(exc.message), []
+        if len(reply) >= COMPRESS_FROM_BYTES:
+            reply, extra = _compressed(reply, extra, _header(headers, b"accept-encoding"))
+        await _respond(send, status, reply, extra, scope["method"] == "HEAD")
+
+    async def _inference(
+        self,
+        model: str,
+        version: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        call: CallContext,
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        length = _header(headers, b"inference-header-content-length")
+        header_length = None
+        if length is not None:
+            try:
+                header_length = int(length)
+            except ValueError:
+                raise RestError(400, "Inference-Header-Content-Length must be an integer") from None
+        encoded = encode_request(model, version, body, header_length, max_bytes=self._max_body)
+        answer = await self._run(self._infer, encoded.message, call)
+        reply, json_length = decode_response(plain(answer, self._max_body), encoded)
+        extra: list[tuple[bytes, bytes]] = []
+        if json_length is not None:
+            extra.append((b"inference-header-content-length", str(json_length).encode()))
+        return 200, reply, extra
+
+    async def _run(
+        self,
+        handler: Callable[[Any, CallContext], Awaitable[Any]],
+        request: bytes,
+        call: CallContext,
+    ) -> Any:
+        """The handler's reply, run as the gRPC door runs it (deadline, time limit)."""
+        code, message = StatusCode.OK, ""
+        reply = None
+        with trio.CancelScope() as scope:
+            call.begin(scope, self._time_limits.get(call.path))
+            try:
+                reply = await handler(request, call)
+            except RestError:
+                raise
+            except Exception as exc:
+                code, message = call.failed(exc)
+        call.scope = None
+        if scope.cancelled_caught:
+            code, message = call.cut_short()
+        if code is not StatusCode.OK:
+            raise RestError(http_status(code), message)
+        return reply
+
+    def _call(self, scope: Scope, headers: list[tuple[bytes, bytes]], path: str) -> CallContext:
+        metadata = tuple((k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA)
+        client = scope.get("client") or ("", 0)
+        server = scope.get("server") or ("", 0)
+        host, port = str(client[0]), int(client[1] or 0)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        kind = LOOPBACK if is_loopback(host) else REMOTE
+        peer = Peer(kind, address, ends=(host, port, str(server[0]), int(server[1] or 0)))
+        return CallContext(path, math.inf, metadata, address, client=peer)
+
+    async def _body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        """The whole request body, inflated if it came compressed, held to the limit.
+
+        Raises:
+            RestError: 413 past the limit, 415 for an encoding other than gzip or
+                deflate, 400 for a body that does not inflate.
+        """
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RestError(400, "the client closed the request before its body ended")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body:
+                raise RestError(413, f"request body larger than {self._max_body} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        encoding = (_header(headers, b"content-encoding") or b"identity").strip().lower()
+        if encoding in (b"", b"identity"):
+            return body
+        wbits = _ENCODINGS.get(encoding)
+        if wbits is None:
+            raise RestError(
+                415,
+                f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}; "
+                "use gzip or deflate",
+            )
+        engine = zlib.decompressobj(wbits=wbits)
+        try:
+            inflated = engine.decompress(body, self._max_body + 1)
+        except zlib.error as exc:
+            raise RestError(
+                400, f"failed to decompress the {encoding.decode()} body: {exc}"
+            ) from None
+        if len(inflated) > self._max_body:
+            raise RestError(
+                413, f"request body larger than {self._max_body} bytes when decompressed"
+            )
+        return inflated
+
+
+def _compressed(
+    reply: bytes, extra: list[tuple[bytes, bytes]], accept: bytes | None
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """`reply` compressed in the first of gzip and deflate the client accepts, as Triton
+    answers a client that asks (`Accept-Encoding`); as it is otherwise."""
+    if not accept:
+        return reply, extra
+    offered = {token.split(b";")[0].strip().lower() for token in accept.split(b",")}
+    for name in (b"gzip", b"deflate"):
+        if name in offered:
+            engine = zlib.compressobj(wbits=_ENCODINGS[name])
+            return engine.compress(reply) + engine.flush(), [*extra, (b"content-encoding", name)]
+    return reply, extra
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]], head: bool
+) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), *extra]
+    if body:
+        binary = any(name == b"inference-header-content-length" for name, _ in extra)
+        kind = b"application/octet-stream" if binary else _JSON
+        headers.append((b"content-type", kind))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else body})
