@@ -9,6 +9,7 @@ reports the port it got. Hypercorn's own logs go to rsgw's logger.
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -22,8 +23,14 @@ from hypercorn.utils import wrap_app
 
 from rsgw._net import bind_tcp, bound_port
 from rsgw._tls import ServerTls
+from rsgw.grpc._limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a REST keep-alive connection may sit idle (hypercorn's default; Triton's
+#: REST server keeps one open for as long as the client likes, which a listener
+#: facing many clients cannot afford).
+REST_KEEP_ALIVE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,18 +118,32 @@ async def serve_admin(
     port: int,
     *,
     tls: ServerTls | None = None,
+    limits: ConnectionLimits | None = None,
+    max_concurrent_streams: int | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `host:port` with hypercorn until cancelled; reports the bound port.
 
     With `tls`, HTTPS only (build it with `rsgw._tls.ADMIN_ALPN`); a changed
-    certificate is picked up at the next connection.
+    certificate is picked up at the next connection. With `limits` (the REST
+    listener: the gRPC port's `connections:` block), a connection that sends nothing
+    for `header_seconds` is closed, an idle keep-alive one after
+    `REST_KEEP_ALIVE_SECONDS` (hypercorn's timer also runs while a request's head is
+    still coming, so a slowloris is cut then too), and a request head is held to
+    `max_header_list_bytes` (HTTP/1.1 and HTTP/2 alike).
 
     Raises:
         ListenError: the address is busy or cannot be bound.
     """
     sock = bind_tcp(host, port)
     config = _Config()
+    if limits is not None:
+        config.keep_alive_timeout = REST_KEEP_ALIVE_SECONDS
+        config.read_timeout = math.ceil(limits.header_seconds)  # hypercorn takes whole seconds
+        config.h11_max_incomplete_size = limits.max_header_list_bytes
+        config.h2_max_header_list_size = limits.max_header_list_bytes
+    if max_concurrent_streams is not None:
+        config.h2_max_concurrent_streams = max_concurrent_streams
     config.tls = tls
     config.accesslog = None
     config.errorlog = logger

@@ -218,7 +218,15 @@ async def serve_gateway(
             )
             http_host, http_port = split_host_port(config.listen.http)
             bound_http = await nursery.start(
-                functools.partial(serve_admin, tls=admin_tls), door, http_host, http_port
+                functools.partial(
+                    serve_admin,
+                    tls=admin_tls,
+                    limits=config.connections.limits(),
+                    max_concurrent_streams=config.connections.max_concurrent_streams,
+                ),
+                door,
+                http_host,
+                http_port,
             )
         logger.info(
             "gateway serving",
