@@ -70,6 +70,8 @@ class CallContext:
     scope: trio.CancelScope | None = None
     #: Why the door cut the call short (it was still running when its drain ended).
     abandoned: str = ""
+    #: The door's wire, for the metrics' `protocol` label: "grpc" or "rest".
+    protocol: str = "grpc"
 
     def begin(self, scope: trio.CancelScope, time_limit: float | None) -> None:
         """The handler runs under `scope` from now, ended by the call's deadline or by

@@ -60,7 +60,8 @@ async def test_metrics_merge_gateway_and_worker_series() -> None:
         types = [line.split()[2] for line in lines if line.startswith("# TYPE")]
         helps = [line.split()[2] for line in lines if line.startswith("# HELP")]
         assert len(types) == len(set(types)) and len(helps) == len(set(helps))
-        assert 'gateway_requests_total{model="simple",rpc="ModelInfer",status="OK"} 4.0' in lines
+        series = 'gateway_requests_total{model="simple",protocol="grpc",rpc="ModelInfer",'
+        assert series + 'status="OK"} 4.0' in lines
         assert 'gateway_worker_ready{worker="worker0"} 1.0' in lines
         assert 'gateway_worker_metrics_up{worker="worker1"} 1.0' in lines
         size = len(fleet.gateway.status().models)
@@ -171,7 +172,7 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
             assert caught.value.code is StatusCode.UNIMPLEMENTED
         # Refusals are counted too, under a bounded label (paths are client-chosen).
         counter = fleet.gateway._service.metrics.requests
-        assert counter.labels("_unknown_", "", "Unimplemented").value == 2
+        assert counter.labels("_unknown_", "", "Unimplemented", "grpc").value == 2
         # A known method refused before its handler (a unary call with two messages).
         async with fleet.channel().stream(Method.MODEL_INFER.wire) as stream:
             await stream.send(b"")
@@ -179,7 +180,7 @@ async def test_unknown_methods_are_unimplemented_at_the_gateway(
             stream.end()
             with pytest.raises(GrpcError):
                 await stream.receive()
-        assert counter.labels("ModelInfer", "", "Internal").value == 1
+        assert counter.labels("ModelInfer", "", "Internal", "grpc").value == 1
 
 
 async def test_worker_series_carry_the_gateways_name_for_the_worker() -> None:

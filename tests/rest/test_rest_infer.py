@@ -105,3 +105,18 @@ async def test_an_unknown_model_is_404_and_bad_tensors_400() -> None:
             await in_thread(calls)
         finally:
             client.close()
+
+
+async def test_rest_calls_are_counted_with_their_protocol() -> None:
+    async with open_fleet(1) as fleet:
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{fleet.gateway.http_port}")
+        try:
+            await in_thread(lambda: simple_call(client, 3))
+        finally:
+            client.close()
+        rendered = fleet.gateway._service.metrics.render().decode()
+        assert (
+            'gateway_requests_total{model="simple",protocol="rest",rpc="ModelInfer",status="OK"}'
+            " 1.0" in rendered
+        )
+        assert 'gateway_request_latency_seconds_count{model="simple",protocol="rest"' in rendered

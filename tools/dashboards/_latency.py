@@ -1,8 +1,8 @@
 """rsgw / Latency & Errors: how fast and how well are calls answered?
 
 Latency quantiles as a client sees them (the gateway's histogram), on the gateway's calls
-to each worker, and inside the workers; calls by model and status, errors, calls shed at
-the admission cap and failovers.
+to each worker, and inside the workers; calls by model and status and by protocol (gRPC
+and REST), errors, calls shed at the admission cap and failovers.
 """
 
 from __future__ import annotations
@@ -52,6 +52,18 @@ def latency_errors() -> Dashboard:
                     "{{model}} {{status}}",
                 ),
                 unit="reqps",
+            ),
+            graph(
+                "Calls and latency p99 by protocol",
+                "ModelInfer through each door: gRPC (8001) and Triton's REST API (8000).",
+                q(
+                    f"sum by (protocol) (rate(gateway_requests_total{{{MODEL}}}{RATE}))",
+                    "{{protocol}} calls/s",
+                ),
+                q(
+                    quantile("0.99", "gateway_request_latency_seconds", "protocol", MODEL),
+                    "{{protocol}} p99 (s)",
+                ),
             ),
             graph(
                 "Errors by status",

@@ -166,10 +166,10 @@ class Admission:
             self.shed(rpc)
         return ticket
 
-    def shed(self, rpc: str) -> NoReturn:
+    def shed(self, rpc: str, protocol: str = "grpc") -> NoReturn:
         """Refuse a call at the cap: counted, and RESOURCE_EXHAUSTED raised."""
         self._metrics.shed.inc()
-        self._metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None)
+        self._metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None, protocol)
         raise shed_at_gateway(self.ledger.max_inflight)
 
     def release(self, ticket: Ticket[AnyReservation]) -> None:
@@ -186,8 +186,10 @@ class Admission:
         finally:
             self.release(ticket)
 
-    async def queue_for_slot(self, rpc: str, deadline: float) -> Ticket[AnyReservation]:
+    async def queue_for_slot(
+        self, rpc: str, deadline: float, protocol: str = "grpc"
+    ) -> Ticket[AnyReservation]:
         """The cap is full (or others wait): queue if it clears by `deadline`, else shed."""
         if self.queue.hopeless(trio.current_time(), deadline):
-            self.shed(rpc)
+            self.shed(rpc, protocol)
         return await self.queue.wait_turn(self.release)

@@ -118,7 +118,9 @@ class InferProxy:
         # A slot now, unless the cap is full or others already wait for one.
         ticket = None if self.queue.waiting else self.ledger.admit()
         if ticket is None:
-            ticket = await self.admission.queue_for_slot(Method.MODEL_INFER.rpc, call.deadline)
+            ticket = await self.admission.queue_for_slot(
+                Method.MODEL_INFER.rpc, call.deadline, call.protocol
+            )
         self.retries.deposit()
         started = trio.current_time()
         access = self.access

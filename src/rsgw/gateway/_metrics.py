@@ -60,14 +60,15 @@ class GatewayMetrics:
         # The three series every proxied call updates: lock-free children (`_hot_series`).
         self.requests = CounterFamily(
             "gateway_requests",
-            "Count of gateway RPCs by method, model, and gRPC status code.",
-            ["rpc", "model", "status"],
+            "Count of gateway RPCs by method, model, gRPC status code and the door they "
+            "came through (protocol: grpc or rest).",
+            ["rpc", "model", "status", "protocol"],
             r,
         )
         self.request_latency = HistogramFamily(
             "gateway_request_latency_seconds",
-            "Gateway-internal latency.",
-            ["rpc", "model"],
+            "Gateway-internal latency, by the door the call came through (protocol).",
+            ["rpc", "model", "protocol"],
             r,
             LATENCY_BUCKETS,
         )
@@ -141,8 +142,8 @@ class GatewayMetrics:
         )
         for action in ("load", "unload"):
             self.placement_actions.labels(action)
-        self._latency_children: dict[tuple[str, str], Latencies] = {}
-        self._count_children: dict[tuple[str, str, StatusCode], Count] = {}
+        self._latency_children: dict[tuple[str, str, str], Latencies] = {}
+        self._count_children: dict[tuple[str, str, StatusCode, str], Count] = {}
         self._worker_children: dict[tuple[str, str], Latencies] = {}
         self._capability_labels: set[tuple[str, str]] = set()
 
@@ -214,25 +215,36 @@ class GatewayMetrics:
             repacks.labels(trigger)
         return repacks
 
-    def observe(self, rpc: str, model: str, code: StatusCode, seconds: float | None) -> None:
+    def observe(
+        self,
+        rpc: str,
+        model: str,
+        code: StatusCode,
+        seconds: float | None,
+        protocol: str = "grpc",
+    ) -> None:
         """Count one handled RPC; `seconds` None records no latency (rejected at parse)."""
-        key = (rpc, model, code)
+        key = (rpc, model, code, protocol)
         counter = self._count_children.get(key)
         if counter is None:
-            counter = self._count_children[key] = self.requests.labels(rpc, model, code.camel)
+            counter = self._count_children[key] = self.requests.labels(
+                rpc, model, code.camel, protocol
+            )
         counter.inc()
         if seconds is not None:
-            pair = (rpc, model)
-            latency = self._latency_children.get(pair)
+            triple = (rpc, model, protocol)
+            latency = self._latency_children.get(triple)
             if latency is None:
-                latency = self._latency_children[pair] = self.request_latency.labels(rpc, model)
+                latency = self._latency_children[triple] = self.request_latency.labels(
+                    rpc, model, protocol
+                )
             latency.observe(seconds)
 
-    def observer(self, rpc: str) -> Callable[[StatusCode, str, float | None], None]:
+    def observer(self, rpc: str) -> Callable[[StatusCode, str, float | None, str], None]:
         """`observe` for one RPC, in the shape `rsgw.grpc._metering.metered` calls."""
 
-        def observe(code: StatusCode, model: str, seconds: float | None) -> None:
-            self.observe(rpc, model, code, seconds)
+        def observe(code: StatusCode, model: str, seconds: float | None, protocol: str) -> None:
+            self.observe(rpc, model, code, seconds, protocol)
 
         return observe
 

@@ -33,7 +33,7 @@ class Meter:
     def __init__(
         self,
         call: CallContext,
-        observe: Callable[[StatusCode, str, float | None], None],
+        observe: Callable[[StatusCode, str, float | None, str], None],
         label: str = "",
     ) -> None:
         self._call = call
@@ -58,7 +58,7 @@ class Meter:
     ) -> None:
         code = self.code = StatusCode.OK if exc is None else self._call.status_for(exc)
         seconds = time.perf_counter() - self._started if self.timed else None
-        self._observe(code, self.label, seconds)
+        self._observe(code, self.label, seconds, self._call.protocol)
 
 
 #: Meter a handler's work: `with metered(call, observe) as meter: ...`. The class

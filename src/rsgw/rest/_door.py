@@ -165,7 +165,7 @@ class RestDoor:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         kind = LOOPBACK if is_loopback(host) else REMOTE
         peer = Peer(kind, address, ends=(host, port, str(server[0]), int(server[1] or 0)))
-        return CallContext(path, math.inf, metadata, address, client=peer)
+        return CallContext(path, math.inf, metadata, address, client=peer, protocol="rest")
 
     async def _body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
         """The whole request body, inflated if it came compressed, held to the limit.

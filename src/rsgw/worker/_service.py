@@ -397,7 +397,9 @@ class WorkerService:
         if _EMPTY_FINAL in parameters and parameters[_EMPTY_FINAL].bool_param:
             await stream.send(stream_reply(self.codec.final_response(job.spec, job.request)))
 
-    def _observe_infer(self, code: StatusCode, model: str, seconds: float | None) -> None:
+    def _observe_infer(
+        self, code: StatusCode, model: str, seconds: float | None, protocol: str = "grpc"
+    ) -> None:
         self.metrics.count_request(model, code, seconds or 0.0)
         counters = self.device.counters.get(model)
         if counters is not None:  # a served model (the label of anything else is _unknown_)
