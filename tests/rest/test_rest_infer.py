@@ -120,3 +120,36 @@ async def test_rest_calls_are_counted_with_their_protocol() -> None:
             " 1.0" in rendered
         )
         assert 'gateway_request_latency_seconds_count{model="simple",protocol="rest"' in rendered
+
+
+async def test_a_sequence_keeps_its_worker_over_rest() -> None:
+    # tritonclient.http sends sequence_id / sequence_start / sequence_end as request
+    # parameters; the gateway reads them as the gRPC call's: every step on one worker.
+    async with open_fleet(3) as fleet:
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{fleet.gateway.http_port}")
+
+        def steps() -> list[int]:
+            totals = []
+            for i in range(12):
+                value = triton_http.InferInput("INPUT", [1, 1], "INT32")
+                value.set_data_from_numpy(np.array([[i + 1]], dtype=np.int32))
+                result = client.infer(
+                    "simple_sequence",
+                    [value],
+                    sequence_id=42,
+                    sequence_start=i == 0,
+                    sequence_end=i == 11,
+                )
+                totals.append(int(result.as_numpy("OUTPUT")[0][0]))
+            return totals
+
+        try:
+            totals = await in_thread(steps)
+        finally:
+            client.close()
+        # simple_sequence answers INPUT + START (Triton's model): the start flag arrived.
+        assert totals == [2, *range(2, 13)]
+        served = [
+            w.service.device.counters["simple_sequence"].requests_served for w in fleet.workers
+        ]
+        assert sorted(served) == [0, 0, 12]
