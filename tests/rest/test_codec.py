@@ -322,13 +322,13 @@ def test_response_json_as_triton_writes_it() -> None:
     response = response_of({"A": np.array([[1.5, -2]], np.float32), "B": np.array([True])})
     response.id = "r-9"
     response.parameters["sequence_id"].int64_param = 5
-    response.outputs[1].parameters["note"].string_param = "x"
+    response.outputs[1].parameters["note"].string_param = "x"  # a worker's: not written
     body, length = decode_response(response.SerializeToString(), EncodedRequest(b"", {"B": True}))
     header = (
         b'{"id":"r-9","model_name":"simple","model_version":"1","parameters":{"sequence_id":5},'
         b'"outputs":[{"name":"A","datatype":"FP32","shape":[1,2],"data":[1.5,-2.0]},'
         b'{"name":"B","datatype":"BOOL","shape":[1],'
-        b'"parameters":{"note":"x","binary_data_size":1}}]}'
+        b'"parameters":{"binary_data_size":1}}]}'
     )
     assert (body, length) == (header + b"\x01", len(header))
 
@@ -368,12 +368,7 @@ def test_shared_memory_outputs_have_no_data(placeholders: bool) -> None:
     assert length is None
     assert parse(body).get_response()["outputs"] == [
         {"name": "A", "datatype": "INT32", "shape": [1]},
-        {
-            "name": "B",
-            "datatype": "INT32",
-            "shape": [1],
-            "parameters": {"shared_memory_region": "r"},
-        },
+        {"name": "B", "datatype": "INT32", "shape": [1]},  # Triton writes no parameters
         {"name": "C", "datatype": "INT32", "shape": [1], "data": [2]},
     ]
 

@@ -105,3 +105,11 @@ async def test_model_control_and_logging_through_tritonclient_http() -> None:
             await in_thread(calls)
         finally:
             client.close()
+
+
+async def test_only_inference_replies_are_compressed_and_configs_list_defaults() -> None:
+    async with rest_fleet() as (_, http):
+        stats = await http.get("/v2/models/simple/stats", headers={"accept-encoding": "gzip"})
+        assert "content-encoding" not in stats.headers  # Triton's aio client reads it raw
+        config = (await http.get("/v2/models/simple_identity/config")).json()
+        assert "max_batch_size" in config  # 0 is written, as Triton writes it

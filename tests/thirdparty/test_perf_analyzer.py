@@ -1,5 +1,7 @@
 """NVIDIA's perf_analyzer against `rsgw worker` and through the gateway, in each of its
-gRPC modes: synchronous, asynchronous, streaming, and with system shared memory.
+gRPC modes: synchronous, asynchronous, streaming, and with system shared memory; and
+through the gateway's REST port (`-i http`; a worker has none) synchronous,
+asynchronous and with system shared memory.
 
 perf_analyzer is Triton's own load generator (a C++ binary shipped in the
 tritonclient 2.48.0 manylinux wheel; it needs Debian's libb64-0d, and loads libcudart
@@ -12,6 +14,12 @@ Two of its modes found worker bugs: `--streaming` stalled after about 700 replie
 and `--shared-memory system` crashed the client (a response whose every output went
 to shared memory had no raw_output_contents placeholders, which its C++ client indexes
 by output position).
+
+`-i http --shared-memory system` found a REST bug: an output in shared memory was
+written with the worker's `shared_memory_*` parameters, and the C++ HTTP client reads
+`binary_data_size` from any output that has "parameters" ("attempt to access
+non-existing object member 'binary_data_size'"); Triton writes such an output as its
+name, datatype and shape only.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import trio
@@ -41,6 +50,16 @@ MODES = {
     "streaming": ["--streaming"],
     "system_shared_memory": ["--shared-memory", "system"],
 }
+#: The gRPC runs measure in 500 ms windows until three agree (20 at most).
+WINDOWS = ["--measurement-interval", "500", "--max-trials", "20"]
+HTTP_MODES = {
+    "sync": [],
+    "async": ["--async"],
+    "system_shared_memory": ["--shared-memory", "system"],
+}
+#: The HTTP runs send exactly this many requests, measured as one window: no search for
+#: a stable throughput, so a busy machine slows them but cannot fail them.
+HTTP_REQUESTS = 500
 
 pytestmark = pytest.mark.skipif(
     not PERF_ANALYZER.is_file(),
@@ -56,16 +75,23 @@ def _cuda_runtime() -> str:
     return str(found[0]) if found else ""
 
 
-def perf_analyzer(target: str, mode: list[str]) -> subprocess.CompletedProcess[str]:
+def perf_analyzer(target: str, protocol: str, args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LD_LIBRARY_PATH": _cuda_runtime()}
-    argv = [str(PERF_ANALYZER), "-m", "simple", "-u", target, "-i", "grpc", *mode]
-    argv += ["--measurement-interval", "500", "--max-trials", "20"]
+    argv = [str(PERF_ANALYZER), "-m", "simple", "-u", target, "-i", protocol, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
 
 
+class Node(NamedTuple):
+    """Where perf_analyzer reaches a node: a worker, and the gateway's gRPC and REST ports."""
+
+    worker: str
+    grpc: str
+    http: str
+
+
 @asynccontextmanager
-async def node() -> AsyncIterator[tuple[str, str]]:
-    """Two workers and a gateway in front of them: (a worker's target, the gateway's)."""
+async def node() -> AsyncIterator[Node]:
+    """Two workers and a gateway in front of them."""
     async with trio.open_nursery() as nursery:
         workers = [await nursery.start(serve_worker_on_port, i) for i in range(2)]
         config = GatewayConfig(
@@ -73,7 +99,11 @@ async def node() -> AsyncIterator[tuple[str, str]]:
             listen=ListenConfig(grpc="127.0.0.1:0", metrics="127.0.0.1:0", http="127.0.0.1:0"),
         )
         async with open_gateway(config) as gateway:
-            yield f"127.0.0.1:{workers[0]}", f"127.0.0.1:{gateway.grpc_port}"
+            yield Node(
+                f"127.0.0.1:{workers[0]}",
+                f"127.0.0.1:{gateway.grpc_port}",
+                f"127.0.0.1:{gateway.http_port}",
+            )
         nursery.cancel_scope.cancel()
 
 
@@ -88,9 +118,21 @@ async def serve_worker_on_port(
 
 @pytest.mark.parametrize("mode", list(MODES))
 async def test_perf_analyzer_runs_against_a_worker_and_through_the_gateway(mode: str) -> None:
-    async with node() as (worker, gateway):
-        for target in (worker, gateway):
-            run = await in_thread(functools.partial(perf_analyzer, target, MODES[mode]))
+    async with node() as ends:
+        for target in (ends.worker, ends.grpc):
+            run = await in_thread(
+                functools.partial(perf_analyzer, target, "grpc", [*MODES[mode], *WINDOWS])
+            )
             assert run.returncode == 0, (target, run.stdout[-1500:], run.stderr[-1500:])
             assert "throughput:" in run.stdout, run.stdout[-1500:]
             assert "No valid requests" not in run.stdout
+
+
+@pytest.mark.parametrize("mode", list(HTTP_MODES))
+async def test_perf_analyzer_http_runs_through_the_gateway(mode: str) -> None:
+    args = [*HTTP_MODES[mode], "--request-count", str(HTTP_REQUESTS)]
+    async with node() as ends:
+        run = await in_thread(functools.partial(perf_analyzer, ends.http, "http", args))
+    assert run.returncode == 0, (run.stdout[-1500:], run.stderr[-1500:])
+    assert f"Request count: {HTTP_REQUESTS}\n" in run.stdout, run.stdout[-1500:]
+    assert "throughput:" in run.stdout, run.stdout[-1500:]

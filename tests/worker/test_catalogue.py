@@ -508,6 +508,19 @@ def test_load_catalogue_not_utf8(tmp_path: pathlib.Path) -> None:
 # -- built-in catalogues by name ------------------------------------------------------------
 
 
+def test_triton_l0_http_is_the_repository_of_tritons_rest_ci() -> None:
+    catalogue = named_catalogue("triton-l0-http")
+    assert [m.name for m in catalogue.routable] == [
+        "densenet_onnx",
+        "simple",
+        "simple_dyna_sequence",
+        "simple_identity",
+        "simple_sequence",
+        "simple_string",
+        "simple_string_dyna_sequence",
+    ]
+
+
 def test_triton_docs_is_tritons_example_repository() -> None:
     catalogue = named_catalogue("triton-docs")
     assert [m.name for m in catalogue.routable] == [

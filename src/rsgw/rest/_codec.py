@@ -346,17 +346,17 @@ def decode_response(reply: bytes, request: EncodedRequest) -> tuple[bytes, int |
             "shape": list(output.shape),
         }
         written.append(entry)
-        parameters = _parameters_json(output.parameters)
         at = raw_index[i]
         raw = response.raw_output_contents[at] if at is not None else None
         binary = not in_shm[i] and request.binary_outputs.get(output.name, request.binary_default)
+        # As Triton writes outputs: parameters only on a binary one, and only its size
+        # (Triton's C++ client, perf_analyzer's, insists on `binary_data_size` in any
+        # output parameters it is given); an output in shared memory has no data.
         if binary:
             data = _output_bytes(output, raw)
-            parameters["binary_data_size"] = len(data)
+            entry["parameters"] = {"binary_data_size": len(data)}
             tail += [data] if data else []
-        if parameters:
-            entry["parameters"] = parameters
-        if not (binary or in_shm[i]):
+        elif not in_shm[i]:
             entry["data"] = _output_json(output, raw)
     document["outputs"] = written
 

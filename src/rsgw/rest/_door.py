@@ -96,6 +96,9 @@ class RestDoor:
                 status, reply, extra = await self._inference(
                     target.model, target.version, body, headers, call
                 )
+                # Triton compresses inference replies only (not errors, not the other
+                # endpoints): tritonclient.http.aio reads those undecoded.
+                reply, extra = _compressed(reply, extra, _header(headers, b"accept-encoding"))
             else:
                 request = route.build(target, body)
                 handler = self._handlers.get(route.method.path)
@@ -106,8 +109,9 @@ class RestDoor:
                 extra = []
         except RestError as exc:
             status, reply, extra = exc.status, error_body(exc.message), []
-        if len(reply) >= COMPRESS_FROM_BYTES:
-            reply, extra = _compressed(reply, extra, _header(headers, b"accept-encoding"))
+        except Exception as exc:  # a bug: answered and logged, never the listener's end
+            logger.exception("REST request failed", extra={"path": scope["path"][:200]})
+            status, reply, extra = 500, error_body(f"internal error: {type(exc).__name__}"), []
         await _respond(send, status, reply, extra, scope["method"] == "HEAD")
 
     async def _inference(
@@ -217,14 +221,33 @@ def _compressed(
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """`reply` compressed in the first of gzip and deflate the client accepts, as Triton
     answers a client that asks (`Accept-Encoding`); as it is otherwise."""
-    if not accept:
+    if not accept or len(reply) < COMPRESS_FROM_BYTES:
         return reply, extra
-    offered = {token.split(b";")[0].strip().lower() for token in accept.split(b",")}
-    for name in (b"gzip", b"deflate"):
-        if name in offered:
-            engine = zlib.compressobj(wbits=_ENCODINGS[name])
-            return engine.compress(reply) + engine.flush(), [*extra, (b"content-encoding", name)]
-    return reply, extra
+    name = _chosen_encoding(accept)
+    if name == b"identity":
+        return reply, extra
+    engine = zlib.compressobj(wbits=_ENCODINGS[name])
+    return engine.compress(reply) + engine.flush(), [*extra, (b"content-encoding", name)]
+
+
+def _chosen_encoding(accept: bytes) -> bytes:
+    """Triton's pick (http_server.cc CompressionTypeUsed): of identity, deflate and gzip,
+    the one of highest q (1 when not given), the first listed among equals; identity
+    when none has q > 0."""
+    best, weight = b"identity", 0.0
+    for token in accept.split(b","):
+        name, _, params = token.partition(b";")
+        q = 1.0
+        params = params.strip()
+        if params.startswith(b"q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                continue
+        name = name.strip().lower()
+        if name in (b"identity", b"deflate", b"gzip") and q > weight:
+            best, weight = name, q
+    return best
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

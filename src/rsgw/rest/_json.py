@@ -24,24 +24,37 @@ from rsgw.rest._errors import RestError
 M = TypeVar("M", bound=Message)
 
 
-def message_json(message: Message) -> dict[str, Any]:
-    """`message`'s set fields as Triton writes them (see the module docstring)."""
+def message_json(message: Message, *, defaults: bool = False) -> dict[str, Any]:
+    """`message`'s set fields as Triton writes them (see the module docstring).
+
+    With `defaults`, also every field without presence left at its default (0, "",
+    false, the enum's zero name, [] and {}), as protobuf's `always_print_primitive_fields`
+    writes them: Triton's ModelConfig JSON (`config["max_batch_size"]` is 0, not missing).
+    """
     out: dict[str, Any] = {}
-    for field, value in message.ListFields():
+    if defaults:
+        fields = [
+            (field, getattr(message, field.name))
+            for field in message.DESCRIPTOR.fields
+            if not field.has_presence or message.HasField(field.name)
+        ]
+    else:
+        fields = list(message.ListFields())
+    for field, value in fields:
         entry = field.message_type
         if entry is not None and entry.GetOptions().map_entry:
             inner = entry.fields_by_name["value"]
-            out[field.name] = {key: _single(inner, item) for key, item in value.items()}
+            out[field.name] = {key: _single(inner, item, defaults) for key, item in value.items()}
         elif field.is_repeated:
-            out[field.name] = [_single(field, item) for item in value]
+            out[field.name] = [_single(field, item, defaults) for item in value]
         else:
-            out[field.name] = _single(field, value)
+            out[field.name] = _single(field, value, defaults)
     return out
 
 
-def _single(field: FieldDescriptor, value: Any) -> Any:
+def _single(field: FieldDescriptor, value: Any, defaults: bool = False) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return message_json(value)
+        return message_json(value, defaults=defaults)
     if field.type == FieldDescriptor.TYPE_ENUM:
         known = field.enum_type.values_by_number.get(value)
         return known.name if known is not None else value

@@ -54,9 +54,9 @@ def _empty(_: Target, __: bytes) -> bytes:
     return b""
 
 
-def _json_of(cls: type[Message]) -> Render:
+def _json_of(cls: type[Message], *, defaults: bool = False) -> Render:
     def render(reply: bytes) -> tuple[int, bytes]:
-        return 200, dumps(message_json(cls.FromString(reply)))
+        return 200, dumps(message_json(cls.FromString(reply), defaults=defaults))
 
     return render
 
@@ -86,7 +86,8 @@ def _model_request(cls: type[Message]) -> Build:
 
 def _config(reply: bytes) -> tuple[int, bytes]:
     """ModelConfig: Triton's REST answer is the configuration itself, not wrapped."""
-    return 200, dumps(message_json(pb.ModelConfigResponse.FromString(reply).config))
+    config = pb.ModelConfigResponse.FromString(reply).config
+    return 200, dumps(message_json(config, defaults=True))
 
 
 def _index_request(_: Target, body: bytes) -> bytes:
@@ -235,7 +236,7 @@ MODEL_CONFIG = Route(Method.MODEL_CONFIG, _model_request(pb.ModelConfigRequest),
 MODEL_STATISTICS = Route(
     Method.MODEL_STATISTICS,
     _model_request(pb.ModelStatisticsRequest),
-    _json_of(pb.ModelStatisticsResponse),
+    _json_of(pb.ModelStatisticsResponse, defaults=True),
 )
 INDEX = Route(Method.REPOSITORY_INDEX, _index_request, _index)
 LOAD = Route(Method.REPOSITORY_MODEL_LOAD, _load, _ok)

@@ -32,7 +32,8 @@ BUILTIN_CATALOGUE_FILE = "builtin_models.yaml"
 #: Catalogues `--models` (and a node file's `model_repo`) name instead of a file: the
 #: built-in catalogue whole, or a selection of it. `triton-docs` is the repository of
 #: Triton's docs/examples (eight models), which some of Triton's example clients
-#: count (simple_grpc_model_control.py expects exactly eight).
+#: count (simple_grpc_model_control.py expects exactly eight); `triton-l0-http` the one
+#: Triton's HTTP examples are run against (simple_http_model_control.py expects seven).
 BUILTIN_SETS: dict[str, tuple[str, ...] | None] = {
     "builtin": None,
     "triton-docs": (
@@ -44,6 +45,17 @@ BUILTIN_SETS: dict[str, tuple[str, ...] | None] = {
         "simple_int8",
         "simple_sequence",
         "simple_string",
+    ),
+    # The repository Triton's REST CI (qa/L0_http) serves its HTTP examples from
+    # (seven models: simple_http_model_control.py counts them).
+    "triton-l0-http": (
+        "densenet_onnx",
+        "simple",
+        "simple_dyna_sequence",
+        "simple_identity",
+        "simple_sequence",
+        "simple_string",
+        "simple_string_dyna_sequence",
     ),
 }
 
