@@ -68,11 +68,14 @@ def _ok(_: bytes) -> tuple[int, bytes]:
 def _flag(
     cls: type[pb.ServerLiveResponse | pb.ServerReadyResponse | pb.ModelReadyResponse],
 ) -> Render:
-    """Health and readiness: 200 when true, 400 when not (Triton's answers), no body."""
+    """Health and readiness: 200 when true, 400 when not, as Triton answers them, with
+    `{"live": ...}` or `{"ready": ...}` as the body where Triton sends none: Triton's
+    clients read the status alone, and KServe's REST client reads the body."""
     field = "live" if cls is pb.ServerLiveResponse else "ready"
 
     def render(reply: bytes) -> tuple[int, bytes]:
-        return (200 if getattr(cls.FromString(reply), field) else 400), b""
+        value = bool(getattr(cls.FromString(reply), field))
+        return (200 if value else 400), dumps({field: value})
 
     return render
 
