@@ -8,10 +8,12 @@ follows Grafana's dashboard schema. `--check` fails (exit 1) when the committed 
 differs from what the definitions make, as `tools/regen_protos.py --check` does for the
 protos; CI runs it. docs/operations.md says which panel answers which question.
 
-    python tools/grafana_dashboards.py           # rewrite grafana/dashboards/
+    python tools/grafana_dashboards.py           # rewrite both copies
     python tools/grafana_dashboards.py --check   # are they current?
 
-After a change, copy the JSON into deploy/kubernetes/base/dashboards/ as docs/deploy.md says.
+It writes (and checks) the Kubernetes base's copy, deploy/kubernetes/base/dashboards/,
+too: a ConfigMap generator cannot reach outside its directory, so the JSON is there
+twice, and a change made to one copy only was once missed until CI.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "grafana" / "dashboards"
+#: The Kubernetes base's copy (docs/deploy.md).
+COPIES = (OUT, ROOT / "deploy" / "kubernetes" / "base" / "dashboards")
 
 
 def main() -> int:
@@ -33,15 +37,16 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the JSON is stale")
     args = parser.parse_args()
     stale = []
-    OUT.mkdir(parents=True, exist_ok=True)
     for name, build in DASHBOARDS.items():
         text = json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
-        path = OUT / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
+        for folder in COPIES:
+            path = folder / name
+            if args.check:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(str(path.relative_to(ROOT)))
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
     if stale:
         print(
             f"stale dashboards: {', '.join(stale)}; run python tools/grafana_dashboards.py",
