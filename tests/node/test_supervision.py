@@ -26,6 +26,7 @@ from rsgw.node._supervision import (
     parse_serving,
     pinned_gateway_env,
     public_addresses,
+    serving_http_port,
     sole_worker,
     worker_command,
 )
@@ -187,6 +188,23 @@ def test_only_a_gateway_port_zero_from_the_environment_is_pinned() -> None:
     fixed = {"REACTANT_GATEWAY_LISTEN_GRPC": "0.0.0.0:8001"}
     assert pinned_gateway_env(fixed, 5, 6) == fixed
     assert pinned_gateway_env({}, 5, 6) == {}
+    rest = {"REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0"}
+    assert pinned_gateway_env(rest, 5, 6, 7) == {"REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:7"}
+    assert pinned_gateway_env(rest, 5, 6) == rest  # no REST port reported: left alone
+
+
+@pytest.mark.parametrize(
+    ("line", "port"),
+    [
+        ('{"event": "gateway serving", "grpc_port": 5, "http_port": 7}', 7),
+        ('{"event": "gateway serving", "grpc_port": 5, "http_port": null}', None),
+        ("12:00 info x: gateway serving grpc_port=5 metrics_port=6 http_port=7", 7),
+        ("12:00 info x: gateway serving grpc_port=5 http_port=None", None),
+        ('{"event": "worker serving", "grpc_port": 5}', None),
+    ],
+)
+def test_the_gateways_rest_port_is_read_from_its_serving_line(line: str, port: int | None) -> None:
+    assert serving_http_port(line) == port
 
 
 # ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from rsgw.node._supervision import (
     gateway_command,
     parse_serving,
     pinned_gateway_env,
+    serving_http_port,
     worker_command,
 )
 
@@ -98,7 +99,7 @@ class Child:
     def environment(self) -> dict[str, str]:
         raise NotImplementedError
 
-    def pin(self, grpc_port: int, metrics_port: int | None) -> None:
+    def pin(self, grpc_port: int, metrics_port: int | None, http_port: int | None = None) -> None:
         """The child reported its bound ports; make restarts bind the same ones."""
 
     @property
@@ -198,7 +199,7 @@ class Child:
         ports = parse_serving(text, self.serving_event)
         if ports is not None:
             self.grpc_port, self.metrics_port = ports
-            self.pin(*ports)
+            self.pin(*ports, http_port=serving_http_port(text))
             self.serving.set()
 
 
@@ -233,7 +234,7 @@ class WorkerChild(Child):
     def environment(self) -> dict[str, str]:
         return self._env
 
-    def pin(self, grpc_port: int, metrics_port: int | None) -> None:
+    def pin(self, grpc_port: int, metrics_port: int | None, http_port: int | None = None) -> None:
         self.spec = dataclasses.replace(self.spec, port=grpc_port, metrics_port=metrics_port)
 
 
@@ -250,5 +251,5 @@ class GatewayChild(Child):
     def environment(self) -> dict[str, str]:
         return self._env
 
-    def pin(self, grpc_port: int, metrics_port: int | None) -> None:
-        self._env = pinned_gateway_env(self._env, grpc_port, metrics_port)
+    def pin(self, grpc_port: int, metrics_port: int | None, http_port: int | None = None) -> None:
+        self._env = pinned_gateway_env(self._env, grpc_port, metrics_port, http_port)

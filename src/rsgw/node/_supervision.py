@@ -42,6 +42,7 @@ DEFAULT_STABLE_SECONDS = 60.0
 
 ENV_LISTEN_GRPC = env_name("listen.grpc")
 ENV_LISTEN_METRICS = env_name("listen.metrics")
+ENV_LISTEN_HTTP = env_name("listen.http")
 
 
 @dataclass(slots=True)
@@ -247,7 +248,7 @@ def _with_port(address: str, port: int) -> str:
 
 
 def pinned_gateway_env(
-    env: Mapping[str, str], grpc_port: int, metrics_port: int | None
+    env: Mapping[str, str], grpc_port: int, metrics_port: int | None, http_port: int | None = None
 ) -> dict[str, str]:
     """The gateway's environment for its restarts, once it reported its bound ports.
 
@@ -255,7 +256,8 @@ def pinned_gateway_env(
     addresses are the operator's to keep.
     """
     out = dict(env)
-    for var, port in ((ENV_LISTEN_GRPC, grpc_port), (ENV_LISTEN_METRICS, metrics_port)):
+    pairs = ((ENV_LISTEN_GRPC, grpc_port), (ENV_LISTEN_METRICS, metrics_port))
+    for var, port in (*pairs, (ENV_LISTEN_HTTP, http_port)):
         address = out.get(var, "")
         if port is not None and address.strip().endswith(":0"):
             out[var] = _with_port(address.strip(), port)
@@ -340,7 +342,8 @@ def gateway_command(executable: str) -> list[str]:
 
 
 _TEXT_PORT = {
-    key: re.compile(rf"(?:^| ){key}=(\d+|None)(?= |$)") for key in ("grpc_port", "metrics_port")
+    key: re.compile(rf"(?:^| ){key}=(\d+|None)(?= |$)")
+    for key in ("grpc_port", "metrics_port", "http_port")
 }
 
 
@@ -367,3 +370,18 @@ def parse_serving(line: str, event: str) -> tuple[int, int | None] | None:
     if not isinstance(grpc, int) or not (metrics is None or isinstance(metrics, int)):
         return None
     return grpc, metrics
+
+
+def serving_http_port(line: str) -> int | None:
+    """The REST port of the gateway's `gateway serving` log line (None: not one, or no
+    REST listener), read from JSON or `k=v` text as `parse_serving` reads the others."""
+    if "gateway serving" not in line:
+        return None
+    if line.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            port = entry.get("http_port") if isinstance(entry, dict) else None
+            return port if isinstance(port, int) else None
+        return None
+    found = _TEXT_PORT["http_port"].search(line)
+    return int(found.group(1)) if found and found.group(1) != "None" else None
