@@ -47,10 +47,11 @@ from hypercorn.typing import ConnectionState
 
 from rsgw._admin import REST_KEEP_ALIVE_SECONDS, hypercorn_config, wrap_asgi
 from rsgw._net import Acceptor, bind_tcp, bound_port
-from rsgw._peer import peer_of
+from rsgw._peer import Peer, peer_of
 from rsgw._tls import ServerTls, peer_identity
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.rest._door import Response, RestDoor, error_response, too_large
+from rsgw.rest._http1 import NEED_DATA, Head, parse_head, response_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -174,14 +175,85 @@ class RestListener:
         await server.run()
 
     async def _serve_http1(
-        self, stream: trio.abc.Stream, data: bytes, timer: trio.CancelScope
+        self, stream: trio.abc.Stream, buffer: bytes, timer: trio.CancelScope
     ) -> None:
-        """HTTP/1.1 requests on `stream` (whose first bytes were `data`) until the client
-        or a timer ends the connection."""
+        """HTTP/1.1 requests on `stream` (whose first bytes were `buffer`) until the client
+        or a timer ends the connection: read by `rsgw.rest._http1` while they are the
+        usual kind, by h11 from the first one that is not."""
         limits = self._limits
         door = self._door
         max_body = door.max_body_bytes
+        max_head = limits.max_header_list_bytes
         peer = peer_of(stream, peer_identity(stream))
+        idle = False
+        while True:
+            head = parse_head(buffer, max_head)
+            while head is NEED_DATA:
+                data = await stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    return  # the client closed the connection
+                buffer += data
+                head = parse_head(buffer, max_head)
+                if idle and head is NEED_DATA:  # a new request's head has a while to come
+                    idle = False
+                    timer.deadline = trio.current_time() + limits.header_seconds
+            if not isinstance(head, Head):
+                await self._serve_h11(stream, buffer, timer, peer)
+                return
+            idle = False
+            timer.deadline = math.inf
+            if head.body_length > max_body:
+                too_long = error_response(413, too_large(max_body))
+                await _close_with(
+                    stream, response_bytes(413, too_long.headers, too_long.body, True)
+                )
+                return
+            end = head.body_start + head.body_length
+            if len(buffer) >= end:
+                body, buffer = buffer[head.body_start : end], buffer[end:]
+            else:
+                body, buffer = await self._rest_of_body(stream, buffer, head, timer)
+                if not body and head.body_length:
+                    return  # the client went before its body ended
+            method = head.method.decode("ascii")
+            response = await door.respond(method, _path(head.target), head.headers, body, peer)
+            reply = b"" if method == "HEAD" else response.body
+            await self._write(
+                stream, response_bytes(response.status, response.headers, reply, head.close), timer
+            )
+            if head.close:
+                return
+            idle = True
+
+    async def _rest_of_body(
+        self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
+    ) -> tuple[bytes, bytes]:
+        """The body that `buffer` holds the start of, and the bytes after it; (b"", b"")
+        if the client closes first. A body that stalls for `header_seconds` ends its
+        connection."""
+        chunks = [buffer[head.body_start :]]
+        have, need = len(chunks[0]), head.body_length
+        while have < need:
+            timer.deadline = trio.current_time() + self._limits.header_seconds
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return b"", b""
+            chunks.append(bytes(data))
+            have += len(data)
+        timer.deadline = math.inf
+        whole = b"".join(chunks)
+        if have == need:
+            return whole, b""
+        return whole[:need], whole[need:]
+
+    async def _serve_h11(
+        self, stream: trio.abc.Stream, data: bytes, timer: trio.CancelScope, peer: Peer
+    ) -> None:
+        """The rest of the connection, from the request at the front of `data`, read and
+        answered through h11."""
+        limits = self._limits
+        door = self._door
+        max_body = door.max_body_bytes
         connection = h11.Connection(
             h11.SERVER, max_incomplete_event_size=limits.max_header_list_bytes
         )
@@ -208,19 +280,19 @@ class RestListener:
                     body = await self._body(stream, connection, timer, max_body)
                 if body is None:
                     too_long = error_response(413, too_large(max_body))
-                    await self._close_with(stream, connection, too_long)
+                    await _close_with(stream, _h11_reply(connection, too_long, False, True))
                     return
                 method = request.method.decode("ascii")
                 response = await door.respond(method, _path(request.target), headers, body, peer)
-                await self._send(stream, connection, response, method == "HEAD", timer)
+                reply = _h11_reply(connection, response, method == "HEAD", False)
+                await self._write(stream, reply, timer)
                 if connection.our_state is h11.MUST_CLOSE:
                     return
                 connection.start_next_cycle()
                 idle = True
         except h11.RemoteProtocolError as exc:
-            await self._close_with(
-                stream, connection, error_response(exc.error_status_hint, f"bad request: {exc}")
-            )
+            error = error_response(exc.error_status_hint, f"bad request: {exc}")
+            await _close_with(stream, _h11_reply(connection, error, False, True))
 
     async def _body(
         self,
@@ -254,55 +326,52 @@ class RestListener:
             timer.deadline = math.inf
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _send(
-        self,
-        stream: trio.abc.Stream,
-        connection: h11.Connection,
-        response: Response,
-        head: bool,
-        timer: trio.CancelScope | None,
-        close: bool = False,
-    ) -> None:
-        """Write `response` in one send (in pieces past `SEND_PIECE_BYTES`, each given
+    async def _write(self, stream: trio.abc.Stream, out: bytes, timer: trio.CancelScope) -> None:
+        """Send `out` in one send (in pieces past `SEND_PIECE_BYTES`, each given
         `header_seconds`); the keep-alive timer starts."""
-        headers = [*response.headers, _CLOSE] if close else response.headers
-        status = response.status
-        out = connection.send(
-            h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
-        )
-        assert out is not None
-        body = b"" if head else response.body
-        if body:
-            body_bytes = connection.send(h11.Data(data=body))
-            assert body_bytes is not None
-            out += body_bytes
-        out += connection.send(h11.EndOfMessage()) or b""
-        if timer is None:
-            await stream.send_all(out)
-        elif len(out) <= SEND_PIECE_BYTES:
+        if len(out) <= SEND_PIECE_BYTES:
             timer.deadline = trio.current_time() + self._keep_alive  # the send, then idling
             await stream.send_all(out)
-        else:
-            view = memoryview(out)
-            for start in range(0, len(out), SEND_PIECE_BYTES):
-                timer.deadline = trio.current_time() + self._limits.header_seconds
-                await stream.send_all(view[start : start + SEND_PIECE_BYTES])
-            timer.deadline = trio.current_time() + self._keep_alive
+            return
+        view = memoryview(out)
+        for start in range(0, len(out), SEND_PIECE_BYTES):
+            timer.deadline = trio.current_time() + self._limits.header_seconds
+            await stream.send_all(view[start : start + SEND_PIECE_BYTES])
+        timer.deadline = trio.current_time() + self._keep_alive
 
-    async def _close_with(
-        self, stream: trio.abc.Stream, connection: h11.Connection, response: Response
-    ) -> None:
-        """Answer `response` (if an answer can still be sent) and end the connection,
-        reading for a while what the client still sends so that the answer arrives."""
-        with trio.move_on_after(LINGER_SECONDS) as linger:
-            linger.shield = True  # the connection's timer may have just run out
-            with contextlib.suppress(h11.LocalProtocolError):
-                if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await self._send(stream, connection, response, False, None, close=True)
+
+async def _close_with(stream: trio.abc.Stream, out: bytes) -> None:
+    """Send `out` (an answer, or nothing) and end the connection, reading for a while
+    what the client still sends so that the answer arrives (closing with unread input
+    makes the kernel reset the connection, which can destroy what was sent)."""
+    with trio.move_on_after(LINGER_SECONDS) as linger:
+        linger.shield = True  # the connection's timer may have just run out
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            if out:
+                await stream.send_all(out)
             if isinstance(stream, trio.SocketStream):
                 await stream.send_eof()
             while await stream.receive_some(RECEIVE_BYTES):
                 pass
+
+
+def _h11_reply(connection: h11.Connection, response: Response, head: bool, close: bool) -> bytes:
+    """`response` as h11 writes it on `connection`; b"" if an answer can no longer be
+    sent there."""
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return b""
+    headers = [*response.headers, _CLOSE] if close else response.headers
+    status = response.status
+    try:
+        out = connection.send(
+            h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+        )
+        body = b"" if head else response.body
+        if body:
+            out = (out or b"") + (connection.send(h11.Data(data=body)) or b"")
+        return (out or b"") + (connection.send(h11.EndOfMessage()) or b"")
+    except h11.LocalProtocolError:
+        return b""
 
 
 class _Replayed(trio.abc.Stream):
