@@ -47,6 +47,13 @@ class Unusual:
 UNUSUAL: Final = Unusual()
 
 
+class TooLarge:
+    """A request head longer than the limit: answered 431 and the connection closed."""
+
+
+TOO_LARGE: Final = TooLarge()
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """A request head parsed from the front of a buffer."""
@@ -64,12 +71,16 @@ class Head:
     close: bool
 
 
-def parse_head(buffer: bytes, max_head_bytes: int) -> Head | Unusual | None:
+def parse_head(buffer: bytes, max_head_bytes: int) -> Head | Unusual | TooLarge | None:
     """The request head at the front of `buffer`, `NEED_DATA` if it is not complete
-    yet, or `UNUSUAL` (h11's to read, including a head longer than `max_head_bytes`)."""
+    yet, `TOO_LARGE` past `max_head_bytes`, or `UNUSUAL` (h11's to read)."""
     end = buffer.find(_HEAD_END, 0, max_head_bytes + 4)
     if end < 0:
-        return UNUSUAL if len(buffer) >= max_head_bytes + 4 else NEED_DATA
+        if len(buffer) >= max_head_bytes + 4:
+            return TOO_LARGE
+        if b"\n\n" in buffer or b"\n\r\n" in buffer:
+            return UNUSUAL  # lines that end in a bare LF: h11 reads those
+        return NEED_DATA
     line = _REQUEST_LINE.match(buffer)
     if line is None:
         return UNUSUAL

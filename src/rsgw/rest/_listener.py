@@ -51,7 +51,7 @@ from rsgw._peer import Peer, peer_of
 from rsgw._tls import ServerTls, peer_identity
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.rest._door import Response, RestDoor, error_response, too_large
-from rsgw.rest._http1 import NEED_DATA, Head, parse_head, response_bytes
+from rsgw.rest._http1 import NEED_DATA, TOO_LARGE, Head, parse_head, response_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,11 @@ class RestListener:
                     idle = False
                     timer.deadline = trio.current_time() + limits.header_seconds
             if not isinstance(head, Head):
-                await self._serve_h11(stream, buffer, timer, peer)
+                if head is TOO_LARGE:
+                    error = error_response(431, f"request head larger than {max_head} bytes")
+                    await _close_with(stream, response_bytes(431, error.headers, error.body, True))
+                else:
+                    await self._serve_h11(stream, buffer, timer, peer)
                 return
             idle = False
             timer.deadline = math.inf
