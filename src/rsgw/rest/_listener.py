@@ -1,12 +1,14 @@
-"""The REST listener: rsgw's own HTTP/1.1 server on trio, with h11 parsing.
+"""The REST listener: rsgw's own HTTP/1.1 server on trio.
 
 Theory of operation. One task per connection, and nothing else: the request head
-and body are parsed by h11 (sans-IO) on that task, the door (`RestDoor.respond`)
-runs inline on it, and the reply goes out in one send, head and body together.
-Keep-alive connections are served request after request; pipelined requests are
-answered in order, since h11 yields the next one only once the last is answered.
-`Expect: 100-continue` is answered when the body is first waited for, chunked
-request bodies are read as h11 delivers them, and HEAD gets the head only.
+and body are parsed on that task, the door (`RestDoor.respond`) runs inline on it,
+and the reply goes out in one send, head and body together. The usual request is
+read by `rsgw.rest._http1` (a few regular expressions); from the first request that
+is anything else, the connection is h11's (sans-IO), which serves the rest of it or
+answers the error. Keep-alive connections are served request after request;
+pipelined requests are answered in order (the next is parsed only once the last is
+answered). `Expect: 100-continue` is answered when the body is first waited for,
+chunked request bodies are read as h11 delivers them, and HEAD gets the head only.
 
 Why not hypercorn, which served this port at first: its HTTP/1.1 costs about 0.9 ms
 of CPU per call (a task and a memory channel per request, a keep-alive timer started
