@@ -69,8 +69,9 @@ SHELL_MODULES = {
     },
     "node": {"_supervisor", "_children", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
-    # The REST front door's routes, JSON and tensor codec are pure; the ASGI app is its shell.
-    "rest": {"_door"},
+    # The REST front door's routes, JSON and tensor codec are pure; the door and its
+    # HTTP listener are its shell.
+    "rest": {"_door", "_listener"},
     # The simulator's devices and figures are pure; its scenarios (files, seeded random
     # arrivals), offered load (built on the capacity search), capacity search (seeded
     # random), engine (the gateway's settings parser and admission rule), traces (files,

@@ -112,6 +112,32 @@ class _Config(Config):
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def hypercorn_config(
+    tls: ServerTls | None = None,
+    limits: ConnectionLimits | None = None,
+    max_concurrent_streams: int | None = None,
+) -> Config:
+    """hypercorn's configuration for an rsgw listener; see `serve_admin`."""
+    config = _Config()
+    if limits is not None:
+        config.keep_alive_timeout = REST_KEEP_ALIVE_SECONDS
+        config.read_timeout = math.ceil(limits.header_seconds)  # hypercorn takes whole seconds
+        config.h11_max_incomplete_size = limits.max_header_list_bytes
+        config.h2_max_header_list_size = limits.max_header_list_bytes
+    if max_concurrent_streams is not None:
+        config.h2_max_concurrent_streams = max_concurrent_streams
+    config.tls = tls
+    config.accesslog = None
+    config.errorlog = logger
+    config.graceful_timeout = 1.0
+    return config
+
+
+def wrap_asgi(app: AsgiApp, config: Config) -> Any:
+    """`app` as hypercorn's servers take it."""
+    return wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]  # an ASGI callable
+
+
 async def serve_admin(
     app: AsgiApp,
     host: str,
@@ -136,21 +162,10 @@ async def serve_admin(
         ListenError: the address is busy or cannot be bound.
     """
     sock = bind_tcp(host, port)
-    config = _Config()
-    if limits is not None:
-        config.keep_alive_timeout = REST_KEEP_ALIVE_SECONDS
-        config.read_timeout = math.ceil(limits.header_seconds)  # hypercorn takes whole seconds
-        config.h11_max_incomplete_size = limits.max_header_list_bytes
-        config.h2_max_header_list_size = limits.max_header_list_bytes
-    if max_concurrent_streams is not None:
-        config.h2_max_concurrent_streams = max_concurrent_streams
-    config.tls = tls
-    config.accesslog = None
-    config.errorlog = logger
-    config.graceful_timeout = 1.0
+    config = hypercorn_config(tls, limits, max_concurrent_streams)
     secure, insecure = ([sock], []) if tls is not None else ([], [sock])
     sockets = Sockets(secure_sockets=secure, insecure_sockets=insecure, quic_sockets=[])
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]  # an ASGI callable
+    wrapped = wrap_asgi(app, config)
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(worker_serve, wrapped, config, sockets=sockets))
         task_status.started(bound_port(sock))

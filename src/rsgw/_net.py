@@ -7,7 +7,11 @@ never SO_REUSEPORT (so a second process cannot silently share a busy port).
 
 from __future__ import annotations
 
+import errno
+import logging
+import math
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -17,7 +21,13 @@ from rsgw._errors import ListenError
 # Pure, so it lives with the other value parsers; re-exported for the listeners.
 from rsgw._values import split_host_port as split_host_port
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_BACKLOG = 1024
+#: accept() failures that mean "out of a resource for now", not "the listener is
+#: broken": the same ones trio's `serve_listeners` sleeps on and retries.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_SECONDS = 0.1
 
 
 def bind_tcp(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> socket.socket:
@@ -90,3 +100,61 @@ class TcpNetwork:
 
 #: The network every server and channel uses unless told otherwise.
 TCP = TcpNetwork()
+
+
+class Acceptor:
+    """A listener's accept loop, with at most `max_connections` served at once.
+
+    At the cap, new clients wait in the listen backlog (the kernel holds them; nothing
+    is read from them) until a connection ends. Running out of file descriptors or
+    memory is waited out and retried, and said at most every 10 s. Every listener
+    that serves clients (gRPC, REST) accepts through one.
+
+    Args:
+        max_connections: connections served at once; 0: no cap.
+        served: how many are served now, for the warning.
+    """
+
+    def __init__(self, max_connections: int, served: Callable[[], int] = lambda: 0) -> None:
+        self._slots = trio.Semaphore(max_connections) if max_connections > 0 else None
+        self._served = served
+        self._warned_at = -math.inf
+
+    async def run(
+        self,
+        listener: trio.abc.Listener[trio.abc.Stream],
+        serve: Callable[[trio.abc.Stream], Awaitable[None]],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Accept until cancelled, starting `serve(stream)` in `nursery` for each; every
+        `serve` must call `release()` once its connection no longer counts."""
+        slots = self._slots
+        while True:
+            if slots is not None:
+                await slots.acquire()  # at the cap: new clients wait in the backlog
+            try:
+                stream = await listener.accept()
+            except BaseException as exc:
+                if slots is not None:
+                    slots.release()
+                if not isinstance(exc, OSError) or exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                self._failed(exc)
+                await trio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            nursery.start_soon(serve, stream)
+
+    def release(self) -> None:
+        """A connection `run` started has ended (or no longer counts against the cap)."""
+        if self._slots is not None:
+            self._slots.release()
+
+    def _failed(self, exc: OSError) -> None:
+        """Out of file descriptors or memory: say so (at most every 10 s), keep serving."""
+        now = trio.current_time()
+        if now - self._warned_at >= 10.0:
+            self._warned_at = now
+            logger.warning(
+                "cannot accept a connection now; retrying",
+                extra={"error": exc.strerror or str(exc), "connections": self._served()},
+            )

@@ -45,6 +45,7 @@ from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.rest._door import RestDoor
+from rsgw.rest._listener import RestListener
 from rsgw.scheduling._knobs import WorkBasis
 from rsgw.scheduling._lookups import ModelLookups
 from rsgw.scheduling._lpt import LptScheduler
@@ -217,17 +218,13 @@ async def serve_gateway(
                 max_body_bytes=limits.max_recv_msg_bytes,
             )
             http_host, http_port = split_host_port(config.listen.http)
-            bound_http = await nursery.start(
-                functools.partial(
-                    serve_admin,
-                    tls=admin_tls,
-                    limits=config.connections.limits(),
-                    max_concurrent_streams=config.connections.max_concurrent_streams,
-                ),
+            rest = RestListener(
                 door,
-                http_host,
-                http_port,
+                limits=config.connections.limits(),
+                tls=admin_tls,
+                max_concurrent_streams=config.connections.max_concurrent_streams,
             )
+            bound_http = await nursery.start(rest.serve, http_host, http_port)
         logger.info(
             "gateway serving",
             extra={

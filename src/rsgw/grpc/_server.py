@@ -12,15 +12,13 @@ clients, the running-call share, a certificate reloaded), and the graceful stop.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import math
 from collections.abc import Callable, Mapping
 
 import trio
 
 from rsgw._call import PassThrough, TimeLimits, UnaryHandler
-from rsgw._net import TCP, Network
+from rsgw._net import TCP, Acceptor, Network
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
 from rsgw._tls import ServerTls
@@ -38,10 +36,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONCURRENT_STREAMS = 1024
 #: How long a graceful stop lets calls in flight finish.
 DEFAULT_GRACE_SECONDS = 5.0
-#: accept() failures that mean "out of a resource for now", not "the listener is
-#: broken": the same ones trio's `serve_listeners` sleeps on and retries.
-ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-ACCEPT_RETRY_SECONDS = 0.1
 #: How often every connection's timers and flood budget are looked at.
 SWEEP_SECONDS = 1.0
 
@@ -121,10 +115,8 @@ class GrpcServer:
         self._accepting: set[trio.CancelScope] = set()
         self._closing = False
         self._closed = trio.Event()
-        self._accept_warned_at = -math.inf
         self.limits = ConnectionLimits() if limits is None else limits
-        cap = self.limits.max_connections
-        self._connection_slots = trio.Semaphore(cap) if cap > 0 else None
+        self._acceptor = Acceptor(self.limits.max_connections, lambda: len(self._connections))
         self._sweeping = False
         self.intake = Intake(max_running_calls)
         self.tls = tls
@@ -179,37 +171,13 @@ class GrpcServer:
                 self._accepting.add(accepting)
                 if self._closing:
                     accepting.cancel()
-                while True:
-                    slots = self._connection_slots
-                    if slots is not None:
-                        await slots.acquire()  # at the cap: new clients wait in the backlog
-                    try:
-                        stream = await listener.accept()
-                    except BaseException as exc:
-                        if slots is not None:
-                            slots.release()
-                        if not isinstance(exc, OSError) or exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                            raise
-                        self._accept_failed(exc)
-                        await trio.sleep(ACCEPT_RETRY_SECONDS)
-                        continue
-                    nursery.start_soon(self._serve_connection, stream)
+                await self._acceptor.run(listener, self._serve_connection, nursery)
         finally:
             # Closing, or cancelled: the listening socket goes now, so new connections
             # are refused (and a client or balancer tries elsewhere) rather than left
             # in the backlog while the open ones finish (they may linger a second).
             with trio.CancelScope(shield=True):
                 await listener.aclose()
-
-    def _accept_failed(self, exc: OSError) -> None:
-        """Out of file descriptors or memory: say so (at most every 10 s), keep serving."""
-        now = trio.current_time()
-        if now - self._accept_warned_at >= 10.0:
-            self._accept_warned_at = now
-            logger.warning(
-                "cannot accept a connection now; retrying",
-                extra={"error": exc.strerror or str(exc), "connections": len(self._connections)},
-            )
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         try:
@@ -224,8 +192,7 @@ class GrpcServer:
             if first:
                 await self._serve_client(stream, first)
         finally:
-            if self._connection_slots is not None:
-                self._connection_slots.release()
+            self._acceptor.release()
             with trio.CancelScope(shield=True), trio.move_on_after(LINGER_SECONDS):
                 await stream.aclose()
 

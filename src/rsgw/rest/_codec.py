@@ -337,7 +337,10 @@ def decode_response(reply: bytes, request: EncodedRequest) -> tuple[bytes, int |
     outputs = response.outputs
     in_shm = [o.name in request.shm_outputs or _SHM_REGION in o.parameters for o in outputs]
     raw_index = _raw_index(len(outputs), len(response.raw_output_contents), in_shm)
-    written: list[dict[str, Any]] = []
+    # The JSON is written in pieces, each output's after the document's other fields and
+    # each "data" after its output's: an 8-bit tensor's data then goes from a table of
+    # its 256 numbers' text, several times faster than json.dumps of its values.
+    written: list[str] = []
     tail: list[bytes] = []
     for i, output in enumerate(outputs):
         entry: dict[str, Any] = {
@@ -345,7 +348,6 @@ def decode_response(reply: bytes, request: EncodedRequest) -> tuple[bytes, int |
             "datatype": output.datatype,
             "shape": list(output.shape),
         }
-        written.append(entry)
         at = raw_index[i]
         raw = response.raw_output_contents[at] if at is not None else None
         binary = not in_shm[i] and request.binary_outputs.get(output.name, request.binary_default)
@@ -356,14 +358,19 @@ def decode_response(reply: bytes, request: EncodedRequest) -> tuple[bytes, int |
             data = _output_bytes(output, raw)
             entry["parameters"] = {"binary_data_size": len(data)}
             tail += [data] if data else []
+            written.append(_dumps(entry))
         elif not in_shm[i]:
-            entry["data"] = _output_json(output, raw)
-    document["outputs"] = written
-
-    head = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+            written.append(f'{_dumps(entry)[:-1]},"data":{_output_json(output, raw)}}}')
+        else:
+            written.append(_dumps(entry))
+    head = f'{_dumps(document)[:-1]},"outputs":[{",".join(written)}]}}'.encode()
     if not tail:
         return head, None
     return b"".join([head, *tail]), len(head)
+
+
+def _dumps(document: object) -> str:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
 def _parameters_json(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
@@ -404,12 +411,16 @@ def _typed(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -
     return output.HasField("contents") and not raw
 
 
-def _output_json(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -> list[Any]:
+def _output_json(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -> str:
+    """The output's data as a JSON array's text."""
     count = _shape_count(output)
     try:
         if _typed(output, raw):
-            return _tensors.contents_values(output.datatype, output.contents, count)
-        return _tensors.raw_to_json(output.datatype, raw or b"", count)
+            return _dumps(_tensors.contents_values(output.datatype, output.contents, count))
+        text = _tensors.raw_json_text(output.datatype, raw or b"", count)
+        if text is not None:
+            return text
+        return _dumps(_tensors.raw_to_json(output.datatype, raw or b"", count))
     except NotUtf8Error as exc:
         raise _bad(f"unable to write 'data' for output '{output.name}': {exc}") from None
     except TensorError as exc:

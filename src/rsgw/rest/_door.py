@@ -1,4 +1,4 @@
-"""The REST front door: an ASGI app that answers Triton's REST API with the gateway's handlers.
+"""The REST front door: answers Triton's REST API with the gateway's handlers.
 
 Each request is matched to its gRPC method (`rsgw.rest._routes`), its body read
 (bounded by `grpc.max_recv_msg_bytes`, inflated when `Content-Encoding` says gzip or
@@ -11,7 +11,9 @@ Triton's REST server writes it. Inference goes through the tensor codec
 answer becomes JSON and binary tensors; the gateway's ModelInfer path in between is
 the gRPC one, byte for byte.
 
-hypercorn serves it on trio (HTTP/1.1 keep-alive and h2c), on `listen.http`.
+rsgw's own HTTP/1.1 listener (`rsgw.rest._listener`) serves it on `listen.http`,
+calling `RestDoor.respond` with each whole request; HTTP/2 there (h2c, or h2 over
+TLS) goes to hypercorn, which serves the door as an ASGI app.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import math
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -52,14 +55,31 @@ _NOT_METADATA = frozenset(
         b"accept",
     }
 )
-_JSON = b"application/json"
+_JSON = (b"content-type", b"application/json")
+_OCTETS = (b"content-type", b"application/octet-stream")
+_BINARY_LENGTH = b"inference-header-content-length"
 _ENCODINGS = {b"gzip": 31, b"deflate": 15}
 #: Replies shorter than this go uncompressed whatever the client accepts (not worth it).
 COMPRESS_FROM_BYTES = 256
 
 
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What the door answers a request: the status, its headers (lower-case names,
+    `content-length` first) and the whole body (a listener sends none for HEAD)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
 class RestDoor:
-    """The ASGI app of the REST listener; see the module docstring.
+    """The REST listener's request handler; see the module docstring.
+
+    `respond` is the door itself, with no HTTP framing in it: rsgw's own HTTP/1.1
+    listener (`rsgw.rest._listener`) calls it on the connection's task. The instance
+    is also an ASGI app over `respond`, which hypercorn serves for HTTP/2 (h2c, and
+    h2 over TLS).
 
     Args:
         handlers: the gateway's unary handlers by gRPC path, guarded.
@@ -79,9 +99,47 @@ class RestDoor:
         self._handlers = dict(handlers)
         self._infer = pass_through[Method.MODEL_INFER.path]
         self._time_limits = time_limits
-        self._max_body = max_body_bytes
+        self.max_body_bytes = max_body_bytes
+
+    async def respond(
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        peer: Peer,
+    ) -> Response:
+        """The answer to one request whose whole body (as it came, maybe compressed) is
+        `body`; `headers` have lower-case names. Never raises but for cancellation."""
+        try:
+            route, target = match(method, path)
+            body = self._inflated(headers, body)
+            call = _call(headers, route.method.path, peer)
+            if route is INFER:
+                reply, extra = await self._inference(
+                    target.model, target.version, body, headers, call
+                )
+                # Triton compresses inference replies only (not errors, not the other
+                # endpoints): tritonclient.http.aio reads those undecoded.
+                accept = _header(headers, b"accept-encoding")
+                if accept is not None:
+                    reply, extra = _compressed(reply, extra, accept)
+                return _response(200, reply, extra)
+            request = route.build(target, body)
+            handler = self._handlers.get(route.method.path)
+            if handler is None:
+                raise RestError(501, f"{route.method.rpc} is not served here")
+            answer = await self._run(handler, request, call)
+            status, reply = route.render(answer)
+            return _response(status, reply, [])
+        except RestError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception as exc:  # a bug: answered and logged, never the listener's end
+            logger.exception("REST request failed", extra={"path": path[:200]})
+            return error_response(500, f"internal error: {type(exc).__name__}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The door as an ASGI app (hypercorn's HTTP/2)."""
         if scope["type"] == "lifespan":
             await lifespan(receive, send)
             return
@@ -89,30 +147,22 @@ class RestDoor:
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
-            route, target = match(scope["method"], scope["path"])
-            body = await self._body(headers, receive)
-            call = self._call(scope, headers, route.method.path)
-            if route is INFER:
-                status, reply, extra = await self._inference(
-                    target.model, target.version, body, headers, call
-                )
-                # Triton compresses inference replies only (not errors, not the other
-                # endpoints): tritonclient.http.aio reads those undecoded.
-                reply, extra = _compressed(reply, extra, _header(headers, b"accept-encoding"))
-            else:
-                request = route.build(target, body)
-                handler = self._handlers.get(route.method.path)
-                if handler is None:
-                    raise RestError(501, f"{route.method.rpc} is not served here")
-                answer = await self._run(handler, request, call)
-                status, reply = route.render(answer)
-                extra = []
+            body = await self._read_body(receive)
         except RestError as exc:
-            status, reply, extra = exc.status, error_body(exc.message), []
-        except Exception as exc:  # a bug: answered and logged, never the listener's end
-            logger.exception("REST request failed", extra={"path": scope["path"][:200]})
-            status, reply, extra = 500, error_body(f"internal error: {type(exc).__name__}"), []
-        await _respond(send, status, reply, extra, scope["method"] == "HEAD")
+            response = error_response(exc.status, exc.message)
+        else:
+            response = await self.respond(
+                scope["method"], scope["path"], headers, body, _scope_peer(scope)
+            )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": response.headers,
+            }
+        )
+        body = b"" if scope["method"] == "HEAD" else response.body
+        await send({"type": "http.response.body", "body": body})
 
     async def _inference(
         self,
@@ -121,7 +171,7 @@ class RestDoor:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         call: CallContext,
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         length = _header(headers, b"inference-header-content-length")
         header_length = None
         if length is not None:
@@ -129,13 +179,12 @@ class RestDoor:
                 header_length = int(length)
             except ValueError:
                 raise RestError(400, "Inference-Header-Content-Length must be an integer") from None
-        encoded = encode_request(model, version, body, header_length, max_bytes=self._max_body)
+        encoded = encode_request(model, version, body, header_length, max_bytes=self.max_body_bytes)
         answer = await self._run(self._infer, encoded.message, call)
-        reply, json_length = decode_response(plain(answer, self._max_body), encoded)
-        extra: list[tuple[bytes, bytes]] = []
-        if json_length is not None:
-            extra.append((b"inference-header-content-length", str(json_length).encode()))
-        return 200, reply, extra
+        reply, json_length = decode_response(plain(answer, self.max_body_bytes), encoded)
+        if json_length is None:
+            return reply, []
+        return reply, [(b"inference-header-content-length", str(json_length).encode())]
 
     async def _run(
         self,
@@ -161,22 +210,11 @@ class RestDoor:
             raise RestError(http_status(code), message)
         return reply
 
-    def _call(self, scope: Scope, headers: list[tuple[bytes, bytes]], path: str) -> CallContext:
-        metadata = tuple((k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA)
-        client = scope.get("client") or ("", 0)
-        server = scope.get("server") or ("", 0)
-        host, port = str(client[0]), int(client[1] or 0)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        kind = LOOPBACK if is_loopback(host) else REMOTE
-        peer = Peer(kind, address, ends=(host, port, str(server[0]), int(server[1] or 0)))
-        return CallContext(path, math.inf, metadata, address, client=peer, protocol="rest")
-
-    async def _body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
-        """The whole request body, inflated if it came compressed, held to the limit.
+    async def _read_body(self, receive: Receive) -> bytes:
+        """An ASGI request's whole body, held to the limit.
 
         Raises:
-            RestError: 413 past the limit, 415 for an encoding other than gzip or
-                deflate, 400 for a body that does not inflate.
+            RestError: 413 past the limit, 400 if the client went before its end.
         """
         chunks: list[bytes] = []
         size = 0
@@ -186,13 +224,23 @@ class RestDoor:
                 raise RestError(400, "the client closed the request before its body ended")
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self._max_body:
-                raise RestError(413, f"request body larger than {self._max_body} bytes")
+            if size > self.max_body_bytes:
+                raise RestError(413, too_large(self.max_body_bytes))
             chunks.append(chunk)
             if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        encoding = (_header(headers, b"content-encoding") or b"identity").strip().lower()
+                return b"".join(chunks)
+
+    def _inflated(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+        """`body` inflated if it came compressed, held to the limit.
+
+        Raises:
+            RestError: 413 past the limit, 415 for an encoding other than gzip or
+                deflate, 400 for a body that does not inflate.
+        """
+        encoding = _header(headers, b"content-encoding")
+        if encoding is None:
+            return body
+        encoding = encoding.strip().lower()
         if encoding in (b"", b"identity"):
             return body
         wbits = _ENCODINGS.get(encoding)
@@ -204,16 +252,40 @@ class RestDoor:
             )
         engine = zlib.decompressobj(wbits=wbits)
         try:
-            inflated = engine.decompress(body, self._max_body + 1)
+            inflated = engine.decompress(body, self.max_body_bytes + 1)
         except zlib.error as exc:
             raise RestError(
                 400, f"failed to decompress the {encoding.decode()} body: {exc}"
             ) from None
-        if len(inflated) > self._max_body:
+        if len(inflated) > self.max_body_bytes:
             raise RestError(
-                413, f"request body larger than {self._max_body} bytes when decompressed"
+                413, f"request body larger than {self.max_body_bytes} bytes when decompressed"
             )
         return inflated
+
+
+def too_large(limit: int) -> str:
+    return f"request body larger than {limit} bytes"
+
+
+def error_response(status: int, message: str) -> Response:
+    """Triton's error reply: `{"error": message}` with `status`."""
+    return _response(status, error_body(message), [])
+
+
+def _call(headers: list[tuple[bytes, bytes]], path: str, peer: Peer) -> CallContext:
+    metadata = tuple((k, v) for k, v in headers if k not in _NOT_METADATA)
+    return CallContext(path, math.inf, metadata, peer.address, client=peer, protocol="rest")
+
+
+def _scope_peer(scope: Scope) -> Peer:
+    """An ASGI request's client, as `rsgw._peer.peer_of` sees a socket's."""
+    client = scope.get("client") or ("", 0)
+    server = scope.get("server") or ("", 0)
+    host, port = str(client[0]), int(client[1] or 0)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    kind = LOOPBACK if is_loopback(host) else REMOTE
+    return Peer(kind, address, ends=(host, port, str(server[0]), int(server[1] or 0)))
 
 
 def _compressed(
@@ -251,19 +323,16 @@ def _chosen_encoding(accept: bytes) -> bytes:
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The value of header `name` (lower-case, as are `headers`' names), or None."""
     for key, value in headers:
-        if key.lower() == name:
+        if key == name:
             return value
     return None
 
 
-async def _respond(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]], head: bool
-) -> None:
-    headers = [(b"content-length", str(len(body)).encode()), *extra]
+def _response(status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> Response:
+    headers = [(b"content-length", b"%d" % len(body)), *extra]
     if body:
-        binary = any(name == b"inference-header-content-length" for name, _ in extra)
-        kind = b"application/octet-stream" if binary else _JSON
-        headers.append((b"content-type", kind))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if head else body})
+        binary = bool(extra) and any(name == _BINARY_LENGTH for name, _ in extra)
+        headers.append(_OCTETS if binary else _JSON)
+    return Response(status, headers, body)

@@ -198,12 +198,14 @@ def pack(datatype: str, values: Sequence[int | float | bool]) -> bytes:
     try:
         if datatype == "BOOL":
             return bytes(map(bool, values))
+        if datatype == "UINT8":
+            return bytes(values)  # type: ignore[arg-type]  # ints; out of range: ValueError
         if datatype == "FP16":
             return struct.pack(f"<{len(values)}e", *values)
         if datatype == "BF16":
             return _bf16(values)
         elements = array(_CODES[datatype], values)
-    except OverflowError:
+    except (OverflowError, ValueError):
         raise _out_of_range(datatype, values) from None
     except TypeError:  # only typed contents get here unchecked; JSON was checked already
         raise TensorError(f"expected {datatype} values") from None
@@ -271,6 +273,24 @@ def raw_to_json(datatype: str, raw: bytes | memoryview, count: int) -> list[Any]
     if _BIG_ENDIAN:
         elements.byteswap()
     return elements.tolist()
+
+
+#: Each 8-bit value's JSON text, by the byte that holds it.
+_BYTE_TEXT: dict[str, list[str]] = {
+    "UINT8": [str(i) for i in range(256)],
+    "INT8": [str(i - 256 if i > 127 else i) for i in range(256)],
+    "BOOL": ["false", *["true"] * 255],
+}
+
+
+def raw_json_text(datatype: str, raw: bytes | memoryview, count: int) -> str | None:
+    """An 8-bit tensor's raw bytes as a JSON array's text, as `raw_to_json` and
+    json.dumps would write it (None for other datatypes, or bytes that do not hold
+    `count` elements: `raw_to_json` says what is wrong)."""
+    table = _BYTE_TEXT.get(datatype)
+    if table is None or len(raw) != count:
+        return None
+    return f"[{','.join(map(table.__getitem__, raw))}]"
 
 
 def split_bytes(raw: bytes | memoryview, count: int) -> list[bytes]:
