@@ -113,11 +113,20 @@ class Acceptor:
     Args:
         max_connections: connections served at once; 0: no cap.
         served: how many are served now, for the warning.
+        make_room: called when the cap is reached and a new client is waiting: a
+            listener whose connections can sit idle closes one to make room for it
+            (the REST listener), so idle clients cannot hold the port.
     """
 
-    def __init__(self, max_connections: int, served: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        served: Callable[[], int] = lambda: 0,
+        make_room: Callable[[], None] | None = None,
+    ) -> None:
         self._slots = trio.Semaphore(max_connections) if max_connections > 0 else None
         self._served = served
+        self._make_room = make_room
         self._warned_at = -math.inf
 
     async def run(
@@ -131,6 +140,8 @@ class Acceptor:
         slots = self._slots
         while True:
             if slots is not None:
+                if slots.value == 0 and self._make_room is not None:
+                    await self._room_when_asked(listener, slots)
                 await slots.acquire()  # at the cap: new clients wait in the backlog
             try:
                 stream = await listener.accept()
@@ -143,6 +154,29 @@ class Acceptor:
                 await trio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
             nursery.start_soon(serve, stream)
+
+    async def _room_when_asked(
+        self, listener: trio.abc.Listener[trio.abc.Stream], slots: trio.Semaphore
+    ) -> None:
+        """At the cap: wait until a slot frees, or a new client is waiting in the backlog
+        (the listening socket turns readable), and then ask `make_room` once."""
+        sock = getattr(listener, "socket", None)
+        if sock is None or self._make_room is None:
+            return
+        make_room = self._make_room
+        async with trio.open_nursery() as nursery:
+
+            async def client_waiting() -> None:
+                await trio.lowlevel.wait_readable(sock)
+                make_room()
+                nursery.cancel_scope.cancel()
+
+            async def slot_free() -> None:
+                async with slots:  # one frees: nothing to make room for
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(client_waiting)
+            nursery.start_soon(slot_free)
 
     def release(self) -> None:
         """A connection `run` started has ended (or no longer counts against the cap)."""

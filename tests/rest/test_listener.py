@@ -273,23 +273,45 @@ async def test_a_slowloris_and_an_idle_keep_alive_connection_are_closed() -> Non
         assert listener.connections == 0
 
 
-async def test_at_the_connection_cap_new_clients_wait_until_one_leaves() -> None:
+async def test_at_the_connection_cap_the_longest_idle_connection_makes_room() -> None:
     async with listening(limits=ConnectionLimits(max_connections=2)) as (listener, port):
         first, first_reader = await connect(port)
         second, second_reader = await connect(port)
         for stream, reader in ((first, first_reader), (second, second_reader)):
             await stream.send_all(LIVE)
             await reader.response()
+        # Both idle: a third client is served at once, and the first (idle longest) goes.
+        third, third_reader = await connect(port)
+        await third.send_all(LIVE)
+        with trio.fail_after(5):
+            line, _, _ = await third_reader.response()
+            assert line == b"HTTP/1.1 200 OK"
+            assert await first.receive_some(100) == b""  # closed by the listener
+        assert listener.evicted == 1
+        for stream in (first, second, third):
+            await stream.aclose()
+
+
+async def test_at_the_connection_cap_busy_connections_are_never_cut() -> None:
+    async with listening(limits=ConnectionLimits(max_connections=2)) as (listener, port):
+        busy = []
+        for _ in range(2):  # each in the middle of a request's body: a call in progress
+            stream, _ = await connect(port)
+            await stream.send_all(
+                b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{"
+            )
+            busy.append(stream)
         third, third_reader = await connect(port)  # the kernel takes it into the backlog
         await third.send_all(LIVE)
         with trio.move_on_after(0.5) as waited:
             await third_reader.response()
         assert waited.cancelled_caught
-        assert listener.connections == 2
-        await first.aclose()
-        line, _, _ = await third_reader.response()
+        assert listener.evicted == 0
+        await busy[0].aclose()  # one leaves: the third is served
+        with trio.fail_after(5):
+            line, _, _ = await third_reader.response()
         assert line == b"HTTP/1.1 200 OK"
-        await second.aclose()
+        await busy[1].aclose()
         await third.aclose()
 
 

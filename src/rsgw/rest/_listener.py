@@ -99,7 +99,15 @@ class RestListener:
         self._keep_alive = keep_alive_seconds
         #: Connections open now (HTTP/1.1 and HTTP/2).
         self.connections = 0
-        self._acceptor = Acceptor(self._limits.max_connections, lambda: self.connections)
+        #: HTTP/1.1 connections waiting for a request head (the first, or the next on a
+        #: kept-alive connection), oldest first, by their timer: at the connection cap
+        #: the oldest is closed to make room for a new client.
+        self._waiting: dict[trio.CancelScope, None] = {}
+        #: Connections closed to make room at the cap.
+        self.evicted = 0
+        self._acceptor = Acceptor(
+            self._limits.max_connections, lambda: self.connections, self._make_room
+        )
         self._h2_config = hypercorn_config(tls, self._limits, max_concurrent_streams)
         self._h2_app = wrap_asgi(door, self._h2_config)
         self._h2_context = WorkerContext(None)
@@ -132,16 +140,27 @@ class RestListener:
             with trio.CancelScope(shield=True):
                 await listener.aclose()  # no new clients once stopping
 
+    def _make_room(self) -> None:
+        """The cap is reached: close the connection that has waited longest for a
+        request, if one is waiting (a call in progress is never cut)."""
+        for timer in self._waiting:
+            del self._waiting[timer]
+            timer.cancel()
+            self.evicted += 1
+            return
+
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
+        timer = trio.CancelScope(deadline=trio.current_time() + self._limits.header_seconds)
+        self._waiting[timer] = None
         try:
             # The one timer of the connection: its deadline moves as the connection
             # goes from waiting for a head, to running the door, to idling.
-            start = trio.current_time()
-            with trio.CancelScope(deadline=start + self._limits.header_seconds) as timer:
+            with timer:
                 if self._tls is not None:
                     stream = await self._tls.accept(stream)
                     if stream.selected_alpn_protocol() == "h2":
+                        self._waiting.pop(timer, None)
                         timer.deadline = math.inf  # hypercorn's timers from here
                         await self._serve_h2(stream)
                         return
@@ -152,6 +171,7 @@ class RestListener:
                         return
                     first += more
                 if first.startswith(H2_PREFACE) and self._tls is None:
+                    self._waiting.pop(timer, None)
                     timer.deadline = math.inf
                     await self._serve_h2(_Replayed(stream, bytes(first)))
                     return
@@ -160,6 +180,7 @@ class RestListener:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went
         finally:
+            self._waiting.pop(timer, None)
             self.connections -= 1
             self._acceptor.release()
             with trio.CancelScope(shield=True), trio.move_on_after(LINGER_SECONDS):
@@ -207,6 +228,7 @@ class RestListener:
                     await self._serve_h11(stream, buffer, timer, peer)
                 return
             idle = False
+            self._waiting.pop(timer, None)
             timer.deadline = math.inf
             if head.body_length > max_body:
                 too_long = error_response(413, too_large(max_body))
@@ -230,6 +252,7 @@ class RestListener:
             if head.close:
                 return
             idle = True
+            self._waiting[timer] = None
 
     async def _rest_of_body(
         self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
@@ -277,6 +300,7 @@ class RestListener:
                     event = connection.next_event()
                 if type(event) is not h11.Request:
                     return  # the client closed the connection
+                self._waiting.pop(timer, None)
                 timer.deadline = math.inf
                 request: h11.Request = event
                 headers = [(name, value) for _, name, value in request.headers._full_items]
@@ -296,6 +320,7 @@ class RestListener:
                     return
                 connection.start_next_cycle()
                 idle = True
+                self._waiting[timer] = None
         except h11.RemoteProtocolError as exc:
             error = error_response(exc.error_status_hint, f"bad request: {exc}")
             await _close_with(stream, _h11_reply(connection, error, False, True))
