@@ -117,7 +117,11 @@ def hypercorn_config(
     limits: ConnectionLimits | None = None,
     max_concurrent_streams: int | None = None,
 ) -> Config:
-    """hypercorn's configuration for an rsgw listener; see `serve_admin`."""
+    """hypercorn's configuration for an rsgw listener: the admin port (`serve_admin`),
+    or, with `limits` (the gRPC port's `connections:` block), the REST port's HTTP/2
+    connections (`rsgw.rest._listener`): a connection silent for `header_seconds` is
+    closed, an idle one after `REST_KEEP_ALIVE_SECONDS`, a request head is held to
+    `max_header_list_bytes`."""
     config = _Config()
     if limits is not None:
         config.keep_alive_timeout = REST_KEEP_ALIVE_SECONDS
@@ -144,25 +148,18 @@ async def serve_admin(
     port: int,
     *,
     tls: ServerTls | None = None,
-    limits: ConnectionLimits | None = None,
-    max_concurrent_streams: int | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `host:port` with hypercorn until cancelled; reports the bound port.
 
     With `tls`, HTTPS only (build it with `rsgw._tls.ADMIN_ALPN`); a changed
-    certificate is picked up at the next connection. With `limits` (the REST
-    listener: the gRPC port's `connections:` block), a connection that sends nothing
-    for `header_seconds` is closed, an idle keep-alive one after
-    `REST_KEEP_ALIVE_SECONDS` (hypercorn's timer also runs while a request's head is
-    still coming, so a slowloris is cut then too), and a request head is held to
-    `max_header_list_bytes` (HTTP/1.1 and HTTP/2 alike).
+    certificate is picked up at the next connection.
 
     Raises:
         ListenError: the address is busy or cannot be bound.
     """
     sock = bind_tcp(host, port)
-    config = hypercorn_config(tls, limits, max_concurrent_streams)
+    config = hypercorn_config(tls)
     secure, insecure = ([sock], []) if tls is not None else ([], [sock])
     sockets = Sockets(secure_sockets=secure, insecure_sockets=insecure, quic_sockets=[])
     wrapped = wrap_asgi(app, config)

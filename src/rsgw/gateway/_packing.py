@@ -36,6 +36,7 @@ from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
 from rsgw._values import human_bytes
+from rsgw.gateway._latest import Latest
 from rsgw.gateway._meta_poll import MetaPoller
 from rsgw.gateway._metrics import GatewayMetrics, PackingView
 from rsgw.gateway._pool import WorkerPool, fan_out
@@ -101,8 +102,7 @@ class Packing:
         self._metrics = metrics
         self._tracker = tracker
         self._startup_wait = startup_wait
-        self._mail: tuple[PollSummary, frozenset[str]] | None = None
-        self._mail_arrived = trio.Event()
+        self._mail: Latest[tuple[PollSummary, frozenset[str]]] = Latest()
         self._ticked = trio.Event()
         #: Models and (model, worker) pairs ever placed, so unplaced ones export 0.
         self._exported_models: frozenset[str] = frozenset()
@@ -227,8 +227,7 @@ class Packing:
         self, polled: Mapping[str, WorkerCounters], meta: RoutingMeta, ready: frozenset[str]
     ) -> None:
         """A prober round's poll (from `MetaPoller`): post it for the loop, latest wins."""
-        self._mail = (summarize_poll(polled, fleet_compute=meta.fleet_compute_seconds), ready)
-        self._mail_arrived.set()
+        self._mail.post((summarize_poll(polled, fleet_compute=meta.fleet_compute_seconds), ready))
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The repack loop: one tick per posted poll, until cancelled.
@@ -240,11 +239,7 @@ class Packing:
             await compactions.start(self.placer.serve)
             task_status.started()
             while True:
-                await self._mail_arrived.wait()
-                self._mail_arrived = trio.Event()
-                mail, self._mail = self._mail, None
-                if mail is None:
-                    continue
+                mail = await self._mail.take()
                 try:
                     compaction = self.tick(*mail)
                 except Exception:  # a bug in one tick must not stop packing

@@ -30,6 +30,7 @@ from rsgw._blocks import RepositoryConfig
 from rsgw._errors import RsgwError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.gateway._latest import Latest
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._pool import WorkerPool
 from rsgw.gateway._prober import Prober
@@ -60,8 +61,7 @@ class RepositoryPlacer:
         self._pool = pool
         self._prober = prober
         self._metrics = metrics
-        self._mail: tuple[int, MovePlan] | None = None
-        self._mail_arrived = trio.Event()
+        self._mail: Latest[tuple[int, MovePlan]] = Latest()
         #: (model, worker) pairs routing left -> their calls in flight, until unloaded
         #: there (bounded by the handed models times the workers).
         self._leaving: dict[Pair, Callable[[], int]] = {}
@@ -88,8 +88,7 @@ class RepositoryPlacer:
         self._watch_leaving(routing, plan.routing)
         self._scheduler.install(plan.routing)
         self.posted += 1
-        self._mail = (self.posted, plan)
-        self._mail_arrived.set()
+        self._mail.post((self.posted, plan))
 
     async def wait_carried(self, posted: int) -> None:
         """Wait until the placement numbered `posted` (or a later one) is carried out."""
@@ -119,11 +118,7 @@ class RepositoryPlacer:
         """Carry out the posted moves, the latest first-come, until cancelled."""
         task_status.started()
         while True:
-            await self._mail_arrived.wait()
-            self._mail_arrived = trio.Event()
-            mail, self._mail = self._mail, None
-            if mail is None:
-                continue
+            mail = await self._mail.take()
             try:
                 await self._move(*mail)
             except Exception:  # a bug in one move must not stop placing
@@ -134,7 +129,7 @@ class RepositoryPlacer:
         failed = await self._act(Method.REPOSITORY_MODEL_LOAD, plan.loads)
         if plan.loads:
             await discovery.rediscover()
-        if self._mail is not None:
+        if self._mail.pending:
             return  # a newer placement: it decides from what is loaded now
         settled = settle(plan, self.handed, self._controlled(), self._loaded(), failed)
         self._watch_leaving(self._scheduler.routing, settled.routing)
@@ -144,7 +139,7 @@ class RepositoryPlacer:
             # Polled: the request path releases its counts and must not pay for a wake-up.
             while any(held() > 0 for held in watched):  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL_INTERVAL)
-        if self._mail is not None:
+        if self._mail.pending:
             return
         for pair in settled.unloads:
             self._leaving.pop(pair, None)
