@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -128,6 +129,9 @@ def hypercorn_config(
         config.read_timeout = math.ceil(limits.header_seconds)  # hypercorn takes whole seconds
         config.h11_max_incomplete_size = limits.max_header_list_bytes
         config.h2_max_header_list_size = limits.max_header_list_bytes
+        # hypercorn ends a connection after 1,000 requests by default; a client's
+        # long-lived HTTP/2 connection to the REST port is kept, as on the gRPC port.
+        config.keep_alive_max_requests = sys.maxsize
     if max_concurrent_streams is not None:
         config.h2_max_concurrent_streams = max_concurrent_streams
     config.tls = tls

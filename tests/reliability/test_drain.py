@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -73,6 +74,14 @@ def _start_gateway(worker: WorkerProcess, **variables: str) -> WorkerProcess:
     return start_rsgw_process("run", event="gateway serving", env=env)
 
 
+#: Every call goes straight to the worker, and the drain outlasts them all.
+UNCAPPED = {
+    "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": "0",
+    "WORKER_CLIENT_MAX_CONCURRENT_STREAMS": "256",
+    "SHUTDOWN_GRACE_SECONDS": "30",
+}
+
+
 def _worker_inflight(worker: WorkerProcess) -> float:
     text = httpx.get(f"http://127.0.0.1:{worker.metrics_port}/metrics").text
     for line in text.splitlines():
@@ -102,12 +111,7 @@ def _events(log: str) -> list[dict[str, object]]:
 
 
 def test_sigterm_with_200_calls_in_flight_loses_none(slow_worker: WorkerProcess) -> None:
-    gateway = _start_gateway(
-        slow_worker,
-        GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER="0",
-        WORKER_CLIENT_MAX_CONCURRENT_STREAMS="256",
-        SHUTDOWN_GRACE_SECONDS="30",
-    )
+    gateway = _start_gateway(slow_worker, **UNCAPPED)
     try:
         target = f"127.0.0.1:{gateway.grpc_port}"
         body = infer_request("slow", {"x": np.ones((1, 2), np.int32)}).SerializeToString()
@@ -125,6 +129,40 @@ def test_sigterm_with_200_calls_in_flight_loses_none(slow_worker: WorkerProcess)
         assert gateway.process.wait(30) == 0
         events = {e["event"]: e for e in _events(gateway.log())}
         assert events["gateway stopping"]["inflight"] == CALLS
+        assert events["gateway stopped"]["calls_cut_short"] == 0
+    finally:
+        gateway.stop()
+
+
+def test_sigterm_with_rest_and_grpc_calls_in_flight_loses_none(slow_worker: WorkerProcess) -> None:
+    gateway = _start_gateway(slow_worker, **UNCAPPED)
+    try:
+        serving = next(e for e in _events(gateway.log()) if e.get("event") == "gateway serving")
+        http_port = serving["http_port"]
+        assert isinstance(http_port, int)
+        tensor = {"name": "x", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}
+        rest_body = {"inputs": [tensor]}
+        grpc_body = infer_request("slow", {"x": np.ones((1, 2), np.int32)}).SerializeToString()
+        half = CALLS // 2
+        url = f"http://127.0.0.1:{http_port}/v2/models/slow/infer"
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel,
+            httpx.Client(limits=httpx.Limits(max_connections=half), timeout=60) as rest,
+            ThreadPoolExecutor(half) as pool,
+        ):
+            call = channel.unary_unary(MODEL_INFER)
+            grpc_calls = [call.future(grpc_body, timeout=60) for _ in range(half)]
+            rest_calls = [pool.submit(rest.post, url, json=rest_body) for _ in range(half)]
+            wait_until(lambda: _worker_inflight(slow_worker) == CALLS, what="all calls in flight")
+            gateway.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: _refused(http_port), what="the REST listener to close")
+            assert all(pb.ModelInferResponse.FromString(f.result()).model_name for f in grpc_calls)
+            answers = [f.result() for f in rest_calls]
+        assert [a.status_code for a in answers] == [200] * half
+        assert {a.headers["connection"] for a in answers} == {"close"}
+        assert all(a.json()["outputs"][0]["name"] == "y" for a in answers)
+        assert gateway.process.wait(30) == 0
+        events = {e["event"]: e for e in _events(gateway.log())}
         assert events["gateway stopped"]["calls_cut_short"] == 0
     finally:
         gateway.stop()

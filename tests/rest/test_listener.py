@@ -32,8 +32,15 @@ async def live(request: bytes, call: CallContext) -> bytes:
     return pb.ServerLiveResponse(live=True).SerializeToString()
 
 
+#: A RepositoryIndex call for the repository "held" waits until this is set.
+HELD: dict[str, trio.Event] = {}
+
+
 async def index(request: bytes, call: CallContext) -> bytes:
     name = pb.RepositoryIndexRequest.FromString(request).repository_name
+    if name == "held":
+        HELD["entered"].set()
+        await HELD["released"].wait()
     models = [pb.RepositoryIndexResponse.ModelIndex(name=name)]
     return pb.RepositoryIndexResponse(models=models).SerializeToString()
 
@@ -313,6 +320,65 @@ async def test_at_the_connection_cap_busy_connections_are_never_cut() -> None:
         assert line == b"HTTP/1.1 200 OK"
         await busy[1].aclose()
         await third.aclose()
+
+
+async def test_a_graceful_stop_closes_idle_connections_and_lets_a_call_finish() -> None:
+    HELD.update(entered=trio.Event(), released=trio.Event())
+    async with listening() as (listener, port):
+        idle, idle_reader = await connect(port)
+        await idle.send_all(LIVE)
+        await idle_reader.response()
+        busy, busy_reader = await connect(port)
+        await busy.send_all(index_request("held"))
+        await HELD["entered"].wait()
+        async with trio.open_nursery() as nursery:
+            cut: list[int] = []
+            nursery.start_soon(lambda: _record(cut, listener.aclose(10)))
+            assert await idle_reader.closed()
+            with trio.fail_after(5):  # no new connections
+                while True:
+                    try:
+                        (await trio.open_tcp_stream("127.0.0.1", port)).socket.close()
+                    except OSError:
+                        break
+                    await trio.sleep(0.01)
+            HELD["released"].set()
+            line, headers, body = await busy_reader.response()
+            assert line == b"HTTP/1.1 200 OK" and json.loads(body) == [{"name": "held"}]
+            assert headers[b"connection"] == b"close"
+            assert await busy_reader.closed()
+        assert cut == [0]
+        assert listener.connections == 0
+
+
+async def test_a_call_still_running_when_the_grace_is_up_is_answered_503() -> None:
+    HELD.update(entered=trio.Event(), released=trio.Event())
+    async with listening() as (listener, port):
+        busy, busy_reader = await connect(port)
+        await busy.send_all(index_request("held"))
+        await HELD["entered"].wait()
+        assert await listener.aclose(0.1) == 1
+        line, headers, body = await busy_reader.response()
+        assert line == b"HTTP/1.1 503 Service Unavailable"
+        assert "server shutting down" in json.loads(body)["error"]
+        assert headers[b"connection"] == b"close"
+        assert await listener.aclose(0.1) == 0  # a second call waits for the first
+
+
+async def test_a_graceful_stop_ends_idle_http_2_connections() -> None:
+    async with (
+        listening() as (listener, port),
+        httpx.AsyncClient(http1=False, http2=True) as h2c,
+    ):
+        answer = await h2c.get(f"http://127.0.0.1:{port}/v2/health/live")
+        assert answer.http_version == "HTTP/2"
+        with trio.fail_after(5):
+            assert await listener.aclose(10) == 0
+        assert listener.connections == 0
+
+
+async def _record(into: list[int], stopping: Any) -> None:
+    into.append(await stopping)
 
 
 async def test_h2c_goes_to_hypercorn_and_an_upgrade_is_answered_in_http_1_1() -> None:

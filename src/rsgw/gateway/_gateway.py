@@ -210,6 +210,7 @@ async def serve_gateway(
         )
         members.own_port = bound_grpc
         bound_http: int | None = None
+        rest: RestListener | None = None
         if config.listen.http:
             door = RestDoor(
                 guarded,
@@ -251,6 +252,7 @@ async def serve_gateway(
             discovery=discovery,
             reload_config=reload_config,
             reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
+            rest=rest,
             http_port=bound_http,
         )
         if config_file and reload_config is not None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rsgw.gateway._packing import Packing
     from rsgw.gateway._service import GatewayService
     from rsgw.grpc._server import GrpcServer
+    from rsgw.rest._listener import RestListener
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +76,13 @@ class RunningGateway:
         discovery: Discovery,
         reloadables: tuple[Reloadable, ...] = (),
         reload_config: Callable[[], GatewayConfig] | None = None,
+        rest: RestListener | None = None,
         http_port: int | None = None,
     ) -> None:
         self.config = config
         #: The REST listener's port; None when `listen.http` is "".
         self.http_port = http_port
+        self._rest = rest
         self._reloadables = reloadables
         self._reload_config = reload_config
         self._members = members
@@ -177,11 +180,12 @@ class RunningGateway:
         return self.statistics()
 
     async def aclose(self, grace: float | None = None) -> None:
-        """Drain, then stop: see `GrpcServer.aclose`.
+        """Drain, then stop: see `GrpcServer.aclose` and `RestListener.aclose`.
 
-        Readiness turns false and the listener closes at once; clients get GOAWAY;
-        calls in flight get `grace` seconds (`shutdown.grace_seconds` unless given)
-        and what is still running then ends UNAVAILABLE. Logs the start and the end.
+        Readiness turns false and the listeners close at once; gRPC clients get
+        GOAWAY, REST replies say `Connection: close`; calls in flight get `grace`
+        seconds (`shutdown.grace_seconds` unless given) and what is still running then
+        ends UNAVAILABLE (REST: 503). Logs the start and the end.
         """
         grace = self.config.shutdown.grace_seconds if grace is None else grace
         if self._server.closing:
@@ -193,7 +197,16 @@ class RunningGateway:
             "gateway stopping",
             extra={"grace_seconds": grace, "inflight": self._service.inflight},
         )
-        cut = await self._server.aclose(grace)
+        cut = 0
+
+        async def drain(listener: GrpcServer | RestListener) -> None:
+            nonlocal cut
+            cut += await listener.aclose(grace)
+
+        async with trio.open_nursery() as nursery:
+            for listener in (self._server, self._rest):
+                if listener is not None:
+                    nursery.start_soon(drain, listener)
         self._cancel_scope.cancel()
         logger.info(
             "gateway stopped",

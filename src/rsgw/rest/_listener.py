@@ -26,6 +26,11 @@ to hypercorn's per-connection server, which serves the door as an ASGI app. An
 HTTP/1.1 `Upgrade: h2c` is not taken up: the request is answered in HTTP/1.1, which
 is what curl then expects (httpx never asks).
 
+A graceful stop (`aclose`) is the gRPC port's: the listening socket closes, idle
+connections close, a call in flight finishes and its reply says `Connection: close`,
+HTTP/2 connections are told to end (hypercorn's GOAWAY) and close once idle; what is
+still running when the grace is up is answered 503, "server shutting down".
+
 Limits come from the gRPC port's `connections:` block (`ConnectionLimits`): the head
 is held to `max_header_list_bytes`, connections served at once to `max_connections`
 (the same `rsgw._net.Acceptor` as the gRPC listener's), and a request body to the
@@ -111,6 +116,14 @@ class RestListener:
         self._h2_config = hypercorn_config(tls, self._limits, max_concurrent_streams)
         self._h2_app = wrap_asgi(door, self._h2_config)
         self._h2_context = WorkerContext(None)
+        #: What a graceful stop cuts when its grace is up: HTTP/1.1 calls in the door,
+        #: HTTP/2 connections (hypercorn's).
+        self._calls: set[trio.CancelScope] = set()
+        self._h2_connections: set[trio.CancelScope] = set()
+        self._accepting = trio.CancelScope()
+        self._closing = False
+        self._drained = trio.Event()  # set once closing with no connection left
+        self._closed = trio.Event()
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -135,10 +148,41 @@ class RestListener:
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         try:
-            await self._acceptor.run(listener, self._serve_connection, nursery)
+            with self._accepting:
+                await self._acceptor.run(listener, self._serve_connection, nursery)
         finally:
             with trio.CancelScope(shield=True):
                 await listener.aclose()  # no new clients once stopping
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    async def aclose(self, grace: float) -> int:
+        """Stop taking connections and let calls in flight finish within `grace` seconds;
+        what still runs then is answered 503. Returns how many calls (HTTP/2: how many
+        connections) were cut short. Connections end; `serve` keeps running until
+        cancelled. A second caller waits for the first."""
+        if self._closing:
+            await self._closed.wait()
+            return 0
+        self._closing = True
+        self._accepting.cancel()
+        await self._h2_context.terminated.set()  # hypercorn: GOAWAY, close when idle
+        for timer in list(self._waiting):  # idle connections end now
+            timer.cancel()
+        self._waiting.clear()
+        if self.connections == 0:
+            self._drained.set()
+        with trio.move_on_after(grace):
+            await self._drained.wait()
+        cut = len(self._calls) + len(self._h2_connections)
+        for scope in (*self._calls, *self._h2_connections):
+            scope.cancel()
+        with trio.move_on_after(LINGER_SECONDS):
+            await self._drained.wait()
+        self._closed.set()
+        return cut
 
     def _make_room(self) -> None:
         """The cap is reached: close the connection that has waited longest for a
@@ -181,10 +225,12 @@ class RestListener:
             pass  # the client went
         finally:
             self._waiting.pop(timer, None)
-            self.connections -= 1
-            self._acceptor.release()
             with trio.CancelScope(shield=True), trio.move_on_after(LINGER_SECONDS):
                 await stream.aclose()
+            self.connections -= 1
+            self._acceptor.release()
+            if self._closing and self.connections == 0:
+                self._drained.set()
 
     async def _serve_h2(self, stream: trio.abc.Stream) -> None:
         """One HTTP/2 connection, served by hypercorn (the door as an ASGI app)."""
@@ -195,7 +241,12 @@ class RestListener:
             ConnectionState({}),
             stream,  # type: ignore[arg-type]  # duck-typed: a TLS stream, or one with .socket
         )
-        await server.run()
+        with trio.CancelScope() as connection:
+            self._h2_connections.add(connection)
+            try:
+                await server.run()
+            finally:
+                self._h2_connections.discard(connection)
 
     async def _serve_http1(
         self, stream: trio.abc.Stream, buffer: bytes, timer: trio.CancelScope
@@ -244,15 +295,34 @@ class RestListener:
                 if not body and head.body_length:
                     return  # the client went before its body ended
             method = head.method.decode("ascii")
-            response = await door.respond(method, _path(head.target), head.headers, body, peer)
+            response = await self._call(method, head.target, head.headers, body, peer)
+            close = head.close or self._closing
             reply = b"" if method == "HEAD" else response.body
             await self._write(
-                stream, response_bytes(response.status, response.headers, reply, head.close), timer
+                stream, response_bytes(response.status, response.headers, reply, close), timer
             )
-            if head.close:
+            if close:
                 return
             idle = True
             self._waiting[timer] = None
+
+    async def _call(
+        self,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        peer: Peer,
+    ) -> Response:
+        """The door's answer; 503 if a graceful stop's grace runs out first."""
+        call = trio.CancelScope()
+        self._calls.add(call)
+        try:
+            with call:
+                return await self._door.respond(method, _path(target), headers, body, peer)
+        finally:
+            self._calls.discard(call)
+        return error_response(503, "server shutting down: the call did not finish in the drain")
 
     async def _rest_of_body(
         self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
@@ -313,10 +383,10 @@ class RestListener:
                     await _close_with(stream, _h11_reply(connection, too_long, False, True))
                     return
                 method = request.method.decode("ascii")
-                response = await door.respond(method, _path(request.target), headers, body, peer)
-                reply = _h11_reply(connection, response, method == "HEAD", False)
+                response = await self._call(method, request.target, headers, body, peer)
+                reply = _h11_reply(connection, response, method == "HEAD", self._closing)
                 await self._write(stream, reply, timer)
-                if connection.our_state is h11.MUST_CLOSE:
+                if connection.our_state is h11.MUST_CLOSE or self._closing:
                     return
                 connection.start_next_cycle()
                 idle = True
