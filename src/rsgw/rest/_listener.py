@@ -116,10 +116,11 @@ class RestListener:
         self._h2_config = hypercorn_config(tls, self._limits, max_concurrent_streams)
         self._h2_app = wrap_asgi(door, self._h2_config)
         self._h2_context = WorkerContext(None)
-        #: What a graceful stop cuts when its grace is up: HTTP/1.1 calls in the door,
-        #: HTTP/2 connections (hypercorn's).
+        #: What a graceful stop cuts when its grace is up, by the connections' timers:
+        #: HTTP/1.1 connections in the door (each answered 503), HTTP/2 connections.
         self._calls: set[trio.CancelScope] = set()
         self._h2_connections: set[trio.CancelScope] = set()
+        self._cut: frozenset[trio.CancelScope] = frozenset()
         self._accepting = trio.CancelScope()
         self._closing = False
         self._drained = trio.Event()  # set once closing with no connection left
@@ -176,9 +177,10 @@ class RestListener:
             self._drained.set()
         with trio.move_on_after(grace):
             await self._drained.wait()
+        self._cut = frozenset(self._calls)
         cut = len(self._calls) + len(self._h2_connections)
-        for scope in (*self._calls, *self._h2_connections):
-            scope.cancel()
+        for timer in (*self._calls, *self._h2_connections):
+            timer.cancel()
         with trio.move_on_after(LINGER_SECONDS):
             await self._drained.wait()
         self._closed.set()
@@ -206,7 +208,7 @@ class RestListener:
                     if stream.selected_alpn_protocol() == "h2":
                         self._waiting.pop(timer, None)
                         timer.deadline = math.inf  # hypercorn's timers from here
-                        await self._serve_h2(stream)
+                        await self._serve_h2(stream, timer)
                         return
                 first = await stream.receive_some(RECEIVE_BYTES)
                 while first and len(first) < len(H2_PREFACE) and H2_PREFACE.startswith(first):
@@ -217,10 +219,12 @@ class RestListener:
                 if first.startswith(H2_PREFACE) and self._tls is None:
                     self._waiting.pop(timer, None)
                     timer.deadline = math.inf
-                    await self._serve_h2(_Replayed(stream, bytes(first)))
+                    await self._serve_h2(_Replayed(stream, bytes(first)), timer)
                     return
                 if first:
                     await self._serve_http1(stream, bytes(first), timer)
+            if timer in self._cut:  # the drain's grace ran out while it was in the door
+                await _close_with(stream, _SHUTTING_DOWN)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went
         finally:
@@ -232,7 +236,7 @@ class RestListener:
             if self._closing and self.connections == 0:
                 self._drained.set()
 
-    async def _serve_h2(self, stream: trio.abc.Stream) -> None:
+    async def _serve_h2(self, stream: trio.abc.Stream, timer: trio.CancelScope) -> None:
         """One HTTP/2 connection, served by hypercorn (the door as an ASGI app)."""
         server = TCPServer(
             self._h2_app,
@@ -241,12 +245,11 @@ class RestListener:
             ConnectionState({}),
             stream,  # type: ignore[arg-type]  # duck-typed: a TLS stream, or one with .socket
         )
-        with trio.CancelScope() as connection:
-            self._h2_connections.add(connection)
-            try:
-                await server.run()
-            finally:
-                self._h2_connections.discard(connection)
+        self._h2_connections.add(timer)
+        try:
+            await server.run()
+        finally:
+            self._h2_connections.discard(timer)
 
     async def _serve_http1(
         self, stream: trio.abc.Stream, buffer: bytes, timer: trio.CancelScope
@@ -295,7 +298,7 @@ class RestListener:
                 if not body and head.body_length:
                     return  # the client went before its body ended
             method = head.method.decode("ascii")
-            response = await self._call(method, head.target, head.headers, body, peer)
+            response = await self._call(method, head.target, head.headers, body, peer, timer)
             close = head.close or self._closing
             reply = b"" if method == "HEAD" else response.body
             await self._write(
@@ -313,16 +316,15 @@ class RestListener:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         peer: Peer,
+        timer: trio.CancelScope,
     ) -> Response:
-        """The door's answer; 503 if a graceful stop's grace runs out first."""
-        call = trio.CancelScope()
-        self._calls.add(call)
+        """The door's answer, the connection (by its timer) counted as in a call: a
+        graceful stop's cut ends it, and `_serve_connection` answers 503."""
+        self._calls.add(timer)
         try:
-            with call:
-                return await self._door.respond(method, _path(target), headers, body, peer)
+            return await self._door.respond(method, _path(target), headers, body, peer)
         finally:
-            self._calls.discard(call)
-        return error_response(503, "server shutting down: the call did not finish in the drain")
+            self._calls.discard(timer)
 
     async def _rest_of_body(
         self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
@@ -383,7 +385,7 @@ class RestListener:
                     await _close_with(stream, _h11_reply(connection, too_long, False, True))
                     return
                 method = request.method.decode("ascii")
-                response = await self._call(method, request.target, headers, body, peer)
+                response = await self._call(method, request.target, headers, body, peer, timer)
                 reply = _h11_reply(connection, response, method == "HEAD", self._closing)
                 await self._write(stream, reply, timer)
                 if connection.our_state is h11.MUST_CLOSE or self._closing:
@@ -473,6 +475,14 @@ def _h11_reply(connection: h11.Connection, response: Response, head: bool, close
         return (out or b"") + (connection.send(h11.EndOfMessage()) or b"")
     except h11.LocalProtocolError:
         return b""
+
+
+def _shutting_down() -> bytes:
+    error = error_response(503, "server shutting down: the call did not finish within the drain")
+    return response_bytes(503, error.headers, error.body, True)
+
+
+_SHUTTING_DOWN = _shutting_down()
 
 
 class _Replayed(trio.abc.Stream):
