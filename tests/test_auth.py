@@ -11,6 +11,7 @@ from rsgw._auth import (
     Principal,
     Role,
     bearer_token,
+    changes_node,
     digest,
     parse_identities,
     parse_tokens,
@@ -18,6 +19,7 @@ from rsgw._auth import (
 )
 from rsgw._errors import ConfigError, GrpcError
 from rsgw._methods import Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 
 OPEN = {Method.SERVER_LIVE, Method.SERVER_READY}
@@ -176,3 +178,26 @@ def test_authorize_allows_or_refuses_with_an_auth_status(
         return
     role = role_of(path)
     assert role is None or (principal is not None and role in principal.roles)
+
+
+def test_changes_node_is_every_operator_call_but_the_reads() -> None:
+    update = pb.LogSettingsRequest(
+        settings={"log_info": pb.LogSettingsRequest.SettingValue(bool_param=True)}
+    ).SerializeToString()
+    trace = pb.TraceSettingRequest(
+        settings={"trace_level": pb.TraceSettingRequest.SettingValue(value=["TIMESTAMPS"])}
+    ).SerializeToString()
+    assert changes_node(Method.REPACK.path, b"")
+    assert changes_node(Method.ADD_WORKER.path, b"")
+    assert changes_node(Method.COMPACT_MEMORY.path, b"")
+    assert changes_node(Method.REPOSITORY_MODEL_UNLOAD.path, b"")
+    assert changes_node(Method.LOG_SETTINGS.path, update)
+    assert changes_node(Method.TRACE_SETTING.path, trace)
+    assert changes_node(Method.LOG_SETTINGS.path, b"\xff")  # does not parse: not a read
+    assert changes_node(Method.LOG_SETTINGS.path, None)  # not at hand: not a read
+    assert not changes_node(Method.LOG_SETTINGS.path, b"")
+    assert not changes_node(Method.TRACE_SETTING.path, b"\x12\x06simple")  # model_name only
+    assert not changes_node(Method.GET_SCHEDULING_STATUS.path, b"")
+    assert not changes_node(Method.MODEL_CONTROL_STATUS.path, b"")
+    assert not changes_node(Method.MODEL_INFER.path, b"")
+    assert not changes_node(Method.SHM_REGISTER.path, b"")

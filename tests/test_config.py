@@ -101,6 +101,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("tls.client_ca_file", ""),
     ("auth.tokens_file", ""),
     ("auth.identities", {}),
+    ("auth.trusted_network", False),
     ("shm.max_regions_per_client", 64),
     ("shm.max_bytes_per_client", 0),
     ("shm.allow_remote_clients", False),
@@ -190,6 +191,7 @@ def test_identities_need_a_client_ca() -> None:
         ({"identities": {"ops": []}}, "auth.identities.ops must be a non-empty list"),
         ({"identities": ["ops"]}, "auth.identities must map"),
         ({"tokens_file": 3}, "auth.tokens_file"),
+        ({"trusted_network": "yes"}, "auth.trusted_network"),
     ],
 )
 def test_bad_auth_blocks_name_the_key(block: dict[str, object], fragment: str) -> None:
@@ -691,6 +693,7 @@ def test_environment_variable_names() -> None:
             "TLS_KEY_FILE",
             "TLS_CLIENT_CA_FILE",
             "AUTH_TOKENS_FILE",
+            "AUTH_TRUSTED_NETWORK",
             "SHM_MAX_REGIONS_PER_CLIENT",
             "SHM_MAX_BYTES_PER_CLIENT",
             "SHM_ALLOW_REMOTE_CLIENTS",

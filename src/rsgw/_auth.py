@@ -17,6 +17,15 @@ the kubelet probe them without credentials, and they reveal nothing but liveness
 So is server reflection: it describes the public protocol, and grpcurl asks it
 before every call, whatever role the caller's token has.
 
+Protected mode. With authentication off (no tokens file, no identities), calls
+that change the node for everyone (`changes_node`: the operator role's methods
+but the ones that only read) are refused to clients that are not on loopback,
+PERMISSION_DENIED naming the settings that open them: auth, or
+`auth.trusted_network` for a network where every client is trusted. Everything
+else stays open, as on the original, so a node's own clients and `rsgw ctl` on the
+node keep working. Triton ships model control off; Redis refuses remote clients
+while it has no password: the same idea.
+
 A client proves who it is with `authorization: Bearer <token>` metadata (a token
 of the tokens file) or, failing that, with its TLS client certificate (an
 identity named in `auth.identities`). No proof: UNAUTHENTICATED. Proof without the
@@ -38,8 +47,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from google.protobuf.message import DecodeError
+
 from rsgw._errors import ConfigError, GrpcError
 from rsgw._methods import CONTROL, GATEWAY_CONTROL, Method
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
 from rsgw._values import show
 
@@ -93,6 +105,46 @@ def role_of(path: str) -> Role | None:
     if path in _OPERATOR_PATHS or path.startswith(_OPERATOR_PREFIXES):
         return Role.OPERATOR
     return Role.INFER  # the data plane, and paths no one serves (then UNIMPLEMENTED)
+
+
+#: Operator methods that only read: protected mode leaves them open.
+_OPERATOR_READS = frozenset(
+    m.path for m in (Method.GET_SCHEDULING_STATUS, Method.MODEL_CONTROL_STATUS)
+)
+#: Operator methods that read when their request sets nothing, by their request type.
+_SETTINGS_REQUESTS: Mapping[str, type[pb.LogSettingsRequest] | type[pb.TraceSettingRequest]] = {
+    Method.LOG_SETTINGS.path: pb.LogSettingsRequest,
+    Method.TRACE_SETTING.path: pb.TraceSettingRequest,
+}
+#: The environment variable that turns protected mode off.
+TRUSTED_NETWORK_VARIABLE = "REACTANT_GATEWAY_AUTH_TRUSTED_NETWORK"
+
+
+def changes_node(path: str, request: bytes | None) -> bool:
+    """Whether a call of `path` with `request` (None: not at hand) changes the node
+    for everyone: an operator method that does not only read. Protected mode keeps
+    these to loopback."""
+    if role_of(path) is not Role.OPERATOR or path in _OPERATOR_READS:
+        return False
+    kind = _SETTINGS_REQUESTS.get(path)
+    if kind is None or request is None:
+        return True
+    try:
+        return bool(kind.FromString(request).settings)
+    except DecodeError:
+        return True  # the method answers INVALID_ARGUMENT to the clients it serves
+
+
+def protected_refusal(path: str, peer: str) -> GrpcError:
+    """What a client not on loopback is told in protected mode."""
+    return GrpcError(
+        StatusCode.PERMISSION_DENIED,
+        f"{_method_name(path)} refused to {peer or 'a remote client'}: with no "
+        "authentication configured, calls that change the node are taken from loopback "
+        "only. Configure auth.tokens_file or auth.identities (docs/security.md), or set "
+        f"auth.trusted_network: true ({TRUSTED_NETWORK_VARIABLE}=1) if every client "
+        "that can reach this port is trusted",
+    )
 
 
 _SHM_PATHS = frozenset(m.path for m in _SHM_METHODS)

@@ -193,7 +193,11 @@ _OUTLIER_CHECKS: Mapping[str, Check] = {
 _TLS_CHECKS: Mapping[str, Check] = dict.fromkeys(
     ("cert_file", "key_file", "client_ca_file"), check_str
 )
-_AUTH_CHECKS: Mapping[str, Check] = {"tokens_file": check_str, "identities": _check_identities}
+_AUTH_CHECKS: Mapping[str, Check] = {
+    "tokens_file": check_str,
+    "identities": _check_identities,
+    "trusted_network": check_bool,
+}
 
 
 def _check_models(value: object, key: str) -> tuple[str, ...]:
@@ -341,12 +345,14 @@ class AuthConfig:
     Authentication is on when either is set: `tokens_file` (YAML, re-read when it
     changes or on SIGHUP; `rsgw._auth.parse_tokens`) or `identities` (a client
     certificate's identity -> roles; needs `tls.client_ca_file`). Off, every client
-    may call everything, as on the original; the gateway then warns at start-up
-    when it listens on anything but loopback.
+    may call everything but the operator calls, which only clients on loopback may
+    make (protected mode, docs/security.md) unless `trusted_network` says every
+    client that can reach the gateway is trusted.
     """
 
     tokens_file: str = ""
     identities: Mapping[str, tuple[str, ...]] = field(default_factory=FrozenTable)
+    trusted_network: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, "auth.", _AUTH_CHECKS)

@@ -111,6 +111,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "tls.key_file": "str",
         "tls.client_ca_file": "str",
         "auth.tokens_file": "str",
+        "auth.trusted_network": "bool",
         "shm.max_regions_per_client": "int",
         "shm.max_bytes_per_client": "int",
         "shm.allow_remote_clients": "bool",

@@ -166,11 +166,18 @@ class GatewayConfig:
             )
         grpc_host = self.listen.grpc.rpartition(":")[0].strip("[]")
         if not self.auth.enabled and not _loopback_host(grpc_host):
+            changes = (
+                "change the node (placement, scheduling, workers, model load and unload, "
+                "memory compaction, log and trace settings)"
+            )
+            if self.auth.trusted_network:
+                operator = f" and, as auth.trusted_network is true, {changes}"
+            else:
+                operator = f"; only clients on loopback may {changes}"
             found.append(
                 f"SERVING WITHOUT AUTHENTICATION on {self.listen.grpc}: any client that can "
-                "reach it may change placement and scheduling, load and unload models, compact "
-                "memory and register shared memory. Set auth.tokens_file or auth.identities, "
-                "or listen on 127.0.0.1 (docs/security.md)"
+                f"reach it may run inference{operator}. Set auth.tokens_file or "
+                "auth.identities, or listen on 127.0.0.1 (docs/security.md)"
             )
         found.extend(self.pairing().warnings)
         return tuple(found)

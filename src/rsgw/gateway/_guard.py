@@ -29,8 +29,10 @@ from rsgw._auth import (
     Principal,
     Role,
     bearer_token,
+    changes_node,
     parse_identities,
     parse_tokens,
+    protected_refusal,
     role_of,
 )
 from rsgw._body import Body
@@ -38,6 +40,7 @@ from rsgw._call import CallContext
 from rsgw._errors import ConfigError, GrpcError
 from rsgw._logging import log_limited
 from rsgw._methods import Method
+from rsgw._peer import REMOTE
 from rsgw._status import StatusCode
 from rsgw._values import read_yaml
 
@@ -76,6 +79,8 @@ class Guard:
 
     def __init__(self, config: AuthConfig) -> None:
         self.enabled = config.enabled
+        #: Protected mode (`rsgw._auth`): no auth, and the network not declared trusted.
+        self.protected = not config.enabled and not config.trusted_network
         self._tokens_file = config.tokens_file
         self._identities = parse_identities(dict(config.identities))
         self._stamp = self._file_stamp()
@@ -158,11 +163,16 @@ class Guard:
         if not self.enabled and not logged:
             return handler
         check = self.check if self.enabled else None
+        protect = self.protected and role_of(path) is Role.OPERATOR
 
         async def guarded(body: B, call: CallContext) -> B:
             try:
                 if check is not None:
                     check(call)
+                elif protect and call.client.kind == REMOTE:
+                    request = body if isinstance(body, bytes) else None
+                    if changes_node(path, request):
+                        raise protected_refusal(path, call.peer)
                 reply = await handler(body, call)
             except BaseException as exc:
                 if logged:
