@@ -659,6 +659,34 @@ def test_unknown_keys_are_ignored_with_a_note() -> None:
     }
 
 
+def test_unknown_environment_variables_are_named_with_the_nearest_known_one() -> None:
+    cfg = parse(
+        REACTANT_GATEWAY_SCHEDULNG_MODE="lpt_packing",
+        REACTANT_GATEWAY_ZZZ="1",
+        REACTANT_GATEWAYS_OTHER="1",  # not our prefix
+        REACTANT_GATEWAY_STARTUP_WAIT_SECONDS="3",  # process-level, no YAML key
+    )
+    assert risks(cfg) == [
+        "unknown environment variable REACTANT_GATEWAY_SCHEDULNG_MODE ignored (did you mean "
+        "REACTANT_GATEWAY_SCHEDULING_MODE?)",
+        "unknown environment variable REACTANT_GATEWAY_ZZZ ignored",
+    ]
+    assert cfg.scheduling == parse().scheduling
+
+
+def test_strict_makes_unknown_keys_and_variables_errors() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(REACTANT_GATEWAY_SCHEDULNG_MODE="x", REACTANT_GATEWAY_STRICT="1")
+    assert str(caught.value) == (
+        "unknown environment variable REACTANT_GATEWAY_SCHEDULNG_MODE (did you mean "
+        "REACTANT_GATEWAY_SCHEDULING_MODE?): REACTANT_GATEWAY_STRICT makes unknown settings "
+        "errors"
+    )
+    with pytest.raises(ConfigError, match="unknown gateway config key 'bogus'"):
+        parse({"bogus": 1}, REACTANT_GATEWAY_STRICT="yes")
+    assert parse(REACTANT_GATEWAY_STRICT="1") == parse()
+
+
 def test_name_count_mismatch_warns() -> None:
     (warning,) = risks(parse({"endpoints": ["a:1", "b:2"], "worker_names": ["w0"]}))
     assert "worker_names has 1 names for 2 endpoints" in warning

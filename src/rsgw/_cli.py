@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         "flags (see docs/configuration.md).",
     )
     run.add_argument("--config", metavar="FILE", help="gateway.yml to read")
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="unknown gateway.yml keys and REACTANT_GATEWAY_* variables are errors, not "
+        "warnings (REACTANT_GATEWAY_STRICT=1)",
+    )
     run.add_argument("--workers", metavar="H:P,...", help="worker gRPC endpoints")
     run.add_argument("--worker-metrics", metavar="H:P,...", help="worker metrics endpoints")
     run.add_argument("--listen-grpc", metavar="H:P", help="gRPC listen address (0.0.0.0:8001)")
@@ -356,6 +362,9 @@ def _run_gateway(args: argparse.Namespace) -> None:
         if value is not None:
             env[variable] = value
             flags[variable] = flags[_RUN_FLAG_KEYS[flag]] = "--" + flag.replace("_", "-")
+    if args.strict:
+        env["REACTANT_GATEWAY_STRICT"] = "1"
+        flags["REACTANT_GATEWAY_STRICT makes"] = "--strict makes"
     try:
         config = load_config(args.config, env)
     except ConfigError as exc:

@@ -32,6 +32,7 @@ error rather than 0; an empty variable counts as unset; numbers must be finite.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Hashable, Mapping
@@ -79,6 +80,7 @@ ENV_FILE = "REACTANT_GATEWAY_FILE"
 ENV_STARTUP_WAIT = "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS"
 ENV_HEALTH_INTERVAL = "REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"
 ENV_WEDGE_EXIT_ROUNDS = "REACTANT_GATEWAY_WEDGE_EXIT_ROUNDS"
+ENV_STRICT = "REACTANT_GATEWAY_STRICT"
 TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 FOREVER_WORDS: Final = frozenset({"inf", "+inf", "infinity", "forever", "-1"})
 
@@ -159,6 +161,37 @@ def env_name(path: str) -> str:
 
 #: Variable name -> the YAML path it overrides.
 ENV_VARIABLES: Mapping[str, str] = MappingProxyType({env_name(p): p for p in _ENV_KINDS})
+#: Every `REACTANT_GATEWAY_*` variable rsgw reads: the overrides, and the process-level
+#: ones that have no YAML key.
+KNOWN_VARIABLES: frozenset[str] = frozenset(
+    {
+        *ENV_VARIABLES,
+        ENV_FILE,
+        ENV_STARTUP_WAIT,
+        ENV_HEALTH_INTERVAL,
+        ENV_WEDGE_EXIT_ROUNDS,
+        ENV_STRICT,
+    }
+)
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """One line for each `REACTANT_GATEWAY_*` variable rsgw does not read (a typo is
+    otherwise ignored without a word), naming the nearest one it does."""
+    lines = []
+    for var in sorted(env):
+        if var.startswith(ENV_PREFIX) and var not in KNOWN_VARIABLES:
+            names = [known.removeprefix(ENV_PREFIX) for known in KNOWN_VARIABLES]
+            near = difflib.get_close_matches(var.removeprefix(ENV_PREFIX), names, 1, 0.6)
+            hint = f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""
+            lines.append(f"unknown environment variable {var} ignored{hint}")
+    return lines
+
+
+def strict(env: Mapping[str, str]) -> bool:
+    """`REACTANT_GATEWAY_STRICT`: unknown keys and variables are errors, not warnings."""
+    value = _env_set(env, ENV_STRICT)
+    return value is not None and value.strip().lower() in TRUE_WORDS
 
 
 def _env_value(var: str, kind: str, text: str) -> object:
@@ -352,7 +385,7 @@ def parse_config(
             target = target[parent]
         target[leaf] = _env_value(var, kind, text)
 
-    notes: list[str] = []
+    notes: list[str] = unknown_variables(env)
     _note_unknown(merged, "", (*_LISTS, *_BLOCKS), notes)
     lists: dict[str, Any] = {
         key: merged[key]
@@ -375,11 +408,15 @@ def parse_config(
                     _note_unknown(entry, f"scheduling.models.{model}.", _OVERRIDE_KEYS, notes)
             kwargs["models"] = _models(models)
         blocks[name] = cls(**kwargs)
+    health_interval = _health_interval(env, notes)
+    if notes and strict(env):
+        first = notes[0].replace(" ignored", "")
+        raise ConfigError(f"{first}: {ENV_STRICT} makes unknown settings errors")
     return GatewayConfig(
         **lists,
         **blocks,
         startup_wait_seconds=_startup_wait(env),
-        health_interval_seconds=_health_interval(env, notes),
+        health_interval_seconds=health_interval,
         wedge_exit_rounds=_wedge_exit_rounds(env),
         env_overrides=tuple(applied),
         notes=tuple(notes),

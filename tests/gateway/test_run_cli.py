@@ -10,7 +10,9 @@ from collections.abc import Callable
 from tests.helpers import WorkerProcess
 
 
-def run_gateway(*workers: WorkerProcess, wait: str = "0") -> subprocess.CompletedProcess[str]:
+def run_gateway(
+    *workers: WorkerProcess, wait: str = "0", extra: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
     endpoints = ",".join(f"127.0.0.1:{w.grpc_port}" for w in workers)
     return subprocess.run(
         [
@@ -26,11 +28,13 @@ def run_gateway(*workers: WorkerProcess, wait: str = "0") -> subprocess.Complete
             "127.0.0.1:0",
             "--listen-http",
             "127.0.0.1:0",
+            *extra,
         ],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("REACTANT_")},
             "REACTANT_GATEWAY_SCHEDULING_MODE": "lpt_packing",
             "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS": wait,
+            **env,
         },
         capture_output=True,
         text=True,
@@ -64,3 +68,15 @@ def test_an_unreachable_worker_without_a_wait_stops_rsgw_run_with_one_line(
     assert f"[127.0.0.1:{gone.grpc_port}] unreachable over the control plane" in last
     assert "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS" in last
     assert "Traceback" not in done.stderr
+
+
+def test_strict_stops_rsgw_run_on_a_misspelt_variable_with_one_line(
+    worker_process_factory: Callable[..., WorkerProcess],
+) -> None:
+    worker = worker_process_factory("--name", "a")
+    done = run_gateway(worker, extra=("--strict",), REACTANT_GATEWAY_SCHEDULNG_MODE="x")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "rsgw run: unknown environment variable REACTANT_GATEWAY_SCHEDULNG_MODE (did you mean "
+        "REACTANT_GATEWAY_SCHEDULING_MODE?): --strict makes unknown settings errors"
+    ]
