@@ -35,9 +35,7 @@ def main() -> None:
             else:
                 method, path, body, token = call
                 headers = {} if token is None else {"authorization": f"Bearer {token}"}
-                answer = http.request(
-                    method, plan["http"] + path, json=body, headers=headers
-                )
+                answer = http.request(method, plan["http"] + path, json=body, headers=headers)
                 results.append(answer.status_code)
     print(json.dumps(results))
 

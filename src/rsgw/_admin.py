@@ -41,7 +41,9 @@ class Reply:
     content_type: str = "text/plain; charset=utf-8"
 
 
-Endpoint = Callable[[], Awaitable[Reply]]
+#: A request's headers, as ASGI gives them (names lower-case).
+Headers = list[tuple[bytes, bytes]]
+Endpoint = Callable[[Headers], Awaitable[Reply]]
 _NOT_FOUND = Reply(404, b"not found")
 
 Scope = dict[str, Any]
@@ -62,7 +64,7 @@ class AdminApp:
         if scope["type"] != "http":
             return
         endpoint = self._routes.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
-        reply = _NOT_FOUND if endpoint is None else await endpoint()
+        reply = _NOT_FOUND if endpoint is None else await endpoint(scope["headers"])
         await send(
             {
                 "type": "http.response.start",

@@ -20,6 +20,8 @@ import httpx
 import pytest
 import trio
 import tritonclient.utils.shared_memory as shm
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
@@ -30,13 +32,16 @@ from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw.gateway._admin_routes import scrape_budget
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import check_simple, infer_request, simple_inputs
 
 
-async def scrape(fleet: Fleet) -> str:
+async def scrape(fleet: Fleet, headers: dict[str, str] | None = None) -> str:
     async with httpx.AsyncClient() as client:
-        response = await client.get(f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics")
+        response = await client.get(
+            f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics", headers=headers
+        )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     return response.text
@@ -207,9 +212,20 @@ async def test_worker_series_carry_the_gateways_name_for_the_worker() -> None:
         assert families["worker_queue_wait_seconds"].type == "summary"
 
 
-async def test_a_hung_worker_metrics_endpoint_costs_one_scrape_timeout() -> None:
+@pytest.mark.parametrize(
+    ("configured", "scraper", "within"),
+    [
+        (0.3, None, 1.0),  # the gateway's own timeout
+        (30.0, "0.5", 0.5),  # Prometheus's, sooner: answered before the scraper gives up
+    ],
+)
+async def test_a_hung_worker_metrics_endpoint_costs_one_scrape_timeout(
+    configured: float, scraper: str | None, within: float
+) -> None:
     """A metrics endpoint that accepts and never answers (a SIGSTOPped worker) is left out
-    after `metrics.scrape_timeout_seconds`, marked down; the gateway's series still come."""
+    after `metrics.scrape_timeout_seconds`, or sooner when the scraper's own timeout
+    (`X-Prometheus-Scrape-Timeout-Seconds`) less a margin is sooner, marked down; the
+    gateway's series still come."""
     held: list[trio.SocketStream] = []
 
     async def hold(stream: trio.SocketStream) -> None:
@@ -225,15 +241,38 @@ async def test_a_hung_worker_metrics_endpoint_costs_one_scrape_timeout() -> None
             2,
             health_interval_seconds=60,
             metrics_endpoints=tuple(hung),
-            metrics=MetricsConfig(scrape_timeout_seconds=0.3),
+            metrics=MetricsConfig(scrape_timeout_seconds=configured),
         ) as fleet:
+            headers = {} if scraper is None else {"X-Prometheus-Scrape-Timeout-Seconds": scraper}
             started = trio.current_time()
-            text = await scrape(fleet)
+            text = await scrape(fleet, headers)
             took = trio.current_time() - started
             lines = text.splitlines()
         nursery.cancel_scope.cancel()
-    assert took < 1.0, took  # both scrapes at once, each bounded
+    assert took < within, took  # both scrapes at once, each bounded
     assert 'gateway_worker_metrics_up{worker="worker0"} 0.0' in lines
     assert 'gateway_worker_metrics_up{worker="worker1"} 0.0' in lines
     assert any(line.startswith("gateway_worker_ready{") for line in lines)
     assert not any(line.startswith("worker_") for line in lines)
+
+
+@given(
+    configured=st.floats(0.001, 60),
+    header=st.one_of(
+        st.none(),
+        st.floats(allow_nan=True, allow_infinity=True).map(lambda f: repr(f).encode()),
+        st.binary(max_size=8),
+    ),
+)
+def test_the_scrape_budget_is_never_later_than_either_deadline(
+    configured: float, header: bytes | None
+) -> None:
+    budget = scrape_budget(configured, header)
+    assert 0 < budget <= configured
+    try:
+        seconds = float(header) if header is not None else None
+    except ValueError:
+        seconds = None
+    if seconds is not None and 0 < seconds < float("inf"):
+        assert budget < seconds  # room for the gateway's own answer
+        assert budget >= min(configured, seconds * 0.8) - 1e-9

@@ -1,14 +1,14 @@
 """The dashboards and alert rules against a real Prometheus scraping a real `rsgw node`.
 
-`rsgw node` (three simulated GPUs, three small models, a 2 MiB weight budget per
-worker so weights move) runs once per scheduling mode under load, with a Prometheus
-(Debian's `prometheus`) scraping the gateway every 2 s through a file_sd target
-that follows the node's port. Then every PromQL expression in grafana/dashboards/*.json
-must return data over the run, every template variable must have values, and every
-rule in grafana/alerts.yml must evaluate. In the last mode one worker is SIGSTOPped:
-the gateway's scrape must stay fast (Prometheus keeps the target up) and
-RsgwWorkerNotReady must fire. The rules are loaded with their `for:` shortened to 1 s
-(the only change), so the test need not wait out a minute.
+`rsgw node` (three simulated GPUs, three small models, a 2 MiB weight budget per worker
+so weights move) runs once per scheduling mode under load, with a Prometheus (Debian's
+`prometheus`) scraping the gateway every 1 s (so a 1 s scrape timeout) through a file_sd
+target that follows the node's port. Then every PromQL expression in
+grafana/dashboards/*.json must return data over the run, every template variable must
+have values, and every rule in grafana/alerts.yml must evaluate. In the last mode one
+worker is SIGSTOPped: the gateway's scrape must stay fast (Prometheus keeps the target
+up) and RsgwWorkerNotReady must fire. The rules are loaded with their `for:` shortened
+to 1 s (the only change), so the test need not wait out a minute.
 
 Skipped without a `prometheus` binary, except under CI (`CI=1`), where `.ci/run`
 installs it and a skip would hide a broken dashboard.
@@ -77,17 +77,19 @@ class Prometheus:
         rules = GRAFANA.joinpath("alerts.yml").read_text()
         (work / "alerts.yml").write_text(re.sub(r"(?m)^(\s+for:) \S+$", r"\1 1s", rules))
         config = {
-            "global": {"scrape_interval": "2s", "evaluation_interval": "1s"},
+            # Every second, so Prometheus's scrape timeout is 1 s too: the gateway must
+            # answer within it while a worker hangs (X-Prometheus-Scrape-Timeout-Seconds).
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(work / "alerts.yml")],
             "scrape_configs": [
                 {
                     "job_name": "rsgw",
-                    "scrape_timeout": "2s",
+                    "scrape_timeout": "1s",
                     "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}],
                 },
                 {
                     "job_name": "direct",
-                    "scrape_timeout": "2s",
+                    "scrape_timeout": "1s",
                     "file_sd_configs": [{"files": [str(self.direct)], "refresh_interval": "1s"}],
                 },
             ],

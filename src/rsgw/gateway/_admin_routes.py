@@ -1,10 +1,13 @@
 """The gateway's admin HTTP routes: `/metrics` for the whole node, `/healthz`, `/readyz`.
 
 One scrape covers the node: `/metrics` is the gateway's own series merged with every
-worker's scrape (relabelled with the worker's name, fetched concurrently, each under
-`metrics.scrape_timeout_seconds`; a worker that does not answer is left out and
-counted). `/readyz` follows the prober's readiness, so a stopping gateway says "not
-ready" at once.
+worker's scrape (relabelled with the worker's name, fetched concurrently; a worker that
+does not answer is left out and counted). Worker scrapes get the sooner of
+`metrics.scrape_timeout_seconds` and the scraper's own deadline: Prometheus sends its
+scrape timeout with every scrape (`X-Prometheus-Scrape-Timeout-Seconds`), and a gateway
+that waited longer for a hung worker than Prometheus waits for the gateway would be
+marked down with everything it had. `/readyz` follows the prober's readiness, so a
+stopping gateway says "not ready" at once.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from rsgw._admin import AdminApp, Reply
+from rsgw._admin import AdminApp, Headers, Reply
 from rsgw._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
 from rsgw.gateway._pool import fan_out
 
@@ -39,21 +42,22 @@ def admin_app(
     # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
     unpaired = {worker.metrics: worker.label for worker in config.pairing().unpaired}
 
-    async def scrape(url: str, label: str) -> str | None:
+    async def scrape(url: str, label: str, budget: float) -> str | None:
         """A worker's series, relabelled; None when it could not be scraped (down, slow,
         an error status): that worker's gap, not the scrape's failure (fan_out raises
         anything but an RsgwError)."""
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(budget):
                 response = await http.get(f"{scheme}://{url}/metrics")
             response.raise_for_status()
         except (httpx.HTTPError, trio.TooSlowError, OSError):
             return None
         return relabel_exposition(response.text, "worker", label)
 
-    async def metrics_endpoint() -> Reply:
+    async def metrics_endpoint(headers: Headers) -> Reply:
         targets = pool.metrics_targets() | unpaired  # the members now, in the order they joined
-        scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url]))
+        budget = scrape_budget(timeout, _header(headers, SCRAPE_TIMEOUT_HEADER))
+        scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url], budget))
         for url, label in targets.items():
             metrics.metrics_scraped(label, isinstance(scraped[url], str))
         texts = [metrics.render().decode()]
@@ -63,10 +67,42 @@ def admin_app(
                 texts.append(text)
         return Reply(200, merge_expositions(texts).encode(), CONTENT_TYPE)
 
-    async def healthz() -> Reply:
+    async def healthz(_: Headers) -> Reply:
         return Reply(200, b"ok")
 
-    async def readyz() -> Reply:
+    async def readyz(_: Headers) -> Reply:
         return Reply(200, b"ok") if prober.serving else Reply(503, b"not ready")
 
     return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})
+
+
+#: What Prometheus sends with every scrape: how long it waits for the answer.
+SCRAPE_TIMEOUT_HEADER = b"x-prometheus-scrape-timeout-seconds"
+#: Of the scraper's timeout, what is kept back for the gateway's own part of the
+#: answer (rendering, merging, the network) ...
+SCRAPE_MARGIN_SHARE = 0.2
+#: ... and at most this much.
+SCRAPE_MARGIN_SECONDS = 0.5
+
+
+def scrape_budget(configured: float, scraper_timeout: bytes | None) -> float:
+    """How long worker scrapes may take: `configured`, or less when the scraper's
+    timeout (the header's value, if it is a positive number of seconds) less a margin
+    is sooner."""
+    if scraper_timeout is None:
+        return configured
+    try:
+        seconds = float(scraper_timeout)
+    except ValueError:
+        return configured
+    if not 0 < seconds < float("inf"):
+        return configured
+    margin = min(seconds * SCRAPE_MARGIN_SHARE, SCRAPE_MARGIN_SECONDS)
+    return min(configured, seconds - margin)
+
+
+def _header(headers: Headers, name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None

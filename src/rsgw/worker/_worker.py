@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._admin import AdminApp, Reply, serve_admin
+from rsgw._admin import AdminApp, Headers, Reply, serve_admin
 from rsgw._errors import ConfigError
 from rsgw._exposition import CONTENT_TYPE
 from rsgw._methods import METHODS_BY_PATH, Method
@@ -304,13 +304,13 @@ async def open_worker(
 
 
 def _admin_app(service: WorkerService, metrics: WorkerMetrics) -> AdminApp:
-    async def metrics_endpoint() -> Reply:
+    async def metrics_endpoint(_: Headers) -> Reply:
         return Reply(200, metrics.render(), CONTENT_TYPE)
 
-    async def healthz() -> Reply:
+    async def healthz(_: Headers) -> Reply:
         return Reply(200, b"ok")
 
-    async def readyz() -> Reply:
+    async def readyz(_: Headers) -> Reply:
         return Reply(200, b"ok") if service.ready else Reply(503, b"not ready")
 
     return AdminApp({"/metrics": metrics_endpoint, "/healthz": healthz, "/readyz": readyz})
