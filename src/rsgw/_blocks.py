@@ -62,6 +62,8 @@ DEFAULT_REQUEST_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_CONCURRENT_STREAMS = 64
 DEFAULT_MAX_MSG_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER = 64
+#: How long a call may be predicted to wait for its worker (issue 38).
+DEFAULT_MAX_QUEUE_SECONDS = 1.0
 DEFAULT_LOG_LEVEL = "info"
 DEFAULT_LOG_FORMAT = "json"
 # rsgw's own (the original waited 5 s per worker): one worker's part of a merged /metrics.
@@ -166,6 +168,7 @@ _GRPC_CHECKS: Mapping[str, Check] = {
     "max_concurrent_requests_per_worker": ranged(
         check_int, lambda n: n >= 0, "non-negative (0 = uncapped)"
     ),
+    "max_queue_seconds": non_negative,
 }
 _LOGGING_CHECKS: Mapping[str, Check] = {
     "level": words(LOG_LEVELS),
@@ -285,11 +288,14 @@ class WorkerClientConfig:
 
 @dataclass(frozen=True, slots=True)
 class GrpcLimits:
-    """Message size limits and the inbound admission cap per worker (0 = uncapped)."""
+    """Message size limits, the inbound admission cap per worker (0 = uncapped), and
+    how long a call may be predicted to wait for its worker before it is refused at
+    arrival (`rsgw.scheduling._forecast`; 0 = only its deadline decides)."""
 
     max_recv_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
     max_send_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
     max_concurrent_requests_per_worker: int = DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER
+    max_queue_seconds: float = DEFAULT_MAX_QUEUE_SECONDS
 
     def __post_init__(self) -> None:
         check_fields(self, "grpc.", _GRPC_CHECKS)

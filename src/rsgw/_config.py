@@ -105,6 +105,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "grpc.max_recv_msg_bytes": "int",
         "grpc.max_send_msg_bytes": "int",
         "grpc.max_concurrent_requests_per_worker": "int",
+        "grpc.max_queue_seconds": "float",
         "logging.level": "str",
         "logging.format": "str",
         "logging.access_log_sample_rate": "float",

@@ -9,16 +9,15 @@ import trio
 from trio.testing import MockClock
 
 from rsgw.gateway import _admission
-from rsgw.gateway._admission import DEADLINE_MARGIN, MAX_QUEUE_FACTOR, AdmissionQueue
+from rsgw.gateway._admission import MAX_QUEUE_FACTOR, AdmissionQueue
 
 
-def test_a_wait_that_outlives_the_deadline_is_hopeless() -> None:
+def test_the_wait_for_a_slot_is_the_queue_times_how_often_a_slot_frees() -> None:
     queue: AdmissionQueue[str] = AdmissionQueue(cap=4)
     queue.service_seconds = 0.4  # a slot frees every 0.1 s
-    assert not queue.hopeless(0.0, math.inf)
-    assert not queue.hopeless(0.0, 0.1 + DEADLINE_MARGIN + 0.01)
-    assert queue.hopeless(0.0, 0.1 + DEADLINE_MARGIN - 0.01)
-    assert AdmissionQueue[str](cap=0).hopeless(0.0, math.inf)  # uncapped never queues
+    assert queue.slot_wait() == pytest.approx(0.1)
+    assert not queue.full
+    assert AdmissionQueue[str](cap=0).full  # uncapped never queues
 
 
 def test_the_estimate_follows_measured_service_times() -> None:
@@ -132,10 +131,10 @@ async def test_only_waiters_still_waiting_fill_the_queue(autojump_clock: MockClo
         for index in range(MAX_QUEUE_FACTOR):
             nursery.start_soon(wait, 1.0 if index < 10 else math.inf)
         await trio.testing.wait_all_tasks_blocked()
-        assert queue.hopeless(trio.current_time(), math.inf)
+        assert queue.full
         await trio.sleep(2)
         assert queue.waiting == MAX_QUEUE_FACTOR - 10
-        assert not queue.hopeless(trio.current_time(), math.inf)
+        assert not queue.full
         nursery.cancel_scope.cancel()
     assert queue.waiting == 0
 

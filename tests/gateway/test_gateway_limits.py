@@ -156,9 +156,9 @@ async def test_gateway_admission_cap_queues_what_can_wait_and_sheds_what_cannot(
     """At the cap a call waits for a slot if the queue clears before its deadline.
 
     One slow call per worker fills the cap (2). A third with a 5 s deadline waits in the
-    gateway's queue and is served. While the cap is full the gateway reads nothing more,
-    so a fourth with 0.1 s left waits in its client and ends there, DEADLINE_EXCEEDED,
-    having cost the gateway nothing (docs: gateway/_admission.py).
+    gateway's queue and is served. The gateway reads on up to twice the cap, so a
+    fourth with 0.1 s left is read and refused at once, RESOURCE_EXHAUSTED, rather than
+    left to time out (docs: gateway/_admission.py).
     """
     catalogue = catalogue_from_yaml(SLOW)
     limits = GrpcLimits(max_concurrent_requests_per_worker=1)
@@ -187,9 +187,9 @@ async def test_gateway_admission_cap_queues_what_can_wait_and_sheds_what_cannot(
             0: StatusCode.OK,
             1: StatusCode.OK,
             2: StatusCode.OK,  # queued, then served
-            3: StatusCode.DEADLINE_EXCEEDED,  # never read: it waited in its client
+            3: StatusCode.RESOURCE_EXHAUSTED,  # it could not finish in time: refused
         }
-        assert fleet.gateway._service.metrics.shed._value.get() == 0
+        assert fleet.gateway._service.metrics.shed._value.get() == 1
 
 
 async def test_a_worker_holding_its_share_sheds_its_models_only(

@@ -1,15 +1,21 @@
-"""Admission at the inbound cap: wait for a slot if it will come in time, else refuse now.
+"""Admission: refuse at arrival what would not finish in time; at the cap, queue for a slot.
 
 At `max_concurrent_requests` the original refused every further call
 (RESOURCE_EXHAUSTED). When the gateway's own CPU is what is full, that is the worst
 answer: a refusal costs nearly half of what serving the call would (the request is
 read and parsed either way), so at three times its capacity a refusing gateway
 spends itself refusing and serves almost nothing. Here a call that finds the cap
-full waits in a FIFO queue for a slot when the queue will clear before its deadline
-(the queue's length times how often a slot frees, measured), and is refused at once
-only when its wait is hopeless. While the queue is long the server reads nothing
-more (`GrpcServer(max_running_calls=)`), so what the gateway cannot do waits in the
-clients, not here.
+full waits in a FIFO queue for a slot when it would still finish in time (the
+queue's length times how often a slot frees, measured, then the time a call holds
+its slot), and is refused at once only when it would not (`rsgw.scheduling._forecast`:
+past its deadline, or waiting longer than `grpc.max_queue_seconds`). When the
+workers' devices are what is full, a call's slot time is mostly its wait at the
+worker, so queueing for a slot is hopeless and the call is refused at arrival,
+cheaply, instead of timing out after its whole deadline. The server reads requests
+until twice the cap are running (`intake_limit`): past the admitted calls, room to
+read, queue or refuse the next; past that it reads nothing more
+(`GrpcServer(max_running_calls=)`), so what the gateway cannot even refuse waits in
+the clients, not here.
 
 A waiter that gives up (its deadline, its client gone) is marked and left in place,
 so leaving costs the same at any queue length (up to 64 x cap); a hand-over skips
@@ -20,14 +26,15 @@ queue is marked it is swept, so waiters that left never pile up while no slot fr
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar
 
 import trio
 
+from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
+from rsgw.scheduling._forecast import AdmissionRule, Forecast, Verdict, describe
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._plan import shed_at_gateway
 from rsgw.scheduling._schedulers import AnyReservation
@@ -37,11 +44,18 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: A call waits only if the queue is expected to clear this long before its deadline,
-#: leaving it time to be served.
-DEADLINE_MARGIN = 0.25
 #: Calls queued at most, as a multiple of the cap (without a deadline, calls wait up to it).
 MAX_QUEUE_FACTOR = 64
+#: Calls running in the server (admitted, queued, or being refused) at which it stops
+#: reading requests, as a multiple of the inbound cap.
+INTAKE_FACTOR = 2
+
+
+def intake_limit(cap: int) -> int:
+    """`GrpcServer(max_running_calls=)` for an inbound cap (0: uncapped, no limit)."""
+    return cap * INTAKE_FACTOR
+
+
 #: Weight of the newest call in the service time estimate (an EMA).
 _ALPHA = 0.05
 
@@ -76,12 +90,15 @@ class AdmissionQueue(Generic[T]):
         """Calls waiting for a slot now (not those that gave up)."""
         return self._waiting
 
-    def hopeless(self, now: float, deadline: float) -> bool:
-        """Whether a call arriving now could not get a slot before `deadline`."""
-        if self.cap <= 0 or self._waiting >= self.cap * MAX_QUEUE_FACTOR:
-            return True
-        wait = (self._waiting + 1) * self.service_seconds / self.cap
-        return deadline != math.inf and now + wait + DEADLINE_MARGIN >= deadline
+    @property
+    def full(self) -> bool:
+        """No call may queue (uncapped, or the queue at its longest)."""
+        return self.cap <= 0 or self._waiting >= self.cap * MAX_QUEUE_FACTOR
+
+    def slot_wait(self) -> float:
+        """Seconds until a call arriving now gets a slot: a slot frees every
+        `service_seconds / cap`, and the calls waiting go first."""
+        return (self._waiting + 1) * self.service_seconds / self.cap
 
     async def wait_turn(self, give_back: Callable[[T], None]) -> T:
         """Queue until a slot is handed over; its ticket. Cancellation leaves the queue.
@@ -138,11 +155,15 @@ class Admission:
         self,
         ledger: Ledger[AnyReservation],
         metrics: GatewayMetrics,
+        max_queue_seconds: float = 0.0,
     ) -> None:
         #: Admitted calls, the calls each worker holds, and the scheduler's charges.
         self.ledger = ledger
         #: Calls waiting for a slot under the cap (ModelInfer only).
         self.queue: AdmissionQueue[Ticket[AnyReservation]] = AdmissionQueue(ledger.max_inflight)
+        #: Each worker's seconds per call ahead, from the calls it answered.
+        self.forecast = Forecast()
+        self.rule = AdmissionRule(max_queue_seconds)
         self._metrics = metrics
         metrics.max_concurrent.set(ledger.max_inflight)
         if ledger.max_inflight:
@@ -186,10 +207,28 @@ class Admission:
         finally:
             self.release(ticket)
 
+    def refuse(self, verdict: Verdict, model: str, where: str) -> NoReturn:
+        """Refuse a call that would not finish in time (counted as shed by the caller's
+        meter and `gateway_requests_shed_total`)."""
+        self._metrics.shed.inc()
+        raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, describe(verdict, model, where))
+
     async def queue_for_slot(
         self, rpc: str, deadline: float, protocol: str = "grpc"
     ) -> Ticket[AnyReservation]:
-        """The cap is full (or others wait): queue if it clears by `deadline`, else shed."""
-        if self.queue.hopeless(trio.current_time(), deadline):
+        """The cap is full (or others wait): queue if the call would still finish in
+        time once it has a slot, else refuse it now.
+
+        A slot is held `service_seconds` on average, and of that all but a call's own
+        service (the forecast's typical seconds per call) is waiting at the worker.
+        """
+        queue = self.queue
+        if queue.full:
             self.shed(rpc, protocol)
-        return await self.queue.wait_turn(self.release)
+        per_call = self.forecast.typical()
+        wait = queue.slot_wait() + max(0.0, queue.service_seconds - per_call)
+        verdict = self.rule.judge(wait, per_call, deadline - trio.current_time())
+        if verdict is not None:
+            self._metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None, protocol)
+            self.refuse(verdict, "", "for a slot and at its worker")
+        return await queue.wait_turn(self.release)

@@ -28,6 +28,7 @@ from rsgw._net import TCP, Network, split_host_port
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
 from rsgw.gateway._access import AccessLog
 from rsgw.gateway._admin_routes import admin_app
+from rsgw.gateway._admission import intake_limit
 from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._discovery import Discovery
 from rsgw.gateway._guard import RELOAD_CHECK_SECONDS, Guard
@@ -141,6 +142,7 @@ async def serve_gateway(
             request_timeout=config.worker_client.request_timeout_seconds,
             max_concurrent_requests=config.max_concurrent_requests,
             max_requests_per_worker=config.grpc.max_concurrent_requests_per_worker,
+            max_queue_seconds=config.grpc.max_queue_seconds,
             scheduler=scheduler,
             holders=None if packing is None else packing.holders,
             identity=config.server_metadata,
@@ -200,7 +202,7 @@ async def serve_gateway(
             max_receive_message_bytes=limits.max_recv_msg_bytes,
             max_send_message_bytes=limits.max_send_msg_bytes,
             limits=config.connections.limits(),
-            max_running_calls=config.max_concurrent_requests,
+            max_running_calls=intake_limit(config.max_concurrent_requests),
             max_concurrent_streams=config.connections.max_concurrent_streams,
             tls=tls,
         )

@@ -22,7 +22,6 @@ outcomes are counted in metrics.
 from __future__ import annotations
 
 import logging
-import time
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -103,6 +102,8 @@ class InferProxy:
         self.admission = admission
         self.ledger = admission.ledger
         self.queue = admission.queue
+        self.forecast = admission.forecast
+        self.rule = admission.rule
         self.sequences = sequences
         self.request_timeout = request_timeout
         self.max_message_bytes = max_message_bytes
@@ -187,9 +188,18 @@ class InferProxy:
         if not order:  # every replica the scheduler may use holds its share
             self.metrics.shed.inc()
             raise shed_at_replicas(model, ledger.max_per_worker)
+        now = trio.current_time()
+        deadline = min(call.deadline, now + self.request_timeout)
+        # Would it finish in time at the worker chosen? (`rsgw.scheduling._forecast`)
+        per_call = self.forecast.per_call(order[0])
+        if per_call:
+            held = ledger.held(order[0])
+            verdict = self.rule.judge(held * per_call, per_call, deadline - now)
+            if verdict is not None:
+                where = f"at {self.pool.public_name(order[0])} ({held} calls ahead)"
+                self.admission.refuse(verdict, model, where)
         meter.timed = True
         walk = RouteWalk(model, order, replicas, ledger.max_per_worker)
-        deadline = min(call.deadline, trio.current_time() + self.request_timeout)
         # The client's request id goes on to the worker (its logs can name the call).
         rid = request_id(call.metadata) if call.metadata else None
         metadata = () if rid is None else ((REQUEST_ID, rid),)
@@ -234,7 +244,8 @@ class InferProxy:
             if walk.last is not None and not self.retries.withdraw():
                 raise walk.outcome()  # the retry budget cannot pay: the failure it has
             ledger.hold(ticket, url)  # before any wait: the gate queue counts too
-            started = time.perf_counter()
+            position = ledger.held(url)
+            started = trio.current_time()
             try:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
@@ -259,11 +270,13 @@ class InferProxy:
                     raise answer from exc
             finally:
                 ledger.unhold(ticket)
-                elapsed = time.perf_counter() - started
+                elapsed = trio.current_time() - started
                 self.metrics.observe_worker(Method.MODEL_INFER.rpc, url, elapsed)
-                measured = self.measured
-                if measured is not None and walk.answered == url:
-                    measured.record(url, walk.model, elapsed)
+                if walk.answered == url:
+                    self.forecast.record(url, elapsed, position)
+                    measured = self.measured
+                    if measured is not None:
+                        measured.record(url, walk.model, elapsed)
         outcome = walk.outcome()
         if walk.last is None:
             self.metrics.shed.inc()

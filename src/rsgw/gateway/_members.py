@@ -29,6 +29,7 @@ from rsgw._endpoints import check_target
 from rsgw._errors import ConfigError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw.gateway._admission import intake_limit
 from rsgw.gateway._packing import Packing
 from rsgw.gateway._service import GatewayService
 from rsgw.gateway._watchdog import Watchdog
@@ -317,7 +318,7 @@ class Members:
         cap = self.inbound_cap
         self._service.resize(cap)
         if self._server is not None:
-            self._server.resize(cap)
+            self._server.resize(intake_limit(cap))
 
 
 def config_workers(

@@ -60,6 +60,7 @@ class GatewayService:
         request_timeout: float = 60.0,
         max_concurrent_requests: int = 0,
         max_requests_per_worker: int = 0,
+        max_queue_seconds: float = 0.0,
         scheduler: Scheduler | None = None,
         holders: Callable[[str], tuple[str, ...]] | None = None,
         identity: ServerMetadataConfig | None = None,
@@ -79,6 +80,7 @@ class GatewayService:
         self.admission = Admission(
             Ledger(max_concurrent_requests, max_requests_per_worker, self.scheduler.release),
             metrics,
+            max_queue_seconds,
         )
         #: Admitted calls, and the calls each worker holds.
         self.ledger = self.admission.ledger

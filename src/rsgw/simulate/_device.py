@@ -41,6 +41,8 @@ class SimCall:
     pending: Pending[SimCall] | None = None  # queued at a device
     code: str = ""  # the final status; "" while the call is open
     done: float = math.nan
+    routed: float = math.nan  # when the gateway sent it to its worker
+    position: int = 0  # the calls its worker held then, itself included
 
 
 def device_weights(specs: Mapping[str, ModelSpec], budget: int) -> WeightCache:

@@ -5,15 +5,18 @@ device finishes a batch, a held batch comes due, a client gives up at its deadli
 the prober ticks. What decides is the production code, called as the gateway calls
 it: the scheduler of the mode (`RoundRobinScheduler`, `LeastOutstandingScheduler`,
 `LptScheduler` with its `Packer`), the `Ledger` that admits calls and holds each
-worker's share, the `RoutingMetaTracker` and `summarize_poll` the prober feeds, and
-on the workers' side `rsgw.simulate._device` (the worker's queues, weight cache and
-costs). The gateway's settings come from the same gateway.yml bench/fleet writes,
-parsed by the gateway's own parser.
+worker's share, deadline-aware admission (`rsgw.scheduling._forecast`: the same
+forecast and rule refuse at arrival what would not finish in time), the
+`RoutingMetaTracker` and `summarize_poll` the prober feeds, and on the workers' side
+`rsgw.simulate._device` (the worker's queues, weight cache and costs). The gateway's
+settings come from the same gateway.yml bench/fleet writes, parsed by the gateway's
+own parser.
 
 What is simplified, and why it matters little for the figures: the network and the
 gateway's CPU cost nothing (bench/fleet's gateway used a fifth of a core); while the
-inbound cap is full, calls wait in one FIFO (the real ones wait in their clients'
-HTTP/2 streams, which the gateway stops reading); a replica is never down; compaction
+inbound cap is full, calls the rule admits wait in one FIFO (the real gateway reads
+up to twice its cap and leaves the rest in its clients' HTTP/2 streams: here every
+call is read); a replica is never down; compaction
 frees weights at once rather than between batches.
 
 Deterministic: the same scenario, mode, load and seed give the same figures.
@@ -32,6 +35,7 @@ from typing import Any
 import yaml
 
 from rsgw._config import parse_config
+from rsgw.scheduling._forecast import AdmissionRule, Forecast
 from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._lpt import LptScheduler
@@ -56,6 +60,11 @@ from rsgw.worker._catalogue import parse_catalogue
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 SHED = "RESOURCE_EXHAUSTED"
 LATE = "DEADLINE_EXCEEDED"
+ADMITTED = "admitted"
+WAITING = "waiting"
+#: `AdmissionQueue.service_seconds`' start and its EMA weight.
+INITIAL_SLOT_SECONDS = 0.01
+SLOT_ALPHA = 0.05
 
 # Event kinds, in the order simultaneous events are handled.
 _DONE, _WAKE, _TICK, _ARRIVE, _GIVE_UP = range(5)
@@ -115,9 +124,14 @@ class _Gateway:
         self.ledger: Ledger[AnyReservation] = Ledger(
             config.max_concurrent_requests, cap, self.scheduler.release
         )
-        #: Calls not read yet: the cap was full when they came (they wait in clients).
+        #: Calls waiting for a slot: the cap was full when they came.
         self.waiting: deque[SimCall] = deque()
         self.repacks: list[tuple[float, str]] = []
+        #: Deadline-aware admission, as `rsgw.gateway._admission` and `_infer` apply it.
+        self.forecast = Forecast()
+        self.rule = AdmissionRule(config.grpc.max_queue_seconds)
+        #: Seconds an admitted call holds its slot (`AdmissionQueue.service_seconds`).
+        self.slot_seconds = INITIAL_SLOT_SECONDS
 
     # -- prober ------------------------------------------------------------------
 
@@ -169,25 +183,29 @@ class _Gateway:
 
     # -- request path --------------------------------------------------------------
 
-    def admit(self, call: SimCall, now: float) -> bool:
-        """Admit `call` now (True), or leave it waiting in its client.
-
-        As the gateway's server stops reading every connection while its admitted
-        calls fill the cap (`GrpcServer(max_running_calls=)`), a call that finds the
-        cap full is not read, counted or refused: it waits in its client, first come
-        first served, until a slot frees or its deadline passes.
-        """
+    def admit(self, call: SimCall, now: float) -> str:
+        """ADMITTED (a slot now), WAITING (in the FIFO for one) or SHED (it would not
+        finish in time: refused at arrival), as `Admission.queue_for_slot` decides."""
         if not self.waiting:
             ticket = self.ledger.admit()
             if ticket is not None:
                 self.scheduler.arrived(call.model)
                 call.ticket = ticket
-                return True
+                return ADMITTED
+        cap = self.ledger.max_inflight
+        per_call = self.forecast.typical()
+        slot_wait = (len(self.waiting) + 1) * self.slot_seconds / cap if cap else 0.0
+        wait = slot_wait + max(0.0, self.slot_seconds - per_call)
+        if self.rule.judge(wait, per_call, call.deadline - now) is not None:
+            return SHED
         self.waiting.append(call)
-        return False
+        return WAITING
 
-    def route(self, call: SimCall, bodies: Mapping[tuple[str, int], bytes]) -> SimDevice | None:
-        """The worker an admitted call goes to, or None (shed at its replicas)."""
+    def route(
+        self, call: SimCall, bodies: Mapping[tuple[str, int], bytes], now: float
+    ) -> SimDevice | None:
+        """The worker an admitted call goes to, or None (shed at its replicas, or
+        refused there as it would not finish in time)."""
         ticket = call.ticket
         assert isinstance(ticket, Ticket)
         free = self.ledger.with_room(self.replicas[call.model])
@@ -199,7 +217,13 @@ class _Gateway:
         self.ledger.reserve(ticket, reservation)
         if not order:
             return None
+        per_call = self.forecast.per_call(order[0])
+        if per_call:
+            wait = self.ledger.held(order[0]) * per_call
+            if self.rule.judge(wait, per_call, call.deadline - now) is not None:
+                return None
         self.ledger.hold(ticket, order[0])
+        call.routed, call.position = now, self.ledger.held(order[0])
         return self.devices[order[0]]
 
     def close(self, call: SimCall, now: float) -> SimCall | None:
@@ -209,6 +233,11 @@ class _Gateway:
         if not isinstance(ticket, Ticket):
             return None
         call.ticket = None
+        if call.code == OK:
+            self.forecast.record(call.worker, now - call.routed, call.position)
+        if call.routed == call.routed:  # routed (not NaN): it held its slot until now
+            held = now - call.routed
+            self.slot_seconds += SLOT_ALPHA * (held - self.slot_seconds)
         self.ledger.close(ticket)
         while self.waiting:
             waiter = self.waiting.popleft()
@@ -293,7 +322,7 @@ def run(
 
     def send(call: SimCall, now: float) -> SimCall | None:
         """Route `call` to its worker; returns it when it was shed instead."""
-        device = gateway.route(call, bodies)
+        device = gateway.route(call, bodies, now)
         if device is None:
             return call
         device.enqueue(call, now)
@@ -315,8 +344,11 @@ def run(
     while events:
         now, kind, _, what = heapq.heappop(events)
         if kind == _ARRIVE:
-            if gateway.admit(what, now):
+            admitted = gateway.admit(what, now)
+            if admitted == ADMITTED:
                 end(send(what, now), SHED, now)
+            elif admitted == SHED:
+                end(what, SHED, now)
         elif kind == _DONE:
             done = what.finish()
             for call in done.calls:

@@ -1,0 +1,110 @@
+"""Deadline-aware admission under a device-bound overload (issue 38).
+
+A real gateway in front of one real simulated worker whose device serves one call
+at a time in 100 ms (capacity 10 calls/s), on memory streams under the autojump
+clock: every party runs in this Trio run, so virtual time makes an overload of
+many seconds deterministic and instant. An open-loop client offers 1.5x and 3x the
+capacity, every call with a 2 s deadline. The gateway must keep the device busy
+(goodput near capacity), answer what it admits within its queue limit, refuse the
+rest at once (RESOURCE_EXHAUSTED in no time, not DEADLINE_EXCEEDED after 2 s), and
+serve a call normally one second after the overload ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from rsgw._config import GrpcLimits
+from rsgw._errors import GrpcError
+from rsgw._status import StatusCode
+from rsgw.scheduling._forecast import AdmissionRule, Forecast
+from tests.gateway.fleet import open_fleet
+from tests.gateway.test_gateway_limits import SLOW, simple_body
+from tests.helpers import catalogue_from_yaml
+
+SERVICE_S = 0.1
+CAPACITY = 1 / SERVICE_S
+DEADLINE_S = 2.0
+SECONDS = 30.0
+
+
+@pytest.mark.parametrize("load", [1.5, 3.0])
+async def test_a_device_bound_overload_is_served_at_capacity_and_the_rest_refused_at_once(
+    autojump_clock: MockClock, load: float
+) -> None:
+    catalogue = catalogue_from_yaml(SLOW.replace("launch_ms: 300", "launch_ms: 100"))
+    async with open_fleet(
+        1,
+        memory=True,
+        catalogues=[catalogue],
+        grpc=GrpcLimits(max_concurrent_requests_per_worker=64, max_queue_seconds=1.0),
+        health_interval_seconds=60,
+    ) as fleet:
+        ok: list[float] = []
+        refused: list[float] = []
+        late: list[float] = []
+
+        async def one(seed: int) -> None:
+            started = trio.current_time()
+            try:
+                await fleet.infer(simple_body(seed, "slow"), deadline=started + DEADLINE_S)
+                ok.append(trio.current_time() - started)
+            except GrpcError as exc:
+                took = trio.current_time() - started
+                if exc.code is StatusCode.RESOURCE_EXHAUSTED:
+                    assert "not admitted" in exc.message
+                    refused.append(took)
+                else:
+                    assert exc.code is StatusCode.DEADLINE_EXCEEDED, exc
+                    late.append(took)
+
+        gap = 1 / (load * CAPACITY)
+        async with trio.open_nursery() as nursery:
+            start = trio.current_time()
+            seed = 0
+            while trio.current_time() - start < SECONDS:
+                nursery.start_soon(one, seed)
+                seed += 1
+                await trio.sleep(gap)
+        offered = seed
+        assert len(ok) + len(refused) + len(late) == offered
+
+        goodput = len(ok) / SECONDS
+        assert goodput >= 0.85 * CAPACITY, (goodput, len(refused), len(late))
+        assert len(late) <= 0.01 * offered, late  # refused at arrival, not timed out
+        ok.sort()
+        p99 = ok[int(0.99 * (len(ok) - 1))]
+        assert p99 <= 2 * SERVICE_S + 1.0, p99  # the service, and the queue allowed
+        refused.sort()
+        assert refused and refused[len(refused) // 2] < 0.01  # at arrival
+
+        await trio.sleep(1.0)  # the overload is over: a second later, served as usual
+        started = trio.current_time()
+        await fleet.infer(simple_body(0, "slow"), deadline=started + DEADLINE_S)
+        assert trio.current_time() - started <= 2 * SERVICE_S
+
+
+def test_a_worker_is_forecast_from_its_answers() -> None:
+    forecast = Forecast()
+    assert forecast.per_call("w") == 0.0 and forecast.typical() == 0.0
+    forecast.record("w", 1.0, 10)  # the 10th call held took 1 s: 0.1 s a call
+    assert forecast.per_call("w") == pytest.approx(0.1)
+    for _ in range(200):
+        forecast.record("w", 0.2, 4)
+    assert forecast.per_call("w") == pytest.approx(0.05)
+    forecast.record("v", 0.15, 1)
+    assert forecast.typical() == pytest.approx(0.1)
+    forecast.forget("w")
+    assert forecast.per_call("w") == 0.0
+
+
+def test_the_rule_refuses_a_long_wait_and_a_late_finish() -> None:
+    rule = AdmissionRule(max_queue_seconds=1.0, margin=0.25)
+    assert rule.judge(0.5, 0.1, 5.0) is None
+    queue = rule.judge(1.2, 0.1, 5.0)
+    assert queue is not None and queue.reason == "queue"
+    late = rule.judge(0.5, 0.1, 0.8)
+    assert late is not None and late.reason == "deadline"
+    assert AdmissionRule(0.0).judge(30.0, 0.1, float("inf")) is None  # no limit, no deadline
