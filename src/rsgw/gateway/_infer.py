@@ -244,8 +244,9 @@ class InferProxy:
             if walk.last is not None and not self.retries.withdraw():
                 raise walk.outcome()  # the retry budget cannot pay: the failure it has
             ledger.hold(ticket, url)  # before any wait: the gate queue counts too
-            position = ledger.held(url)
             started = trio.current_time()
+            position = ledger.held(url)
+            self.forecast.sent(url, started, position)
             try:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
@@ -269,11 +270,13 @@ class InferProxy:
                         self._log_worker_error(walk.model, url, answer.code)
                     raise answer from exc
             finally:
+                now = trio.current_time()
+                if walk.answered == url:
+                    self.forecast.answered(url, now, ledger.held(url), now - started, position)
                 ledger.unhold(ticket)
-                elapsed = trio.current_time() - started
+                elapsed = now - started
                 self.metrics.observe_worker(Method.MODEL_INFER.rpc, url, elapsed)
                 if walk.answered == url:
-                    self.forecast.record(url, elapsed, position)
                     measured = self.measured
                     if measured is not None:
                         measured.record(url, walk.model, elapsed)

@@ -14,21 +14,29 @@ before its deadline, or would wait longer than `grpc.max_queue_seconds` for its
 worker to start it.
 
 What the gateway knows, per worker, is how many calls it holds there (the ledger)
-and how long calls took there (each answered call: its latency, and its position,
-the number of calls the worker held when it was sent, itself included). A worker
-that batches serves a deep queue faster per call than a shallow one; the ratio
-latency / position, smoothed, is the seconds each call ahead costs at the depth the
-worker runs at now, so `calls ahead x seconds per call` is the wait, and one more
-`seconds per call` the service. A worker not measured yet costs nothing: the first
-calls are admitted and measured.
+and when each was sent and answered. From those, `Forecast` keeps each worker's
+seconds per answered call while it was busy (time it held at least one call,
+divided by the calls it answered, both decayed with a half-life of
+`FORECAST_HALFLIFE`): the inverse of the rate it drains its queue at, batching and
+weight loads included. A call that arrives to find `n` calls held there waits about
+`n x seconds per call`, and takes one more. That is the time to drain everything
+the worker holds; a call may do better (a batching worker runs it with the calls of
+its model ahead of it, an EDF worker runs it before later deadlines) or worse. So
+each answer also compares the call's latency with what `position x seconds per call`
+(its place when sent) foretold, and the ratio, smoothed and held to [1/10, 10],
+scales the forecast: the forecast corrects its own bias at each worker. A worker not
+measured yet costs nothing: the first calls are admitted and measured.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Weight of the newest answered call in a worker's seconds per call (an EMA).
-FORECAST_ALPHA = 0.1
+#: Seconds after which a worker's past busy time and answers count half.
+FORECAST_HALFLIFE = 0.5
+#: Weight of the newest answer in a worker's bias correction (an EMA), and its bounds.
+BIAS_ALPHA = 0.05
+BIAS_BOUNDS = (0.1, 10.0)
 #: Admitted calls must be predicted to finish this long before their deadline
 #: (the forecast's error, and the answer's way back).
 DEADLINE_MARGIN = 0.25
@@ -37,33 +45,72 @@ QUEUE = "queue"
 DEADLINE = "deadline"
 
 
-class Forecast:
-    """Seconds per call ahead, per worker (see the module docstring)."""
+class _Worker:
+    __slots__ = ("answered", "bias", "busy", "busy_since", "last")
 
-    __slots__ = ("_per_call",)
+    def __init__(self, now: float) -> None:
+        self.busy = 0.0  # seconds busy, decayed
+        self.answered = 0.0  # calls answered, decayed
+        self.busy_since = now  # when it last went from idle to busy
+        self.last = now  # its last answer
+        self.bias = 1.0  # latency / forecast, smoothed
+
+    def per_call(self) -> float:
+        return self.busy / self.answered if self.answered else 0.0
+
+
+class Forecast:
+    """Seconds per call, per worker (see the module docstring)."""
+
+    __slots__ = ("_workers",)
 
     def __init__(self) -> None:
-        self._per_call: dict[str, float] = {}
+        self._workers: dict[str, _Worker] = {}
 
-    def record(self, url: str, seconds: float, position: int) -> None:
-        """A call sent to `url` as its `position`-th held call was answered in `seconds`."""
-        sample = seconds / max(1, position)
-        known = self._per_call.get(url)
-        self._per_call[url] = sample if known is None else known + FORECAST_ALPHA * (sample - known)
+    def sent(self, url: str, now: float, held: int) -> None:
+        """A call was sent to `url` at `now`; `held` counts it. The first call of an
+        idle worker starts its busy time."""
+        if held <= 1:
+            worker = self._workers.get(url)
+            if worker is None:
+                self._workers[url] = _Worker(now)
+            else:
+                worker.busy_since = now
+
+    def answered(
+        self, url: str, now: float, held: int, latency: float = 0.0, position: int = 0
+    ) -> None:
+        """A call at `url` was answered at `now`; `held` still counts it. It was sent
+        `latency` seconds ago as the `position`-th call held there (0: not known)."""
+        worker = self._workers.get(url)
+        if worker is None:
+            worker = self._workers[url] = _Worker(now)
+        foretold = position * worker.per_call()
+        if foretold > 0:
+            low, high = BIAS_BOUNDS
+            ratio = min(high, max(low, latency / foretold))
+            worker.bias += BIAS_ALPHA * (ratio - worker.bias)
+        decay = 0.5 ** ((now - worker.last) / FORECAST_HALFLIFE)
+        worker.busy = worker.busy * decay + max(0.0, now - max(worker.last, worker.busy_since))
+        worker.answered = worker.answered * decay + 1.0
+        worker.last = now
+        if held <= 1:  # it is idle now, until the next call is sent
+            worker.busy_since = now
 
     def per_call(self, url: str) -> float:
         """Seconds each call held at `url` costs a newcomer (0.0 until measured)."""
-        return self._per_call.get(url, 0.0)
+        worker = self._workers.get(url)
+        return 0.0 if worker is None else worker.per_call() * worker.bias
 
     def typical(self) -> float:
         """The workers' seconds per call, averaged (0.0 before any is measured): what a
         call not yet routed will pay."""
-        values = self._per_call.values()
+        values = [self.per_call(url) for url in self._workers]
         return sum(values) / len(values) if values else 0.0
 
     def forget(self, url: str) -> None:
         """`url` left the fleet (a worker that returns is measured afresh)."""
-        self._per_call.pop(url, None)
+        self._workers.pop(url, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,7 @@ class _Gateway:
                 return None
         self.ledger.hold(ticket, order[0])
         call.routed, call.position = now, self.ledger.held(order[0])
+        self.forecast.sent(order[0], now, call.position)
         return self.devices[order[0]]
 
     def close(self, call: SimCall, now: float) -> SimCall | None:
@@ -234,7 +235,9 @@ class _Gateway:
             return None
         call.ticket = None
         if call.code == OK:
-            self.forecast.record(call.worker, now - call.routed, call.position)
+            self.forecast.answered(
+                call.worker, now, self.ledger.held(call.worker), now - call.routed, call.position
+            )
         if call.routed == call.routed:  # routed (not NaN): it held its slot until now
             held = now - call.routed
             self.slot_seconds += SLOT_ALPHA * (held - self.slot_seconds)
