@@ -41,6 +41,10 @@ BIAS_BOUNDS = (0.1, 10.0)
 #: (the forecast's error, and the answer's way back).
 DEADLINE_MARGIN = 0.25
 
+#: The wait admitted is held this far under `max_queue_seconds`, so that with the
+#: forecast's error the answered calls' waits stay within it.
+QUEUE_TARGET = 0.95
+
 QUEUE = "queue"
 DEADLINE = "deadline"
 
@@ -134,7 +138,7 @@ class AdmissionRule:
         """None to admit a call predicted to wait `wait` seconds and then take `service`,
         with `left` seconds to its deadline (inf: none); else why not."""
         limit = self.max_queue_seconds
-        if limit and wait > limit:
+        if limit and wait > limit * QUEUE_TARGET:
             return Verdict(QUEUE, wait, wait + service, limit)
         if wait + service + self.margin > left:
             return Verdict(DEADLINE, wait, wait + service, left)
