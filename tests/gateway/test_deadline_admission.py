@@ -89,25 +89,28 @@ async def test_a_device_bound_overload_is_served_at_capacity_and_the_rest_refuse
 def test_a_worker_is_forecast_from_its_busy_time_and_answers() -> None:
     forecast = Forecast()
     assert forecast.per_call("w") == 0.0 and forecast.typical() == 0.0
-    # Ten calls sent at once at t=0 (held 1..10), answered one every 0.1 s.
-    for held in range(1, 11):
-        forecast.sent("w", 0.0, held)
+    # Ten calls sent at once at t=0 (held 1..10), answered one every 0.1 s, each as
+    # foretold: 0.1 s a call.
+    forecast.busy_from("w", 0.0)
     for k in range(10):
-        forecast.answered("w", 0.1 * (k + 1), 10 - k)
-    assert forecast.per_call("w") == pytest.approx(0.1, rel=0.01)
+        forecast.answered("w", 0.1 * (k + 1), 10 - k, 0.1 * (k + 1), k + 1)
+    assert forecast.per_call("w") == pytest.approx(0.1, rel=0.02)
     # Idle for a minute, then one call answered in 0.1 s: idle time is not busy time.
-    forecast.sent("w", 60.0, 1)
-    forecast.answered("w", 60.1, 1)
-    assert forecast.per_call("w") == pytest.approx(0.1, rel=0.01)
+    forecast.busy_from("w", 60.0)
+    forecast.answered("w", 60.1, 1, 0.1, 1)
+    assert forecast.per_call("w") == pytest.approx(0.1, rel=0.02)
     # A batching worker: 20 calls answered together after 0.4 s cost 0.02 s each.
     for round_ in range(30):
         start = 100.0 + 0.4 * round_
-        for held in range(1, 21):
-            forecast.sent("b", start, held)
+        forecast.busy_from("b", start)
         for k in range(20):
-            forecast.answered("b", start + 0.4, 20 - k)
-    assert forecast.per_call("b") == pytest.approx(0.02, rel=0.05)
-    assert forecast.typical() == pytest.approx(0.06, rel=0.05)
+            forecast.answered("b", start + 0.4, 20 - k, 0.4, 20 - k)
+    per_call = forecast.per_call("b")
+    # Drained, 0.02 s a call; but every one of these calls took the batch's 0.4 s,
+    # where position x 0.02 s foretold less (up to 20 times less for the first
+    # sent): the bias correction raises the forecast toward what the calls took.
+    assert 0.02 < per_call < 0.2, per_call
+    assert forecast.typical() == pytest.approx((per_call + forecast.per_call("w")) / 2)
     forecast.forget("w")
     assert forecast.per_call("w") == 0.0
 

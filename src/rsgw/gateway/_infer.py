@@ -22,6 +22,8 @@ outcomes are counted in metrics.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -103,7 +105,12 @@ class InferProxy:
         self.ledger = admission.ledger
         self.queue = admission.queue
         self.forecast = admission.forecast
+        #: Each worker's seconds per call ahead (`Forecast.estimates`, read per call).
+        self.estimates = admission.forecast.estimates
         self.rule = admission.rule
+        self._queue_limit = admission.rule.queue_limit
+        #: What the forecast's times are read from (see `_forecast_clock`).
+        self._now: Callable[[], float] | None = None
         self.sequences = sequences
         self.request_timeout = request_timeout
         self.max_message_bytes = max_message_bytes
@@ -191,13 +198,16 @@ class InferProxy:
         now = trio.current_time()
         deadline = min(call.deadline, now + self.request_timeout)
         # Would it finish in time at the worker chosen? (`rsgw.scheduling._forecast`)
-        per_call = self.forecast.per_call(order[0])
+        per_call = self.estimates.get(order[0])
         if per_call:
             held = ledger.held(order[0])
-            verdict = self.rule.judge(held * per_call, per_call, deadline - now)
-            if verdict is not None:
-                where = f"at {self.pool.public_name(order[0])} ({held} calls ahead)"
-                self.admission.refuse(verdict, model, where)
+            wait = held * per_call
+            # `AdmissionRule.judge`'s two tests, inline: it is asked only to refuse.
+            if wait > self._queue_limit or wait + per_call + self.rule.margin > deadline - now:
+                verdict = self.rule.judge(wait, per_call, deadline - now)
+                if verdict is not None:
+                    where = f"at {self.pool.public_name(order[0])} ({held} calls ahead)"
+                    self.admission.refuse(verdict, model, where)
         meter.timed = True
         walk = RouteWalk(model, order, replicas, ledger.max_per_worker)
         # The client's request id goes on to the worker (its logs can name the call).
@@ -216,6 +226,15 @@ class InferProxy:
         if sequence is not None:
             self.sequences.routed(model, sequence, walk.answered, trio.current_time())
         return response
+
+    def _forecast_clock(self) -> Callable[[], float]:
+        """The forecast's clock: the run's, which is `time.perf_counter` plus an offset
+        under trio's `SystemClock` (so perf_counter itself, a C call: the forecast only
+        takes differences), and the run's own otherwise (a MockClock in tests)."""
+        clock = trio.lowlevel.current_clock()
+        system = type(clock).__name__ == "SystemClock"
+        self._now = time.perf_counter if system else clock.current_time
+        return self._now
 
     def _head_of(self, body: Body) -> bytes:
         """What routing reads of a body that is not plain bytes: a compressed body's
@@ -240,13 +259,15 @@ class InferProxy:
         """Send to the replicas the walk names until one answers (`RouteWalk` decides)."""
         pool = self.pool
         ledger = self.ledger
+        forecast = self.forecast
+        clock = self._now or self._forecast_clock()
         while (url := walk.next(ledger.is_full)) is not None:
             if walk.last is not None and not self.retries.withdraw():
                 raise walk.outcome()  # the retry budget cannot pay: the failure it has
-            ledger.hold(ticket, url)  # before any wait: the gate queue counts too
-            started = trio.current_time()
-            position = ledger.held(url)
-            self.forecast.sent(url, started, position)
+            position = ledger.hold(ticket, url)  # before any wait: the gate queue counts too
+            started = clock()
+            if position == 1:
+                forecast.busy_from(url, started)
             try:
                 if pool.gate.closed(url):
                     await pool.gate.wait_open(url)
@@ -270,11 +291,11 @@ class InferProxy:
                         self._log_worker_error(walk.model, url, answer.code)
                     raise answer from exc
             finally:
-                now = trio.current_time()
-                if walk.answered == url:
-                    self.forecast.answered(url, now, ledger.held(url), now - started, position)
-                ledger.unhold(ticket)
+                now = clock()
+                held = ledger.unhold(ticket)
                 elapsed = now - started
+                if walk.answered == url:
+                    forecast.answered(url, now, held, elapsed, position)
                 self.metrics.observe_worker(Method.MODEL_INFER.rpc, url, elapsed)
                 if walk.answered == url:
                     measured = self.measured

@@ -30,10 +30,14 @@ measured yet costs nothing: the first calls are admitted and measured.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: Seconds after which a worker's past busy time and answers count half.
 FORECAST_HALFLIFE = 0.5
+#: Answers closer together than this (a busy worker's) are counted, and folded into
+#: the forecast at the next one that is not: the request path pays a counter.
+FOLD_SECONDS = 0.005
 #: Weight of the newest answer in a worker's bias correction (an EMA), and its bounds.
 BIAS_ALPHA = 0.05
 BIAS_BOUNDS = (0.1, 10.0)
@@ -50,71 +54,78 @@ DEADLINE = "deadline"
 
 
 class _Worker:
-    __slots__ = ("answered", "bias", "busy", "busy_since", "last")
+    __slots__ = ("answered", "bias", "busy", "busy_since", "last", "unfolded")
 
     def __init__(self, now: float) -> None:
         self.busy = 0.0  # seconds busy, decayed
         self.answered = 0.0  # calls answered, decayed
         self.busy_since = now  # when it last went from idle to busy
-        self.last = now  # its last answer
+        self.last = now  # its last answer folded in
         self.bias = 1.0  # latency / forecast, smoothed
-
-    def per_call(self) -> float:
-        return self.busy / self.answered if self.answered else 0.0
+        self.unfolded = 0  # answers since `last`, not folded in yet
 
 
 class Forecast:
-    """Seconds per call, per worker (see the module docstring)."""
+    """Seconds per call, per worker (see the module docstring).
 
-    __slots__ = ("_workers",)
+    `estimates` is read on the request path: a dict lookup, no call.
+    """
+
+    __slots__ = ("_workers", "estimates")
 
     def __init__(self) -> None:
         self._workers: dict[str, _Worker] = {}
+        #: Each measured worker's seconds per call ahead, bias included.
+        self.estimates: dict[str, float] = {}
 
-    def sent(self, url: str, now: float, held: int) -> None:
-        """A call was sent to `url` at `now`; `held` counts it. The first call of an
-        idle worker starts its busy time."""
-        if held <= 1:
-            worker = self._workers.get(url)
-            if worker is None:
-                self._workers[url] = _Worker(now)
-            else:
-                worker.busy_since = now
-
-    def answered(
-        self, url: str, now: float, held: int, latency: float = 0.0, position: int = 0
-    ) -> None:
-        """A call at `url` was answered at `now`; `held` still counts it. It was sent
-        `latency` seconds ago as the `position`-th call held there (0: not known)."""
+    def busy_from(self, url: str, now: float) -> None:
+        """An idle worker was sent a call at `now` (the gateway calls this only when the
+        call is the only one it holds there): its busy time starts."""
         worker = self._workers.get(url)
         if worker is None:
-            worker = self._workers[url] = _Worker(now)
-        foretold = position * worker.per_call()
-        if foretold > 0:
-            low, high = BIAS_BOUNDS
-            ratio = min(high, max(low, latency / foretold))
+            self._workers[url] = _Worker(now)
+        else:
+            worker.busy_since = now
+
+    def answered(self, url: str, now: float, held: int, latency: float, position: int) -> None:
+        """A call at `url` was answered at `now`, `latency` seconds after it was sent as
+        the `position`-th call held there; `held` still counts it."""
+        worker = self._workers.get(url)
+        if worker is None:
+            worker = self._workers[url] = _Worker(now - latency)
+        elif now - worker.last < FOLD_SECONDS and held > 1:
+            worker.unfolded += 1  # folded in with the next answer that is not this close
+            return
+        raw = worker.busy / worker.answered if worker.answered else 0.0
+        if raw > 0.0 and position > 0:
+            ratio = latency / (position * raw)
+            ratio = BIAS_BOUNDS[0] if ratio < BIAS_BOUNDS[0] else min(ratio, BIAS_BOUNDS[1])
             worker.bias += BIAS_ALPHA * (ratio - worker.bias)
-        decay = 0.5 ** ((now - worker.last) / FORECAST_HALFLIFE)
-        worker.busy = worker.busy * decay + max(0.0, now - max(worker.last, worker.busy_since))
-        worker.answered = worker.answered * decay + 1.0
+        last = worker.last
+        decay = 0.5 ** ((now - last) / FORECAST_HALFLIFE)
+        since = worker.busy_since if worker.busy_since > last else last
+        worker.busy = worker.busy * decay + (now - since if now > since else 0.0)
+        worker.answered = worker.answered * decay + 1.0 + worker.unfolded
+        worker.unfolded = 0
         worker.last = now
         if held <= 1:  # it is idle now, until the next call is sent
             worker.busy_since = now
+        self.estimates[url] = worker.busy / worker.answered * worker.bias
 
     def per_call(self, url: str) -> float:
         """Seconds each call held at `url` costs a newcomer (0.0 until measured)."""
-        worker = self._workers.get(url)
-        return 0.0 if worker is None else worker.per_call() * worker.bias
+        return self.estimates.get(url, 0.0)
 
     def typical(self) -> float:
         """The workers' seconds per call, averaged (0.0 before any is measured): what a
         call not yet routed will pay."""
-        values = [self.per_call(url) for url in self._workers]
+        values = self.estimates.values()
         return sum(values) / len(values) if values else 0.0
 
     def forget(self, url: str) -> None:
         """`url` left the fleet (a worker that returns is measured afresh)."""
         self._workers.pop(url, None)
+        self.estimates.pop(url, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +145,16 @@ class AdmissionRule:
     max_queue_seconds: float
     margin: float = DEADLINE_MARGIN
 
+    @property
+    def queue_limit(self) -> float:
+        """The longest wait admitted (inf: no limit)."""
+        return self.max_queue_seconds * QUEUE_TARGET if self.max_queue_seconds else math.inf
+
     def judge(self, wait: float, service: float, left: float) -> Verdict | None:
         """None to admit a call predicted to wait `wait` seconds and then take `service`,
         with `left` seconds to its deadline (inf: none); else why not."""
         limit = self.max_queue_seconds
-        if limit and wait > limit * QUEUE_TARGET:
+        if wait > self.queue_limit:
             return Verdict(QUEUE, wait, wait + service, limit)
         if wait + service + self.margin > left:
             return Verdict(DEADLINE, wait, wait + service, left)

@@ -74,22 +74,28 @@ class Ledger(Generic[R]):
                     return tuple(u for u in replicas if not self.is_full(u))
         return replicas
 
-    def hold(self, ticket: Ticket[R], url: str) -> None:
-        """The call is now held for `url` (before any wait: a queue counts too)."""
+    def hold(self, ticket: Ticket[R], url: str) -> int:
+        """The call is now held for `url` (before any wait: a queue counts too); the
+        calls `url` holds now, this one included."""
         if ticket.worker is not None:
             self.unhold(ticket)
-        self._held[url] = self._held.get(url, 0) + 1
+        count = self._held.get(url, 0) + 1
+        self._held[url] = count
         ticket.worker = url
+        return count
 
-    def unhold(self, ticket: Ticket[R]) -> None:
+    def unhold(self, ticket: Ticket[R]) -> int:
+        """The call is no longer held; the calls its worker held until now (0: none)."""
         url = ticket.worker
-        if url is not None:
-            ticket.worker = None
-            count = self._held[url] - 1
-            if count:
-                self._held[url] = count
-            else:
-                del self._held[url]
+        if url is None:
+            return 0
+        ticket.worker = None
+        count = self._held[url]
+        if count > 1:
+            self._held[url] = count - 1
+        else:
+            del self._held[url]
+        return count
 
     def close(self, ticket: Ticket[R]) -> None:
         """The call is over: settle its hold, its reservation and its admission, once."""

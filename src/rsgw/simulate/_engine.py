@@ -222,9 +222,9 @@ class _Gateway:
             wait = self.ledger.held(order[0]) * per_call
             if self.rule.judge(wait, per_call, call.deadline - now) is not None:
                 return None
-        self.ledger.hold(ticket, order[0])
-        call.routed, call.position = now, self.ledger.held(order[0])
-        self.forecast.sent(order[0], now, call.position)
+        call.routed, call.position = now, self.ledger.hold(ticket, order[0])
+        if call.position == 1:
+            self.forecast.busy_from(order[0], now)
         return self.devices[order[0]]
 
     def close(self, call: SimCall, now: float) -> SimCall | None:
