@@ -80,6 +80,15 @@ async def test_a_device_bound_overload_is_served_at_capacity_and_the_rest_refuse
         refused.sort()
         assert refused and refused[len(refused) // 2] < 0.01  # at arrival
 
+        exposition = fleet.gateway._service.metrics.render().decode()
+        by_reason = {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in exposition.splitlines()
+            if line.startswith("gateway_admission_refusals_total{")
+        }
+        assert by_reason["queue"] + by_reason["deadline"] == len(refused)
+        assert 'gateway_worker_forecast_wait_seconds{worker="worker0"}' in exposition
+
         await trio.sleep(1.0)  # the overload is over: a second later, served as usual
         started = trio.current_time()
         await fleet.infer(simple_body(0, "slow"), deadline=started + DEADLINE_S)

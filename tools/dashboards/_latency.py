@@ -85,6 +85,20 @@ def latency_errors() -> Dashboard:
                 unit="reqps",
             ),
             graph(
+                "Admission: refused at arrival, and the forecast wait per worker",
+                "Calls refused because they would wait over grpc.max_queue_seconds (queue) or "
+                "finish after their deadline (deadline); and what a call sent to each worker "
+                "now is predicted to wait (calls held x its seconds per call).",
+                q(
+                    f"sum by (reason) (rate(gateway_admission_refusals_total{{{S}}}{RATE}))",
+                    "refused: {{reason}}",
+                ),
+                q(
+                    f'gateway_worker_forecast_wait_seconds{{{S},worker=~"$worker"}}',
+                    "{{worker}} wait (s)",
+                ),
+            ),
+            graph(
                 "Worker call latency p99, per worker",
                 "The gateway's calls to each worker: a slow GPU stands out here.",
                 q(

@@ -165,6 +165,7 @@ class Admission:
         self.forecast = Forecast()
         self.rule = AdmissionRule(max_queue_seconds)
         self._metrics = metrics
+        metrics.track_forecast(self.forecast.estimates, ledger.held)
         metrics.max_concurrent.set(ledger.max_inflight)
         if ledger.max_inflight:
             metrics.track_inflight(lambda: ledger.inflight)
@@ -211,6 +212,7 @@ class Admission:
         """Refuse a call that would not finish in time (counted as shed by the caller's
         meter and `gateway_requests_shed_total`)."""
         self._metrics.shed.inc()
+        self._metrics.refusals[verdict.reason].inc()
         raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, describe(verdict, model, where))
 
     async def queue_for_slot(

@@ -22,6 +22,7 @@ from rsgw._exposition import LATENCY_BUCKETS, render_registry
 from rsgw._hot_series import Count, CounterFamily, HistogramFamily, Latencies
 from rsgw._methods import METHODS_BY_PATH
 from rsgw._status import StatusCode
+from rsgw.scheduling._forecast import DEADLINE, QUEUE
 
 #: The model label of a request for a model no worker serves.
 UNKNOWN_MODEL = "_unknown_"
@@ -115,9 +116,20 @@ class GatewayMetrics:
         )
         self.shed = Counter(
             "gateway_requests_shed",
-            "RPCs shed with RESOURCE_EXHAUSTED at the inbound cap.",
+            "RPCs shed with RESOURCE_EXHAUSTED at the inbound cap, or refused at arrival "
+            "as they would not finish in time.",
             registry=r,
         )
+        refusals = Counter(
+            "gateway_admission_refusals",
+            "ModelInfer calls refused at arrival (also in gateway_requests_shed_total): "
+            "predicted to wait over grpc.max_queue_seconds (queue), or to finish after "
+            "their deadline (deadline).",
+            ["reason"],
+            registry=r,
+        )
+        #: By `rsgw.scheduling._forecast` reason.
+        self.refusals = {reason: refusals.labels(reason) for reason in (QUEUE, DEADLINE)}
         self.max_concurrent = Gauge(
             "gateway_max_concurrent_requests",
             "Configured inbound cap (per-worker cap x workers; 0 = uncapped).",
@@ -197,6 +209,12 @@ class GatewayMetrics:
         longer tracks are not emitted, rather than frozen at their last value.
         """
         self.registry.register(_InflightWork(basis, read, self.worker_label))
+
+    def track_forecast(self, estimates: Mapping[str, float], held: Callable[[str], int]) -> None:
+        """Export `gateway_worker_forecast_seconds_per_call{worker}` and
+        `gateway_worker_forecast_wait_seconds{worker}` (what a call sent there now is
+        predicted to wait), read live at scrape time: why admission refuses."""
+        self.registry.register(_Forecast(estimates, held, self.worker_label))
 
     def track_packing(self, read: Callable[[], PackingView]) -> Counter:
         """Export lpt_packing's series (docs/original.md §6.1); returns the repack counter.
@@ -336,6 +354,43 @@ class _InflightWork(Collector):
         for worker, value in loads:
             family.add_metric([worker, basis], value)
         yield family
+
+
+class _Forecast(Collector):
+    def __init__(
+        self,
+        estimates: Mapping[str, float],
+        held: Callable[[str], int],
+        label: Callable[[str], str],
+    ) -> None:
+        self._estimates = estimates
+        self._held = held
+        self._label = label
+
+    def collect(self) -> Iterator[Metric]:
+        rows = sorted(
+            (self._label(url), value, value * self._held(url))
+            for url, value in list(self._estimates.items())
+        )
+        if not rows:
+            return
+        per_call = GaugeMetricFamily(
+            "gateway_worker_forecast_seconds_per_call",
+            "Seconds each call a worker holds costs a newcomer (deadline-aware admission's "
+            "forecast, from its busy time and answers).",
+            labels=["worker"],
+        )
+        wait = GaugeMetricFamily(
+            "gateway_worker_forecast_wait_seconds",
+            "The wait a call sent to the worker now is predicted (calls held x seconds per "
+            "call); over grpc.max_queue_seconds, calls are refused.",
+            labels=["worker"],
+        )
+        for worker, value, waiting in rows:
+            per_call.add_metric([worker], value)
+            wait.add_metric([worker], waiting)
+        yield per_call
+        yield wait
 
 
 class _Packing(Collector):
