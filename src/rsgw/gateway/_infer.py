@@ -198,9 +198,9 @@ class InferProxy:
         now = trio.current_time()
         deadline = min(call.deadline, now + self.request_timeout)
         # Would it finish in time at the worker chosen? (`rsgw.scheduling._forecast`)
-        per_call = self.estimates.get(order[0])
-        if per_call:
-            held = ledger.held(order[0])
+        per_call = self.estimates.get(order[0], 0.0)
+        held = ledger.held(order[0]) if per_call else 0
+        if held:  # a worker holding nothing is never refused (`rsgw.scheduling._forecast`)
             wait = held * per_call
             # `AdmissionRule.judge`'s two tests, inline: it is asked only to refuse.
             if wait > self._queue_limit or wait + per_call + self.rule.margin > deadline - now:

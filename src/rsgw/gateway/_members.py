@@ -287,6 +287,7 @@ class Members:
             await service.pool.regions.unwind(member.label, service.pool.channel_of(member).unary)
         await service.pool.close(member)
         service.metrics.forget_worker(member.label)
+        service.admission.forecast.forget(url)
         if self._packing is not None:
             self._packing.forget(url)
         logger.info(

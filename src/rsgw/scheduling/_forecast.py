@@ -19,7 +19,9 @@ seconds per answered call while it was busy (time it held at least one call,
 divided by the calls it answered, both decayed with a half-life of
 `FORECAST_HALFLIFE`): the inverse of the rate it drains its queue at, batching and
 weight loads included. A call that arrives to find `n` calls held there waits about
-`n x seconds per call`, and takes one more. That is the time to drain everything
+`n x seconds per call`, and takes one more. A call to a worker that holds nothing is
+never refused: it waits for nobody, and its answer is what brings a forecast that
+went up (a weight load, a stall) back down. That is the time to drain everything
 the worker holds; a call may do better (a batching worker runs it with the calls of
 its model ahead of it, an EDF worker runs it before later deadlines) or worse. So
 each answer also compares the call's latency with what `position x seconds per call`
@@ -97,12 +99,14 @@ class Forecast:
             worker.unfolded += 1  # folded in with the next answer that is not this close
             return
         raw = worker.busy / worker.answered if worker.answered else 0.0
+        last = worker.last
+        decay = 0.5 ** ((now - last) / FORECAST_HALFLIFE)
+        bias = 1.0 + (worker.bias - 1.0) * decay  # forgotten as the rest is
         if raw > 0.0 and position > 0:
             ratio = latency / (position * raw)
             ratio = BIAS_BOUNDS[0] if ratio < BIAS_BOUNDS[0] else min(ratio, BIAS_BOUNDS[1])
-            worker.bias += BIAS_ALPHA * (ratio - worker.bias)
-        last = worker.last
-        decay = 0.5 ** ((now - last) / FORECAST_HALFLIFE)
+            bias += BIAS_ALPHA * (ratio - bias)
+        worker.bias = bias
         since = worker.busy_since if worker.busy_since > last else last
         worker.busy = worker.busy * decay + (now - since if now > since else 0.0)
         worker.answered = worker.answered * decay + 1.0 + worker.unfolded

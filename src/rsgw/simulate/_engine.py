@@ -218,8 +218,9 @@ class _Gateway:
         if not order:
             return None
         per_call = self.forecast.per_call(order[0])
-        if per_call:
-            wait = self.ledger.held(order[0]) * per_call
+        held = self.ledger.held(order[0]) if per_call else 0
+        if held:
+            wait = held * per_call
             if self.rule.judge(wait, per_call, call.deadline - now) is not None:
                 return None
         call.routed, call.position = now, self.ledger.hold(ticket, order[0])
