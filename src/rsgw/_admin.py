@@ -44,6 +44,16 @@ class Reply:
 #: A request's headers, as ASGI gives them (names lower-case).
 Headers = list[tuple[bytes, bytes]]
 Endpoint = Callable[[Headers], Awaitable[Reply]]
+
+
+def header(headers: Headers, name: bytes) -> bytes | None:
+    """The value of header `name` (lower-case, as are `headers`' names), or None."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
 _NOT_FOUND = Reply(404, b"not found")
 
 Scope = dict[str, Any]

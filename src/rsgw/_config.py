@@ -180,9 +180,9 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """One line for each `REACTANT_GATEWAY_*` variable rsgw does not read (a typo is
     otherwise ignored without a word), naming the nearest one it does."""
     lines = []
+    names = [known.removeprefix(ENV_PREFIX) for known in KNOWN_VARIABLES]
     for var in sorted(env):
         if var.startswith(ENV_PREFIX) and var not in KNOWN_VARIABLES:
-            names = [known.removeprefix(ENV_PREFIX) for known in KNOWN_VARIABLES]
             near = difflib.get_close_matches(var.removeprefix(ENV_PREFIX), names, 1, 0.6)
             hint = f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""
             lines.append(f"unknown environment variable {var} ignored{hint}")

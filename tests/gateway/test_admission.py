@@ -10,12 +10,16 @@ from trio.testing import MockClock
 
 from rsgw.gateway import _admission
 from rsgw.gateway._admission import MAX_QUEUE_FACTOR, AdmissionQueue
+from rsgw.scheduling._forecast import wait_for_slot
 
 
 def test_the_wait_for_a_slot_is_the_queue_times_how_often_a_slot_frees() -> None:
     queue: AdmissionQueue[str] = AdmissionQueue(cap=4)
     queue.service_seconds = 0.4  # a slot frees every 0.1 s
-    assert queue.slot_wait() == pytest.approx(0.1)
+    # The first in line waits one slot's turn, then the slot's time but its own 0.4 s.
+    assert wait_for_slot(queue.waiting, queue.cap, queue.service_seconds, 0.4) == pytest.approx(0.1)
+    # When a call holds its slot 0.4 s but serving it takes 0.1, it waited 0.3 at the worker.
+    assert wait_for_slot(0, 4, 0.4, 0.1) == pytest.approx(0.1 + 0.3)
     assert not queue.full
     assert AdmissionQueue[str](cap=0).full  # uncapped never queues
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from rsgw._admin import AdminApp, Headers, Reply
+from rsgw._admin import AdminApp, Headers, Reply, header
 from rsgw._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
 from rsgw.gateway._pool import fan_out
 
@@ -56,7 +56,7 @@ def admin_app(
 
     async def metrics_endpoint(headers: Headers) -> Reply:
         targets = pool.metrics_targets() | unpaired  # the members now, in the order they joined
-        budget = scrape_budget(timeout, _header(headers, SCRAPE_TIMEOUT_HEADER))
+        budget = scrape_budget(timeout, header(headers, SCRAPE_TIMEOUT_HEADER))
         scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url], budget))
         for url, label in targets.items():
             metrics.metrics_scraped(label, isinstance(scraped[url], str))
@@ -99,10 +99,3 @@ def scrape_budget(configured: float, scraper_timeout: bytes | None) -> float:
         return configured
     margin = min(seconds * SCRAPE_MARGIN_SHARE, SCRAPE_MARGIN_SECONDS)
     return min(configured, seconds - margin)
-
-
-def _header(headers: Headers, name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None

@@ -34,7 +34,15 @@ import trio
 
 from rsgw._errors import GrpcError
 from rsgw._status import StatusCode
-from rsgw.scheduling._forecast import AdmissionRule, Forecast, Verdict, describe
+from rsgw.scheduling._forecast import (
+    INITIAL_SLOT_SECONDS,
+    SLOT_ALPHA,
+    AdmissionRule,
+    Forecast,
+    Verdict,
+    describe,
+    wait_for_slot,
+)
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._plan import shed_at_gateway
 from rsgw.scheduling._schedulers import AnyReservation
@@ -54,10 +62,6 @@ INTAKE_FACTOR = 2
 def intake_limit(cap: int) -> int:
     """`GrpcServer(max_running_calls=)` for an inbound cap (0: uncapped, no limit)."""
     return cap * INTAKE_FACTOR
-
-
-#: Weight of the newest call in the service time estimate (an EMA).
-_ALPHA = 0.05
 
 
 class _Waiter(Generic[T]):
@@ -83,7 +87,7 @@ class AdmissionQueue(Generic[T]):
         self._waiters: deque[_Waiter[T]] = deque()
         self._waiting = 0
         #: Seconds an admitted call holds its slot, on average (measured).
-        self.service_seconds = 0.01
+        self.service_seconds = INITIAL_SLOT_SECONDS
 
     @property
     def waiting(self) -> int:
@@ -94,11 +98,6 @@ class AdmissionQueue(Generic[T]):
     def full(self) -> bool:
         """No call may queue (uncapped, or the queue at its longest)."""
         return self.cap <= 0 or self._waiting >= self.cap * MAX_QUEUE_FACTOR
-
-    def slot_wait(self) -> float:
-        """Seconds until a call arriving now gets a slot: a slot frees every
-        `service_seconds / cap`, and the calls waiting go first."""
-        return (self._waiting + 1) * self.service_seconds / self.cap
 
     async def wait_turn(self, give_back: Callable[[T], None]) -> T:
         """Queue until a slot is handed over; its ticket. Cancellation leaves the queue.
@@ -121,7 +120,7 @@ class AdmissionQueue(Generic[T]):
 
     def observe(self, held_seconds: float) -> None:
         """A call held its slot this long (the service time estimate)."""
-        self.service_seconds += _ALPHA * (held_seconds - self.service_seconds)
+        self.service_seconds += SLOT_ALPHA * (held_seconds - self.service_seconds)
 
     def hand_over(self, admit: Callable[[], T | None]) -> None:
         """A slot was freed: admit the first waiter with it, if any."""
@@ -228,7 +227,7 @@ class Admission:
         if queue.full:
             self.shed(rpc, protocol)
         per_call = self.forecast.typical()
-        wait = queue.slot_wait() + max(0.0, queue.service_seconds - per_call)
+        wait = wait_for_slot(queue.waiting, queue.cap, queue.service_seconds, per_call)
         verdict = self.rule.judge(wait, per_call, deadline - trio.current_time())
         if verdict is not None:
             self._metrics.observe(rpc, "", StatusCode.RESOURCE_EXHAUSTED, None, protocol)

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from rsgw._admin import Receive, Scope, Send, lifespan
+from rsgw._admin import Receive, Scope, Send, header, lifespan
 from rsgw._call import CallContext, PassThrough, TimeLimits, UnaryHandler
 from rsgw._methods import Method
 from rsgw._peer import LOOPBACK, REMOTE, Peer, is_loopback
@@ -121,7 +121,7 @@ class RestDoor:
                 )
                 # Triton compresses inference replies only (not errors, not the other
                 # endpoints): tritonclient.http.aio reads those undecoded.
-                accept = _header(headers, b"accept-encoding")
+                accept = header(headers, b"accept-encoding")
                 if accept is not None:
                     reply, extra = _compressed(reply, extra, accept)
                 return _response(200, reply, extra)
@@ -172,7 +172,7 @@ class RestDoor:
         headers: list[tuple[bytes, bytes]],
         call: CallContext,
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        length = _header(headers, b"inference-header-content-length")
+        length = header(headers, b"inference-header-content-length")
         header_length = None
         if length is not None:
             try:
@@ -237,7 +237,7 @@ class RestDoor:
             RestError: 413 past the limit, 415 for an encoding other than gzip or
                 deflate, 400 for a body that does not inflate.
         """
-        encoding = _header(headers, b"content-encoding")
+        encoding = header(headers, b"content-encoding")
         if encoding is None:
             return body
         encoding = encoding.strip().lower()
@@ -320,14 +320,6 @@ def _chosen_encoding(accept: bytes) -> bytes:
         if name in (b"identity", b"deflate", b"gzip") and q > weight:
             best, weight = name, q
     return best
-
-
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    """The value of header `name` (lower-case, as are `headers`' names), or None."""
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
 
 
 def _response(status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> Response:

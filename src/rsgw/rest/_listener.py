@@ -155,10 +155,6 @@ class RestListener:
             with trio.CancelScope(shield=True):
                 await listener.aclose()  # no new clients once stopping
 
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
     async def aclose(self, grace: float) -> int:
         """Stop taking connections and let calls in flight finish within `grace` seconds;
         what still runs then is answered 503. Returns how many calls (HTTP/2: how many

@@ -43,6 +43,10 @@ FOLD_SECONDS = 0.005
 #: Weight of the newest answer in a worker's bias correction (an EMA), and its bounds.
 BIAS_ALPHA = 0.05
 BIAS_BOUNDS = (0.1, 10.0)
+#: How long an admitted call holds its inbound slot, before any is measured, and the
+#: weight of the newest in its average (an EMA): the slot queue's forecast.
+INITIAL_SLOT_SECONDS = 0.01
+SLOT_ALPHA = 0.05
 #: Admitted calls must be predicted to finish this long before their deadline
 #: (the forecast's error, and the answer's way back).
 DEADLINE_MARGIN = 0.25
@@ -130,6 +134,14 @@ class Forecast:
         """`url` left the fleet (a worker that returns is measured afresh)."""
         self._workers.pop(url, None)
         self.estimates.pop(url, None)
+
+
+def wait_for_slot(waiting: int, cap: int, slot_seconds: float, per_call: float) -> float:
+    """The wait of a call that finds the inbound cap full, until its worker starts it:
+    a slot frees every `slot_seconds / cap` and the `waiting` calls go first; then, of
+    the `slot_seconds` a call holds its slot, all but its own service (`per_call`) is
+    waiting at the worker."""
+    return (waiting + 1) * slot_seconds / cap + max(0.0, slot_seconds - per_call)
 
 
 @dataclass(frozen=True, slots=True)

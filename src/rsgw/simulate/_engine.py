@@ -35,7 +35,13 @@ from typing import Any
 import yaml
 
 from rsgw._config import parse_config
-from rsgw.scheduling._forecast import AdmissionRule, Forecast
+from rsgw.scheduling._forecast import (
+    INITIAL_SLOT_SECONDS,
+    SLOT_ALPHA,
+    AdmissionRule,
+    Forecast,
+    wait_for_slot,
+)
 from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
 from rsgw.scheduling._ledger import Ledger, Ticket
 from rsgw.scheduling._lpt import LptScheduler
@@ -62,9 +68,6 @@ SHED = "RESOURCE_EXHAUSTED"
 LATE = "DEADLINE_EXCEEDED"
 ADMITTED = "admitted"
 WAITING = "waiting"
-#: `AdmissionQueue.service_seconds`' start and its EMA weight.
-INITIAL_SLOT_SECONDS = 0.01
-SLOT_ALPHA = 0.05
 
 # Event kinds, in the order simultaneous events are handled.
 _DONE, _WAKE, _TICK, _ARRIVE, _GIVE_UP = range(5)
@@ -194,8 +197,7 @@ class _Gateway:
                 return ADMITTED
         cap = self.ledger.max_inflight
         per_call = self.forecast.typical()
-        slot_wait = (len(self.waiting) + 1) * self.slot_seconds / cap if cap else 0.0
-        wait = slot_wait + max(0.0, self.slot_seconds - per_call)
+        wait = wait_for_slot(len(self.waiting), cap, self.slot_seconds, per_call) if cap else 0.0
         if self.rule.judge(wait, per_call, call.deadline - now) is not None:
             return SHED
         self.waiting.append(call)
