@@ -216,7 +216,7 @@ async def test_worker_series_carry_the_gateways_name_for_the_worker() -> None:
     ("configured", "scraper", "within"),
     [
         (0.3, None, 1.0),  # the gateway's own timeout
-        (30.0, "0.5", 0.5),  # Prometheus's, sooner: answered before the scraper gives up
+        (30.0, "2", 2.0),  # Prometheus's, sooner: answered before the scraper gives up
     ],
 )
 async def test_a_hung_worker_metrics_endpoint_costs_one_scrape_timeout(
