@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from rsgw._auth import parse_identities
 from rsgw._errors import ConfigError
+from rsgw._uploads import UploadBudget
 from rsgw._values import (
     Check,
     check_bool,
@@ -76,6 +77,12 @@ DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
 _LIMITS = ConnectionLimits()
 # nginx's http2_max_concurrent_streams is 128, Go's HTTP/2 server's 250.
 DEFAULT_CLIENT_STREAMS = 256
+#: The gateway's budget of unfinished request bytes, both ports together (issue 38:
+#: ten clients of eight stalled 31 MiB calls held 372 MB without one).
+DEFAULT_BUFFERED_BYTES_TOTAL = 256 * 1024 * 1024
+#: A client call's HTTP/2 stream window: what it sends before its large message is
+#: granted a share of the budget (a connection's window stays at 32 MiB).
+DEFAULT_STREAM_WINDOW_BYTES = 1024 * 1024
 # rsgw's own: shared memory regions one client may hold (each costs every worker a mapping).
 DEFAULT_SHM_REGIONS_PER_CLIENT = 64
 # The gRPC length prefix is four bytes: no message can be longer than this.
@@ -184,6 +191,10 @@ _CONNECTIONS_CHECKS: Mapping[str, Check] = {
     "header_seconds": check_positive,
     "max_header_list_bytes": _positive_int,
     "max_buffered_bytes": _positive_int,
+    "max_buffered_bytes_total": ranged(check_int, lambda n: n >= 0, "non-negative (0 = none)"),
+    "stream_window_bytes": ranged(
+        check_int, lambda n: 65_535 <= n < 2**31, "between 65535 and 2147483647 (HTTP/2's range)"
+    ),
     "flood_budget": _positive_int,
     "max_concurrent_streams": _positive_int,
 }
@@ -417,6 +428,10 @@ class ConnectionsConfig:
     header_seconds: float = _LIMITS.header_seconds
     max_header_list_bytes: int = _LIMITS.max_header_list_bytes
     max_buffered_bytes: int = _LIMITS.max_buffered_bytes
+    #: Bytes of unfinished request messages the whole gateway holds (`rsgw._uploads`).
+    max_buffered_bytes_total: int = DEFAULT_BUFFERED_BYTES_TOTAL
+    #: What one call may send before its large message is granted part of the above.
+    stream_window_bytes: int = DEFAULT_STREAM_WINDOW_BYTES
     flood_budget: int = _LIMITS.flood_budget
     #: Calls one client connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
     #: a client with more waits for a stream on its side, where its deadline costs us nothing.
@@ -424,6 +439,12 @@ class ConnectionsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "connections.", _CONNECTIONS_CHECKS)
+
+    def upload_budget(self) -> UploadBudget | None:
+        """The budget both ports share (None: 0, each connection bounded alone)."""
+        if not self.max_buffered_bytes_total:
+            return None
+        return UploadBudget(self.max_buffered_bytes_total, self.stream_window_bytes)
 
     def limits(self) -> ConnectionLimits:
         return ConnectionLimits(

@@ -130,6 +130,8 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "connections.header_seconds": "float",
         "connections.max_header_list_bytes": "int",
         "connections.max_buffered_bytes": "int",
+        "connections.max_buffered_bytes_total": "int",
+        "connections.stream_window_bytes": "int",
         "connections.flood_budget": "int",
         "connections.max_concurrent_streams": "int",
         "metrics.scrape_timeout_seconds": "float",

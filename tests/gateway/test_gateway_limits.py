@@ -20,6 +20,7 @@ import math
 from functools import partial
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -28,7 +29,7 @@ import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
 from rsgw._call import CallContext
-from rsgw._config import GatewayConfig, GrpcLimits, ListenConfig
+from rsgw._config import ConnectionsConfig, GatewayConfig, GrpcLimits, ListenConfig
 from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
@@ -358,6 +359,43 @@ async def test_over_the_limit_is_resource_exhausted_and_others_go_on() -> None:
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "vs. 1048576" in error.details()
         assert pb.ModelInferResponse.FromString(body).model_name == "simple"
+
+
+async def test_large_uploads_past_the_budget_wait_their_turn_through_grpcio() -> None:
+    """Six 6 MiB requests at once from tritonclient (grpcio's flow control) against an
+    8 MiB upload budget: every one answered byte-exact, some after waiting for a grant,
+    the budget empty after, and the wait visible in the gateway's series."""
+    connections = ConnectionsConfig(max_buffered_bytes_total=8 * 1024 * 1024)
+    async with open_fleet(2, health_interval_seconds=60, connections=connections) as fleet:
+        payloads = [np.random.default_rng(n).bytes(6 * 1024 * 1024) for n in range(6)]
+
+        def identity(payload: bytes) -> bytes:
+            client = grpcclient.InferenceServerClient(fleet.target)
+            tensor = grpcclient.InferInput("INPUT0", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[payload]], dtype=np.object_))
+            try:
+                return client.infer("simple_identity", [tensor]).as_numpy("OUTPUT0")[0][0]  # type: ignore[no-any-return]
+            finally:
+                client.close()
+
+        answers: list[bytes] = [b""] * len(payloads)
+
+        async def one(index: int) -> None:
+            answers[index] = await trio.to_thread.run_sync(identity, payloads[index])
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(payloads)):
+                nursery.start_soon(one, index)
+        assert answers == payloads
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{fleet.gateway.admin_port}/metrics")).text
+        series = dict(
+            line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("gateway_")
+        )
+        assert float(series['gateway_large_requests_total{outcome="after_wait"}']) > 0
+        assert float(series['gateway_large_requests_total{outcome="refused"}']) == 0
+        assert float(series['gateway_unfinished_request_bytes{state="granted"}']) == 0
+        assert float(series["gateway_unfinished_request_bytes_limit"]) == 8 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,8 @@ is served.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,9 +23,11 @@ import trio
 from rsgw._call import CallContext
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._uploads import UploadBudget
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.rest._door import RestDoor
 from rsgw.rest._listener import RestListener
+from tests.helpers import wait_until_async
 
 MAX_BODY = 4096
 
@@ -55,7 +59,7 @@ async def listening(**options: Any) -> AsyncIterator[tuple[RestListener, int]]:
         {Method.SERVER_LIVE.path: live, Method.REPOSITORY_INDEX.path: index},
         {Method.MODEL_INFER.path: infer},
         time_limits={},
-        max_body_bytes=MAX_BODY,
+        max_body_bytes=options.pop("max_body", MAX_BODY),
     )
     limits = options.pop("limits", ConnectionLimits())
     listener = RestListener(door, limits=limits, **options)
@@ -244,6 +248,58 @@ async def test_bodies_past_the_limit_are_413_and_the_connection_ends() -> None:
         line, _, _ = await reader.response()
         assert line.startswith(b"HTTP/1.1 413")
         assert await reader.closed()
+
+
+def padded_index_request(name: str, size: int) -> tuple[bytes, bytes]:
+    """A RepositoryIndex request whose JSON body is padded with spaces to `size` bytes:
+    its head, and its body."""
+    body = json.dumps({"repository_name": name}).encode()
+    body += b" " * (size - len(body))
+    head = b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    return head % size, body
+
+
+def asked(budget: UploadBudget, count: int) -> bool:
+    """Whether `count` bodies have asked `budget` for a grant past the first."""
+    return budget.waiting_tickets + budget.refused == count
+
+
+async def send_quietly(stream: trio.SocketStream, data: bytes) -> None:
+    """Send what the server reads of `data` (a refused body is not all read)."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.send_all(data)
+
+
+async def test_large_bodies_wait_for_the_upload_budget_and_past_it_are_429() -> None:
+    """A 2 MiB budget held by a body that stalls: the next large body is not read until
+    the budget frees (then answered), and one past the waiting bound is 429."""
+    mib = 1024 * 1024
+    budget = UploadBudget(2 * mib, mib)
+    async with listening(upload_budget=budget, max_body=8 * mib) as (_, port):
+        holder, holder_reader = await connect(port)
+        head, body = padded_index_request("held-up", 2 * mib)
+        await holder.send_all(head + body[: mib // 2])
+        await wait_until_async(lambda: budget.granted == 2 * mib)
+        waiters = [await connect(port) for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            for number, (stream, _) in enumerate(waiters):
+                head, body = padded_index_request(f"waiter-{number}", mib)
+                nursery.start_soon(send_quietly, stream, head + body)
+                await wait_until_async(functools.partial(asked, budget, number + 1))
+            line, _, refusal = await waiters[2][1].response()
+            assert line.startswith(b"HTTP/1.1 429")
+            assert "too many unfinished requests" in json.loads(refusal)["error"]
+            assert await waiters[2][1].closed()
+            assert budget.waiting_tickets == 2
+            await holder.send_all(padded_index_request("held-up", 2 * mib)[1][mib // 2 :])
+            line, _, answer = await holder_reader.response()
+            assert line.startswith(b"HTTP/1.1 200")
+            assert json.loads(answer)[0]["name"] == "held-up"
+            for number in range(2):
+                line, _, answer = await waiters[number][1].response()
+                assert line.startswith(b"HTTP/1.1 200")
+                assert json.loads(answer)[0]["name"] == f"waiter-{number}"
+        assert budget.granted == budget.waiting == 0
 
 
 async def test_large_heads_and_malformed_requests_are_4xx_and_closed() -> None:

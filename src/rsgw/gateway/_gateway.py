@@ -43,6 +43,7 @@ from rsgw.gateway._service import GatewayService
 from rsgw.gateway._settings import ServerSettings
 from rsgw.gateway._watchdog import Watchdog
 from rsgw.grpc._client import Channel
+from rsgw.grpc._h2 import DEFAULT_WINDOW_BYTES
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.rest._door import RestDoor
@@ -193,6 +194,8 @@ async def serve_gateway(
         pass_through = service.pass_through()
         standard, streams = standard_services([*handlers, *pass_through], lambda: prober.serving)
         guarded, guarded_through = guard.wrap(handlers | standard), guard.wrap(pass_through)
+        uploads = config.connections.upload_budget()
+        metrics.watch_uploads(uploads)
         server = GrpcServer(
             guarded,
             pass_through=guarded_through,
@@ -205,6 +208,9 @@ async def serve_gateway(
             max_running_calls=intake_limit(config.max_concurrent_requests),
             max_concurrent_streams=config.connections.max_concurrent_streams,
             tls=tls,
+            upload_budget=uploads,
+            window_bytes=config.connections.stream_window_bytes,
+            connection_window_bytes=DEFAULT_WINDOW_BYTES,
         )
         members.attach(server=server)
         bound_grpc = await nursery.start(
@@ -226,6 +232,7 @@ async def serve_gateway(
                 limits=config.connections.limits(),
                 tls=admin_tls,
                 max_concurrent_streams=config.connections.max_concurrent_streams,
+                upload_budget=uploads,
             )
             bound_http = await nursery.start(rest.serve, http_host, http_port)
         logger.info(

@@ -22,6 +22,7 @@ from rsgw._exposition import LATENCY_BUCKETS, render_registry
 from rsgw._hot_series import Count, CounterFamily, HistogramFamily, Latencies
 from rsgw._methods import METHODS_BY_PATH
 from rsgw._status import StatusCode
+from rsgw._uploads import UploadBudget
 from rsgw.scheduling._forecast import DEADLINE, QUEUE
 
 #: The model label of a request for a model no worker serves.
@@ -216,6 +217,13 @@ class GatewayMetrics:
         predicted to wait), read live at scrape time: why admission refuses."""
         self.registry.register(_Forecast(estimates, held, self.worker_label))
 
+    def watch_uploads(self, budget: UploadBudget | None) -> None:
+        """Export the upload budget's series (`rsgw._uploads`), read at scrape time:
+        `gateway_unfinished_request_bytes{state}`, its `_limit`, and
+        `gateway_large_requests_total{outcome}`. Nothing without a budget."""
+        if budget is not None:
+            self.registry.register(_Uploads(budget))
+
     def track_packing(self, read: Callable[[], PackingView]) -> Counter:
         """Export lpt_packing's series (docs/original.md §6.1); returns the repack counter.
 
@@ -391,6 +399,40 @@ class _Forecast(Collector):
             wait.add_metric([worker], waiting)
         yield per_call
         yield wait
+
+
+class _Uploads(Collector):
+    def __init__(self, budget: UploadBudget) -> None:
+        self._budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        budget = self._budget
+        held = GaugeMetricFamily(
+            "gateway_unfinished_request_bytes",
+            "Bytes of request messages not yet whole: granted (their declared sizes, "
+            "arriving) and waiting (at most a stream window each, held back by flow "
+            "control until granted).",
+            labels=["state"],
+        )
+        held.add_metric(["granted"], budget.granted)
+        held.add_metric(["waiting"], budget.waiting)
+        yield held
+        yield GaugeMetricFamily(
+            "gateway_unfinished_request_bytes_limit",
+            "connections.max_buffered_bytes_total: the granted bytes the gateway holds at "
+            "once (one larger message alone), and again the waiting ones.",
+            value=budget.limit,
+        )
+        outcomes = CounterMetricFamily(
+            "gateway_large_requests",
+            "Request messages that did not arrive in one read, by how the upload budget "
+            "took them: granted at once, after waiting, or refused (RESOURCE_EXHAUSTED).",
+            labels=["outcome"],
+        )
+        outcomes.add_metric(["at_once"], budget.granted_at_once)
+        outcomes.add_metric(["after_wait"], budget.granted_after_wait)
+        outcomes.add_metric(["refused"], budget.refused)
+        yield outcomes
 
 
 class _Packing(Collector):

@@ -37,6 +37,7 @@ from rsgw._status import StatusCode
 from rsgw.grpc._framing import MessageDecoder
 
 if TYPE_CHECKING:
+    from rsgw._uploads import Ticket
     from rsgw.grpc._metadata import HeaderBlock, RequestHead
 
 
@@ -211,6 +212,10 @@ class Call:
     #: Server: the connection's `receives` count when the call arrived (a reset that
     #: follows at once is the "rapid reset" pattern).
     opened: int = 0
+    #: Server: the unfinished message's claim on the gateway's upload budget
+    #: (`rsgw._uploads`), and the stream window held back until it is granted.
+    ticket: Ticket | None = None
+    owed: int = 0
 
     def advance(self, half: str, step: Step) -> HalfState:
         """Apply `step` to the `"inbound"` or `"outbound"` half (see the two below)."""

@@ -79,7 +79,8 @@ class GrpcConnection:
         peer: how messages name the other end (`host:port`, or "the client").
         max_receive_message_bytes / max_send_message_bytes: per-message limits; a
             message over them fails its own call (RESOURCE_EXHAUSTED), never others.
-        window_bytes / max_frame_bytes: our HTTP/2 settings.
+        window_bytes / max_frame_bytes: our HTTP/2 settings (the window is each
+            stream's; `connection_window_bytes` the connection's, default the same).
         max_concurrent_streams: a server's stream limit (None: h2's default).
     """
 
@@ -96,6 +97,7 @@ class GrpcConnection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_concurrent_streams: int | None = None,
         max_header_list_bytes: int | None = None,
+        connection_window_bytes: int | None = None,
     ) -> None:
         self.peer = peer
         self.max_receive_message_bytes = max_receive_message_bytes
@@ -106,6 +108,7 @@ class GrpcConnection:
             max_frame_bytes=max_frame_bytes,
             max_concurrent_streams=max_concurrent_streams,
             max_header_list_bytes=max_header_list_bytes,
+            connection_window_bytes=connection_window_bytes,
         )
         self._calls: dict[int, Call] = {}
         self._outbound = Outbound(self._h2, ended=self._after_outbound_end, broken=self._drop)
@@ -201,7 +204,7 @@ class GrpcConnection:
                     handler(h2_event, events)
             if self._overdrawn():
                 break
-        self._acknowledge()
+        self._acknowledge(events)
         return events
 
     def _overdrawn(self) -> bool:
@@ -223,6 +226,7 @@ class GrpcConnection:
         events: list[Event] = []
         for call in calls.values():
             call.reset()
+            _release_ticket(call)
             error = lost(call, self.peer, reason, client_side=self.client_side)
             events.append(self._ended(call, EndCause.LOST, error))
         return events
@@ -282,6 +286,9 @@ class GrpcConnection:
         # The half is OPEN (checked above), where a message leaves it as it is.
         for message in messages:
             events.append(MessageReceived(stream_id, message))
+        if messages and call.ticket is not None:  # the message it was for is whole
+            unacknowledged[stream_id] += call.owed  # the window held back, given back now
+            _release_ticket(call)
         if decoder.buffered > LARGE_UNFINISHED_BYTES:
             self._holding_large(call, events)
 
@@ -310,6 +317,7 @@ class GrpcConnection:
         if call is None:
             return
         call.reset()
+        _release_ticket(call)
         self._goaway_if_idle()
         code = int(event.error_code or 0)
         cause, error = reset_by_peer(call, code, self.peer, client_side=self.client_side)
@@ -347,7 +355,7 @@ class GrpcConnection:
 
     # -- bookkeeping ------------------------------------------------------------------------
 
-    def _acknowledge(self) -> None:
+    def _acknowledge(self, events: list[Event]) -> None:
         """Hand back the window for every DATA byte consumed, once per read.
 
         Per read rather than per frame: a 1 MiB message is 64 frames of 16 KiB, and
@@ -368,12 +376,14 @@ class GrpcConnection:
         if call.inbound < HalfState.CLOSED or call.outbound < HalfState.CLOSED:
             call.reset()
         self._calls.pop(call.stream_id, None)
+        _release_ticket(call)
         self._outbound.forget(call.stream_id)
         self._goaway_if_idle()
 
     def _forget(self, call: Call) -> None:
         """A call that is over leaves the books (its outbox drained, or dropped already)."""
         self._calls.pop(call.stream_id, None)
+        _release_ticket(call)
         if self._going_away:
             self._goaway_if_idle()
 
@@ -385,6 +395,15 @@ class GrpcConnection:
 
     def _ended(self, call: Call, cause: EndCause, error: RsgwError | None) -> CallEnded:
         return CallEnded(call.stream_id, cause, error, call.response_started)
+
+
+def _release_ticket(call: Call) -> None:
+    """The call's unfinished message no longer needs its share of the upload budget."""
+    ticket = call.ticket
+    if ticket is not None:
+        call.ticket = None
+        call.owed = 0
+        ticket.release()
 
 
 def _incomplete() -> GrpcError:

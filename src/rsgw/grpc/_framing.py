@@ -104,6 +104,11 @@ class MessageDecoder:
         self.buffered = 0
 
     @property
+    def expected(self) -> int:
+        """The declared size of the message being gathered; 0 between messages."""
+        return self._need if self._need > 0 else 0
+
+    @property
     def at_boundary(self) -> bool:
         """True when no partial message is buffered (a clean end of stream)."""
         return self._need < 0 and not self._head

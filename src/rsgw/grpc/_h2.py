@@ -23,11 +23,13 @@ def new_h2_connection(
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     max_concurrent_streams: int | None = None,
     max_header_list_bytes: int | None = None,
+    connection_window_bytes: int | None = None,
 ) -> Http2Connection:
     """A connection configured for gRPC and already initiated.
 
     Our settings (windows, frame size, stream limit) go out in the first frame, and
-    the connection window is opened to match the stream window.
+    the connection window is opened to `connection_window_bytes` (default: the
+    stream window's size).
     """
     conn = Http2Connection(
         client_side=client_side,
@@ -37,6 +39,7 @@ def new_h2_connection(
         max_header_list_bytes=max_header_list_bytes,
     )
     conn.initiate_connection()
-    if window_bytes > INITIAL_WINDOW:
-        conn.increment_flow_control_window(window_bytes - INITIAL_WINDOW)
+    connection_window = window_bytes if connection_window_bytes is None else connection_window_bytes
+    if connection_window > INITIAL_WINDOW:
+        conn.increment_flow_control_window(connection_window - INITIAL_WINDOW)
     return conn

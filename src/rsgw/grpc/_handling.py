@@ -36,6 +36,7 @@ from rsgw._call import CallContext, PassThrough, UnaryHandler
 from rsgw._peer import peer_of
 from rsgw._status import StatusCode
 from rsgw._tls import peer_identity
+from rsgw._uploads import UploadBudget
 from rsgw.grpc._compression import Compressed, compress, decompress, plain
 from rsgw.grpc._connection import ConnectionState
 from rsgw.grpc._intake import Intake
@@ -82,8 +83,10 @@ class Server(Protocol):
     max_receive_message_bytes: int
     max_send_message_bytes: int
     window_bytes: int
+    connection_window_bytes: int | None
     max_frame_bytes: int
     intake: Intake
+    upload_budget: UploadBudget | None
 
     @property
     def stream_limit(self) -> int: ...
@@ -106,10 +109,13 @@ class HandlerRunner:
             max_receive_message_bytes=server.max_receive_message_bytes,
             max_send_message_bytes=server.max_send_message_bytes,
             window_bytes=server.window_bytes,
+            connection_window_bytes=server.connection_window_bytes,
             max_frame_bytes=server.max_frame_bytes,
             max_concurrent_streams=server.stream_limit,
+            upload_budget=server.upload_budget,
         )
         self.transport = Transport(self.connection, stream)
+        self.connection.on_window = self.transport.flush
         self.transport.after_write = self._after_write
         if server.intake.limit:
             self.transport.intake = server.intake

@@ -294,12 +294,25 @@ class Http2Sender(Http2State):
 
     def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
         """The application consumed `acknowledged_size` bytes of `stream_id`'s DATA:
-        give them back to the peer (WINDOW_UPDATE) once half a window has built up."""
+        give them back to the peer (WINDOW_UPDATE) once half a window has built up.
+
+        `acknowledge_connection` and `acknowledge_stream` in one."""
+        self.acknowledge_connection(acknowledged_size)
+        self.acknowledge_stream(acknowledged_size, stream_id)
+
+    def acknowledge_connection(self, acknowledged_size: int) -> None:
+        """`acknowledge_received_data` for the connection's window only: a server that
+        holds back one stream's window still gives the connection's back, so the
+        calls it does not hold back never wait for the one it does."""
         self._processed += acknowledged_size
         if self._processed >= self._inbound_target // 2:
             self._frame(WINDOW_UPDATE, 0, 0, U32.pack(self._processed))
             self._inbound_window += self._processed
             self._processed = 0
+
+    def acknowledge_stream(self, acknowledged_size: int, stream_id: int) -> None:
+        """`acknowledge_received_data` for `stream_id`'s window only (bytes already given
+        back to the connection)."""
         stream = self.streams.get(stream_id)
         if stream is not None and stream.remote_open:
             stream.processed += acknowledged_size

@@ -22,6 +22,7 @@ from rsgw._net import TCP, Acceptor, Network
 from rsgw._process import give_back_memory
 from rsgw._status import StatusCode
 from rsgw._tls import ServerTls
+from rsgw._uploads import UploadBudget
 from rsgw.grpc._compression import Compressed
 from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
 from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
@@ -62,6 +63,12 @@ class GrpcServer:
         limits: what one client connection may cost (`ConnectionLimits`): header
             size, buffered bytes, flood budget, idle and slow-header timeouts, and
             the number of connections served at once.
+        upload_budget: the unfinished request bytes every connection shares
+            (`rsgw._uploads`): a large message waits for its grant in the client's
+            flow control. None: each connection bounded alone (`limits`).
+        window_bytes / connection_window_bytes: HTTP/2 receive windows, each stream's
+            and the connection's (default: the stream's size). With an upload
+            budget, the stream window is what a call sends before its grant.
         max_running_calls: with this many calls running, stop reading from every
             connection until some finish (0: never stop). Work the server cannot do
             now then waits in the clients, where a deadline that passes costs the
@@ -90,6 +97,8 @@ class GrpcServer:
         limits: ConnectionLimits | None = None,
         max_running_calls: int = 0,
         tls: ServerTls | None = None,
+        upload_budget: UploadBudget | None = None,
+        connection_window_bytes: int | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._pass_through = {
@@ -109,6 +118,8 @@ class GrpcServer:
         self.max_send_message_bytes = max_send_message_bytes
         self._max_concurrent_streams = max_concurrent_streams
         self.window_bytes = window_bytes
+        self.connection_window_bytes = connection_window_bytes
+        self.upload_budget = upload_budget
         self.max_frame_bytes = max_frame_bytes
         self._connections: set[ServedConnection] = set()
         #: One per listener: cancelled when the server starts closing.

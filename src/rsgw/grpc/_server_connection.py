@@ -6,6 +6,13 @@ messages and then a status), stop a client's upload once the answer has gone, an
 go away gracefully: `go_away()` refuses new streams (REFUSED_STREAM, which clients
 retry safely elsewhere) and sends GOAWAY after the last answer. h2 refuses to send
 anything after its GOAWAY, so it cannot be announced first.
+
+With an upload budget (`rsgw._uploads`), a request message that does not arrive in
+one read asks for a ticket for its declared size, and its stream gets no more window
+until the ticket is granted: the client then waits in its own flow control, and the
+connection's other calls go on (the connection's window is always given back).
+Without one, each connection's unfinished bytes are bounded by failing the call that
+takes them over `max_buffered_bytes`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import TYPE_CHECKING
 from rsgw._body import Body
 from rsgw._errors import GrpcError, RsgwError
 from rsgw._status import StatusCode
+from rsgw._uploads import Share, Ticket, UploadBudget, unfinished_refusal
 from rsgw.grpc import _http2 as http2
 from rsgw.grpc._calls import Call, CallStarted, EndCause, Event, HalfClosed, HalfState, Step
 from rsgw.grpc._connection import ConnectionState, GrpcConnection
@@ -37,6 +45,7 @@ from rsgw.grpc._metadata import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -50,6 +59,7 @@ class ServerConnection(GrpcConnection):
         *,
         limits: ConnectionLimits | None = None,
         gather_paths: frozenset[bytes] = frozenset(),
+        upload_budget: UploadBudget | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("peer", "the client")
@@ -62,6 +72,12 @@ class ServerConnection(GrpcConnection):
         self.guard = FloodGuard(self.limits.flood_budget)
         for control in (http2.PingReceived, http2.PriorityUpdated):
             self._handlers[control] = self._on_control
+        #: The gateway's budget of unfinished request bytes, shared by every connection.
+        self.upload_budget = upload_budget
+        self._share = Share(self.limits.max_buffered_bytes)
+        #: Called when window held back from a call was given back outside a read (its
+        #: ticket was granted as another call's bytes were freed): the shell flushes.
+        self.on_window: Callable[[], None] | None = None
 
     def receive_data(self, data: bytes) -> list[Event]:
         events = super().receive_data(data)
@@ -174,8 +190,11 @@ class ServerConnection(GrpcConnection):
         """Over the connection's budget of unfinished request bytes: fail this call.
 
         One call may buffer its one message alone (up to the message limit); only
-        what several hold at once counts against `max_buffered_bytes`.
+        what several hold at once counts against `max_buffered_bytes`. (With an upload
+        budget, flow control bounds them instead: see `_acknowledge`.)
         """
+        if self.upload_budget is not None:
+            return
         others = sum(c.decoder.buffered for c in self._calls.values() if c is not call)
         total = others + call.decoder.buffered
         if others and total > self.limits.max_buffered_bytes:
@@ -185,6 +204,54 @@ class ServerConnection(GrpcConnection):
                 f"of {self.limits.max_buffered_bytes}; send fewer large requests at once",
             )
             self._fail(call, error, events)
+
+    def _acknowledge(self, events: list[Event]) -> None:
+        """`GrpcConnection._acknowledge`, but a call whose message is unfinished and has
+        no granted ticket gets no stream window back (see the module docstring)."""
+        budget = self.upload_budget
+        if budget is None:
+            super()._acknowledge(events)
+            return
+        pending, self._unacknowledged = self._unacknowledged, {}
+        h2 = self._h2
+        calls = self._calls
+        for stream_id, size in pending.items():
+            call = calls.get(stream_id)
+            if call is None or not call.decoder.buffered:  # no message half here: the usual
+                h2.acknowledge_received_data(size, stream_id)
+                continue
+            h2.acknowledge_connection(size)
+            ticket = call.ticket
+            if ticket is None:
+                ticket = self._ask(budget, call, events)
+                if ticket is None:
+                    continue
+            if ticket.granted:
+                h2.acknowledge_stream(size + call.owed, stream_id)
+                call.owed = 0
+            else:
+                call.owed += size
+
+    def _ask(self, budget: UploadBudget, call: Call, events: list[Event]) -> Ticket | None:
+        """A ticket for `call`'s unfinished message; None: refused, the call has failed."""
+        expected = call.decoder.expected
+        ticket = budget.request(expected, self._share, lambda _: self._granted(call))
+        if ticket is None:
+            error = GrpcError(StatusCode.RESOURCE_EXHAUSTED, unfinished_refusal(expected, budget))
+            self._fail(call, error, events)
+            return None
+        call.ticket = ticket
+        return ticket
+
+    def _granted(self, call: Call) -> None:
+        """A waiting ticket was granted: give the call the window it was owed."""
+        if self._calls.get(call.stream_id) is not call or self.closed_reason is not None:
+            return
+        if call.owed:
+            self._h2.acknowledge_stream(call.owed, call.stream_id)
+            call.owed = 0
+            if self.on_window is not None:
+                self.on_window()
 
     def close(self, reason: str, error_code: int = 0) -> list[Event]:
         """End the connection ourselves: GOAWAY with `error_code`; every call ends."""

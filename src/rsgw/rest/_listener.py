@@ -34,7 +34,10 @@ still running when the grace is up is answered 503, "server shutting down".
 Limits come from the gRPC port's `connections:` block (`ConnectionLimits`): the head
 is held to `max_header_list_bytes`, connections served at once to `max_connections`
 (the same `rsgw._net.Acceptor` as the gRPC listener's), and a request body to the
-door's `max_body_bytes` (`grpc.max_recv_msg_bytes`).
+door's `max_body_bytes` (`grpc.max_recv_msg_bytes`). A body of known length that does
+not arrive with its head waits for a grant of the upload budget the gRPC port uses
+too (`rsgw._uploads`) before more of it is read: meanwhile the client waits in TCP's
+flow control, and a budget that cannot take it answers 429.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -56,6 +60,7 @@ from rsgw._admin import REST_KEEP_ALIVE_SECONDS, hypercorn_config, wrap_asgi
 from rsgw._net import Acceptor, bind_tcp, bound_port
 from rsgw._peer import Peer, peer_of
 from rsgw._tls import ServerTls, peer_identity
+from rsgw._uploads import Share, Ticket, UploadBudget, unfinished_refusal
 from rsgw.grpc._limits import ConnectionLimits
 from rsgw.rest._door import Response, RestDoor, error_response, too_large
 from rsgw.rest._http1 import NEED_DATA, TOO_LARGE, Head, parse_head, response_bytes
@@ -87,6 +92,7 @@ class RestListener:
         tls: HTTPS only, with this context (ALPN `h2` and `http/1.1`).
         max_concurrent_streams: an HTTP/2 connection's stream limit.
         keep_alive_seconds: how long an idle keep-alive connection is kept.
+        upload_budget: the unfinished request bytes both ports share (None: none).
     """
 
     def __init__(
@@ -97,8 +103,11 @@ class RestListener:
         tls: ServerTls | None = None,
         max_concurrent_streams: int | None = None,
         keep_alive_seconds: float = REST_KEEP_ALIVE_SECONDS,
+        upload_budget: UploadBudget | None = None,
     ) -> None:
         self._door = door
+        #: Without a budget, one that grants every body at once (the same code path).
+        self._uploads = upload_budget or UploadBudget(sys.maxsize, 0)
         self._limits = ConnectionLimits() if limits is None else limits
         self._tls = tls
         self._keep_alive = keep_alive_seconds
@@ -290,7 +299,13 @@ class RestListener:
             if len(buffer) >= end:
                 body, buffer = buffer[head.body_start : end], buffer[end:]
             else:
-                body, buffer = await self._rest_of_body(stream, buffer, head, timer)
+                ticket = await self._reserve(stream, head.body_length)
+                if ticket is None:
+                    return
+                try:
+                    body, buffer = await self._rest_of_body(stream, buffer, head, timer)
+                finally:
+                    ticket.release()
                 if not body and head.body_length:
                     return  # the client went before its body ended
             method = head.method.decode("ascii")
@@ -321,6 +336,26 @@ class RestListener:
             return await self._door.respond(method, _path(target), headers, body, peer)
         finally:
             self._calls.discard(timer)
+
+    async def _reserve(self, stream: trio.abc.Stream, size: int) -> Ticket | None:
+        """A granted ticket for a body of `size` bytes still arriving, waited for while
+        the budget is spent (the client waits in TCP's flow control, as nothing more
+        is read); None: refused, answered 429 and the connection closed."""
+        budget = self._uploads
+        granted = trio.Event()
+        share = Share(self._limits.max_buffered_bytes)
+        ticket = budget.request(size, share, lambda _: granted.set())
+        if ticket is None:
+            error = error_response(429, unfinished_refusal(size, budget))
+            await _close_with(stream, response_bytes(429, error.headers, error.body, True))
+            return None
+        if not ticket.granted:
+            try:
+                await granted.wait()
+            except BaseException:
+                ticket.release()
+                raise
+        return ticket
 
     async def _rest_of_body(
         self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
@@ -375,7 +410,16 @@ class RestListener:
                 length = _content_length(headers)
                 body = None
                 if length is None or length <= max_body:
-                    body = await self._body(stream, connection, timer, max_body)
+                    ticket = None
+                    if length is not None and length > RECEIVE_BYTES:
+                        ticket = await self._reserve(stream, length)
+                        if ticket is None:
+                            return
+                    try:
+                        body = await self._body(stream, connection, timer, max_body)
+                    finally:
+                        if ticket is not None:
+                            ticket.release()
                 if body is None:
                     too_long = error_response(413, too_large(max_body))
                     await _close_with(stream, _h11_reply(connection, too_long, False, True))
