@@ -204,3 +204,27 @@ async def test_only_what_flow_control_cannot_hold_back_is_refused(
         await settle(conn, holder, *others[:2])
         outcomes = await conn.wait(holder.stream_id, others[0].stream_id, others[1].stream_id)
         assert [o.status for o in outcomes] == [StatusCode.OK] * 3
+
+
+async def test_an_upload_that_stalls_holding_its_grant_fails_and_frees_it(
+    autojump_clock: MockClock,
+) -> None:
+    """A granted upload that stops for `header_seconds` fails (the connection and its
+    other calls go on), and the upload waiting behind it is granted and finishes."""
+    async with serving(4 * MIB) as served:
+        staller = await served.hostile()
+        stalled = Upload(staller, 4 * MIB, stop_at=2 * MIB)
+        await settle(staller, stalled)
+        behind = await served.hostile()
+        waiting = Upload(behind, 4 * MIB)
+        await settle(behind, waiting)
+        assert served.budget.waiting_tickets == 1
+        started = trio.current_time()
+        [outcome] = await staller.wait(stalled.stream_id)
+        assert 10 <= trio.current_time() - started <= 12
+        assert outcome.status == StatusCode.RESOURCE_EXHAUSTED
+        assert "stopped for 10 s with 2097147 bytes of its 4194304-byte message" in outcome.message
+        assert staller.terminated is None
+        await settle(behind, waiting)
+        [finished] = await behind.wait(waiting.stream_id)
+        assert finished.status == StatusCode.OK

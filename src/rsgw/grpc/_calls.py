@@ -216,6 +216,10 @@ class Call:
     #: (`rsgw._uploads`), and the stream window held back until it is granted.
     ticket: Ticket | None = None
     owed: int = 0
+    #: Server: the bytes its granted message held at the sweep's last look, and when
+    #: they last moved (an upload that stalls holding a grant is ended).
+    held_at_look: int = -1
+    moved_at: float = 0.0
 
     def advance(self, half: str, step: Step) -> HalfState:
         """Apply `step` to the `"inbound"` or `"outbound"` half (see the two below)."""

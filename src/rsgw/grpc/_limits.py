@@ -40,7 +40,8 @@ class ConnectionLimits:
         idle_seconds: a connection with no call for this long is closed (GOAWAY
             first); 0 keeps idle connections forever.
         header_seconds: a connection that sends bytes completing no frame for this
-            long (a slowloris), or no HTTP/2 preface at all, is closed.
+            long (a slowloris), or no HTTP/2 preface at all, is closed; a call whose
+            message was granted upload budget and stops arriving for this long fails.
         max_connections: connections served at once; more wait in the listen
             backlog. 0: no cap.
     """

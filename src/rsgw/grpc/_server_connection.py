@@ -243,6 +243,29 @@ class ServerConnection(GrpcConnection):
         call.ticket = ticket
         return ticket
 
+    def stalled_uploads(self, now: float, seconds: float) -> list[Event]:
+        """End the calls whose granted message has not moved for `seconds` (the
+        shell's sweep asks, with its clock): a client that stops sending half way
+        would otherwise hold its grant, and the uploads waiting behind it, forever.
+        The REST port ends a stalled body the same way."""
+        events: list[Event] = []
+        for call in list(self._calls.values()):
+            ticket = call.ticket
+            if ticket is None or not ticket.granted:
+                continue
+            held = call.decoder.buffered
+            if held != call.held_at_look:
+                call.held_at_look, call.moved_at = held, now
+            elif now - call.moved_at >= seconds:
+                error = GrpcError(
+                    StatusCode.RESOURCE_EXHAUSTED,
+                    f"the request stopped for {now - call.moved_at:.0f} s with {held} bytes of "
+                    f"its {ticket.size}-byte message sent, holding the upload budget; send "
+                    "messages whole",
+                )
+                self._fail(call, error, events)
+        return events
+
     def _granted(self, call: Call) -> None:
         """A waiting ticket was granted: give the call the window it was owed."""
         if self._calls.get(call.stream_id) is not call or self.closed_reason is not None:

@@ -49,12 +49,19 @@ class ServedConnection(HandlerRunner):
     """One connection: the core, its transport, and the calls it runs handlers for."""
 
     def sweep(self, now: float) -> None:
-        """The server's periodic look (see `ConnectionLimits`): refill, idle, slowloris."""
+        """The server's periodic look (see `ConnectionLimits`): refill, stalled uploads,
+        idle, slowloris."""
         limits = self._server.limits
         core = self.connection
         if now - self._refilled_at >= limits.refill_seconds:
             core.guard.refill()
             self._refilled_at = now
+        if core.upload_budget is not None:
+            stalled = core.stalled_uploads(now, limits.header_seconds)
+            for event in stalled:
+                self._dispatch(event)
+            if stalled:
+                self.transport.flush()
         if core.frames != self._frames_seen or core.active_calls:
             self._frames_seen = core.frames
             self._active_at = now
