@@ -68,6 +68,16 @@ def fleet_overview() -> Dashboard:
                 q(f"max(gateway_max_concurrent_requests{{{S}}})", "cap"),
             ),
             graph(
+                "Unfinished request bytes and the upload budget",
+                "Bytes of request messages still arriving: granted (their declared sizes) and "
+                "waiting for a grant (held back by flow control), against "
+                "connections.max_buffered_bytes_total. Waiting that stays up means large "
+                "uploads are being slowed; refusals are in Latency & Errors' statuses.",
+                q(f"sum by (state) (gateway_unfinished_request_bytes{{{S}}})", "{{state}}"),
+                q(f"max(gateway_unfinished_request_bytes_limit{{{S}}})", "budget"),
+                unit="bytes",
+            ),
+            graph(
                 "Device memory: weights on each GPU",
                 "Weight bytes on the device, and the on-demand budget where a worker has one.",
                 q(f'worker_resident_weight_bytes{{{S},worker=~"$worker"}}', "{{worker}}"),
