@@ -343,8 +343,8 @@ def wire_md_rows(markdown: str) -> tuple[str, set[str]]:
 WIRE = parse_wire_rows(WIRE_ROWS)
 
 # rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
-# membership RPCs and the members in the status of issue 24, and what each member
-# implements (issue 36).
+# membership RPCs and the members in the status of issue 24, what each member
+# implements (issue 36), and how a coordinated gateway stands (issue 39).
 RSGW_ROWS = """
 # reactant_control
 GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
@@ -369,6 +369,15 @@ Member 5 ready bool
 Member 6 inflight int64
 Member 7 capabilities repeated string
 Member 8 counters string
+GetSchedulingStatusResponse 8 coordination Coordination
+Coordination 1 state string
+Coordination 2 member string
+Coordination 3 placer string
+Coordination 4 epoch int64
+Coordination 5 members repeated string
+Coordination 6 last_error string
+Coordination 7 seconds_since_contact double
+Coordination 8 etcd_endpoints repeated string
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.
@@ -453,6 +462,7 @@ def test_committed_generated_files_are_current(tmp_path: Path) -> None:
             "grpc_health_v1",
             "grpc_reflection_v1",
             "grpc_reflection_v1alpha",
+            "etcd_v3",
         )
         for suffix in ("py", "pyi")
     )

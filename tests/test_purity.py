@@ -69,6 +69,8 @@ SHELL_MODULES = {
     },
     "node": {"_supervisor", "_children", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},
+    # Coordination's records are pure; its etcd client is its shell.
+    "coordination": {"_etcd"},
     # The REST front door's routes, JSON and tensor codec are pure; the door and its
     # HTTP listener are its shell.
     "rest": {"_door", "_listener"},

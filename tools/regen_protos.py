@@ -52,6 +52,7 @@ PROTO_FILES: tuple[str, ...] = (
     "grpc_health_v1.proto",
     "grpc_reflection_v1.proto",
     "grpc_reflection_v1alpha.proto",
+    "etcd_v3.proto",
 )
 
 # Must match the `grpcio-tools==1.81.*` pin in pyproject.toml's test extra. 1.81 ships

@@ -478,6 +478,62 @@ class DiscoveryConfig:
         check_fields(self, "discovery.", _DISCOVERY_CHECKS)
 
 
+def _check_etcd_endpoints(value: object, key: str) -> tuple[str, ...]:
+    """etcd's client URLs as `host:port` (an `http://` prefix is dropped; TLS to etcd is
+    not supported yet, so `https://` is an error rather than a silent downgrade)."""
+    if not isinstance(value, tuple | list):
+        raise ConfigError(f"{key} must be a list of host:port addresses, got {show(value)}")
+    endpoints = []
+    for i, item in enumerate(value):
+        text = check_str(item, f"{key}[{i}]").strip().removeprefix("http://").rstrip("/")
+        if text.startswith("https://"):
+            raise ConfigError(
+                f"{key}[{i}] is {item!r}: rsgw speaks to etcd in cleartext only; give its "
+                "http:// client URL (on a network you trust)"
+            )
+        host, _, port = text.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}[{i}] must be host:port, got {show(item)}")
+        endpoints.append(text)
+    return tuple(endpoints)
+
+
+_COORDINATION_CHECKS: Mapping[str, Check] = {
+    "etcd_endpoints": _check_etcd_endpoints,
+    "cluster": ranged(
+        check_str,
+        lambda s: bool(re.fullmatch(r"[A-Za-z0-9._-]+", s)),
+        "letters, digits, '.', '_' or '-' (it names etcd keys)",
+    ),
+    "lease_ttl_seconds": ranged(check_int, lambda n: 2 <= n <= 300, "between 2 and 300"),
+    "member": check_str,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinationConfig:
+    """Several gateways in front of the same workers, one lpt_packing placement (issue 39).
+
+    With `etcd_endpoints`, gateways of the same `cluster` elect one placer through an
+    etcd lease of `lease_ttl_seconds`; the placer places for all and publishes the
+    placement, the others route by it (`rsgw.coordination`). `member` names this
+    gateway among them ("" = its host name and gRPC port). Empty endpoints: one
+    gateway on its own, as before.
+    """
+
+    etcd_endpoints: tuple[str, ...] = ()
+    cluster: str = "default"
+    lease_ttl_seconds: int = 10
+    member: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "coordination.", _COORDINATION_CHECKS)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd_endpoints)
+
+
 @dataclass(frozen=True, slots=True)
 class RepositoryConfig:
     """Which models lpt_packing may place by loading and unloading them.

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from rsgw._blocks import AuthConfig as AuthConfig
 from rsgw._blocks import ConnectionsConfig as ConnectionsConfig
+from rsgw._blocks import CoordinationConfig as CoordinationConfig
 from rsgw._blocks import DiscoveryConfig as DiscoveryConfig
 from rsgw._blocks import GrpcLimits as GrpcLimits
 from rsgw._blocks import ListenConfig as ListenConfig
@@ -143,6 +144,10 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "repository.worker_budget_bytes": "int",
         "repository.drain_seconds": "float",
         "repository.load_timeout_seconds": "float",
+        "coordination.etcd_endpoints": "names",
+        "coordination.cluster": "str",
+        "coordination.lease_ttl_seconds": "int",
+        "coordination.member": "str",
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",
@@ -294,6 +299,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "metrics": MetricsConfig,
         "discovery": DiscoveryConfig,
         "repository": RepositoryConfig,
+        "coordination": CoordinationConfig,
         "scheduling": SchedulingConfig,
     }
 )

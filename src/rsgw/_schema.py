@@ -26,6 +26,7 @@ from typing import Any
 from rsgw._blocks import (
     AuthConfig,
     ConnectionsConfig,
+    CoordinationConfig,
     DiscoveryConfig,
     GrpcLimits,
     ListenConfig,
@@ -92,6 +93,7 @@ class GatewayConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     repository: RepositoryConfig = field(default_factory=RepositoryConfig)
+    coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.

@@ -238,7 +238,7 @@ class GetSchedulingStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSchedulingStatusResponse(_message.Message):
-    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings", "members")
+    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings", "members", "coordination")
     MODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REPACK_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class GetSchedulingStatusResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATION_FIELD_NUMBER: _ClassVar[int]
     mode: str
     policy: SchedulingPolicy
     repack: RepackStatus
@@ -253,7 +254,28 @@ class GetSchedulingStatusResponse(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSchedulingStatus]
     warnings: _containers.RepeatedScalarFieldContainer[str]
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    coordination: Coordination
+    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ...) -> None: ...
+
+class Coordination(_message.Message):
+    __slots__ = ("state", "member", "placer", "epoch", "members", "last_error", "seconds_since_contact", "etcd_endpoints")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    PLACER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_CONTACT_FIELD_NUMBER: _ClassVar[int]
+    ETCD_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    member: str
+    placer: str
+    epoch: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    last_error: str
+    seconds_since_contact: float
+    etcd_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[str] = ..., member: _Optional[str] = ..., placer: _Optional[str] = ..., epoch: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., last_error: _Optional[str] = ..., seconds_since_contact: _Optional[float] = ..., etcd_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("worker", "address", "public_name", "source", "ready", "inflight", "capabilities", "counters")

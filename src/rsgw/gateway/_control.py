@@ -8,6 +8,10 @@ the workers (`rsgw.gateway._members`). Every change is validated with the gatewa
 generation, and lives in memory only: every mutator's answer says `persisted=false`,
 and a restart reverts to gateway.yml.
 
+With coordination (several gateways, one placement: `rsgw.coordination`), a policy or
+placement change is shared with the other gateways, which apply it as their own, and
+a Repack asked of a gateway that does not place is carried out by the one that does.
+
 Errors: a bad value is INVALID_ARGUMENT with the validator's message (the one
 gateway.yml would print); a deliberate gRPC error passes through; anything else is
 INTERNAL `gateway control call failed: ...`, logged with its traceback.
@@ -27,6 +31,7 @@ from rsgw._errors import ConfigError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw.gateway._coordinator import Coordinator, coordination_message
 from rsgw.gateway._members import Members, MembershipRefused
 from rsgw.gateway._metrics import GatewayMetrics
 from rsgw.gateway._packing import Packing
@@ -82,6 +87,35 @@ class GatewayControl:
         self._members = members
         #: Where each worker's work counters come from (the metadata poller's, live).
         self._counter_sources = counter_sources or {}
+        #: Several gateways, one placement (None: this gateway alone).
+        self.coordination: Coordinator | None = None
+
+    def coordinate(self, coordination: Coordinator) -> None:
+        """Share this gateway's scheduling changes through `coordination`, and apply the
+        other gateways' here."""
+        self.coordination = coordination
+        coordination.apply_change = self.apply_change
+
+    async def apply_change(self, method: str, body: bytes) -> None:
+        """Apply a scheduling change another gateway's operator made (already checked
+        there; a model it knows and this gateway does not yet is stored all the same)."""
+        if method == Method.SET_SCHEDULING_POLICY.rpc:
+            await self.set_policy(cpb.SetSchedulingPolicyRequest.FromString(body), share=False)
+        elif method == Method.SET_MODEL_PLACEMENT.rpc:
+            request = cpb.SetModelPlacementRequest.FromString(body)
+            request.allow_unknown_model = True
+            await self.set_placement(request, share=False)
+        else:
+            raise ValueError(f"no such shared change: {method}")
+
+    async def _share(self, rpc: Method, request: Message, warnings: list[str]) -> None:
+        """Tell the other gateways of a change made here; a warning if etcd did not take it."""
+        if self.coordination is None:
+            return
+        try:
+            await self.coordination.changed(rpc.rpc, request.SerializeToString())
+        except RsgwError as exc:
+            warnings.append(f"applied on this gateway only: {exc}")
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per GatewayControlService method."""
@@ -171,6 +205,8 @@ class GatewayControl:
         status.members.extend(
             self._members.status(self._prober.ready, table, self._counter_sources)
         )
+        if self.coordination is not None:
+            status.coordination.CopyFrom(coordination_message(self.coordination))
         if packing is not None:
             members = self._members.membership.members
             loadable = set(table.loadable(m.url for m in members.values()))
@@ -187,7 +223,7 @@ class GatewayControl:
     # -- SetSchedulingPolicy ------------------------------------------------------------
 
     async def set_policy(
-        self, request: cpb.SetSchedulingPolicyRequest
+        self, request: cpb.SetSchedulingPolicyRequest, *, share: bool = True
     ) -> cpb.SetSchedulingPolicyResponse:
         packing = self._lpt()
         mask = list(request.update_mask)
@@ -214,16 +250,19 @@ class GatewayControl:
                 "after": {name: str(getattr(change.knobs, name)) for name in change.changed},
             },
         )
+        warnings = list(change.warnings)
+        if share:
+            await self._share(Method.SET_SCHEDULING_POLICY, request, warnings)
         return cpb.SetSchedulingPolicyResponse(
             applied=policy_message(change.knobs, generation),
-            warnings=list(change.warnings),
+            warnings=warnings,
             persisted=False,
         )
 
     # -- SetModelPlacement --------------------------------------------------------------
 
     async def set_placement(
-        self, request: cpb.SetModelPlacementRequest
+        self, request: cpb.SetModelPlacementRequest, *, share: bool = True
     ) -> cpb.SetModelPlacementResponse:
         packing = self._lpt()
         name = request.name
@@ -259,6 +298,8 @@ class GatewayControl:
             warnings.append(PARKING_WARNING)
         warnings.extend(projection(packing, name, effective))
         warnings.append(NEXT_REPACK)
+        if share:
+            await self._share(Method.SET_MODEL_PLACEMENT, request, warnings)
         logger.info(
             "model placement override changed at runtime",
             extra={
@@ -297,7 +338,11 @@ class GatewayControl:
                 "no worker was ready at the last prober tick; a repack needs at least one "
                 "ready worker (check the workers, then retry)",
             )
-        outcome = await packing.request_repack(wait)
+        coordination = self.coordination
+        if coordination is not None and not coordination.placing:
+            outcome = await coordination.request_repack(wait)  # the placer repacks
+        else:
+            outcome = await packing.request_repack(wait)
         if not outcome.completed:
             warnings.append(
                 f"repack queued but not observed within {outcome.waited_seconds:.2f}s; it will "

@@ -30,6 +30,7 @@ from rsgw.gateway._access import AccessLog
 from rsgw.gateway._admin_routes import admin_app
 from rsgw.gateway._admission import intake_limit
 from rsgw.gateway._control import GatewayControl
+from rsgw.gateway._coordinator import Coordinator, default_member
 from rsgw.gateway._discovery import Discovery
 from rsgw.gateway._guard import RELOAD_CHECK_SECONDS, Guard
 from rsgw.gateway._members import Members
@@ -166,6 +167,14 @@ async def serve_gateway(
             admin_port,
         )
         await nursery.start(discovery.serve)  # the dns:/// endpoints have answered once
+        coordinator = _coordinator(config, packing, network)
+        if coordinator is not None:
+            metrics.watch_coordination(
+                lambda: coordinator.view,
+                lambda: coordinator.elections_won,
+                lambda: coordinator.publications,
+            )
+            await nursery.start(coordinator.run)  # connected to etcd, or it said why not
         if packing is not None:
             await packing.start()  # waits for the fleet; the first placement is in force
             await nursery.start(packing.serve)
@@ -183,6 +192,8 @@ async def serve_gateway(
         control = GatewayControl(
             mode, packing, prober, metrics, members, poller.sources if poller else None
         )
+        if coordinator is not None:
+            control.coordinate(coordinator)
         settings = ServerSettings(
             metrics, config.logging.format, lambda model: model in prober.discovery.known
         )
@@ -293,6 +304,28 @@ def _stamp(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (stat.st_mtime_ns, stat.st_size)
+
+
+def _coordinator(
+    config: GatewayConfig, packing: Packing | None, network: Network
+) -> Coordinator | None:
+    """The gateway's part in coordinating with others (`coordination.etcd_endpoints`),
+    which only lpt_packing has a use for."""
+    coordination = config.coordination
+    if not coordination.enabled:
+        return None
+    if packing is None:
+        logger.warning(
+            "coordination.etcd_endpoints is set, but only lpt_packing coordinates gateways; "
+            "this gateway routes on its own",
+            extra={"mode": str(config.scheduling.mode)},
+        )
+        return None
+    _, port = split_host_port(config.listen.grpc)
+    member = coordination.member or default_member(port or os.getpid())
+    return Coordinator(
+        coordination, packing, member=member, address=config.listen.grpc, network=network
+    )
 
 
 def _scheduler(

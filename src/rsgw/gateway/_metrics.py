@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,6 +24,7 @@ from rsgw._hot_series import Count, CounterFamily, HistogramFamily, Latencies
 from rsgw._methods import METHODS_BY_PATH
 from rsgw._status import StatusCode
 from rsgw._uploads import UploadBudget
+from rsgw.coordination._records import CoordinationView
 from rsgw.scheduling._forecast import DEADLINE, QUEUE
 
 #: The model label of a request for a model no worker serves.
@@ -217,6 +219,17 @@ class GatewayMetrics:
         predicted to wait), read live at scrape time: why admission refuses."""
         self.registry.register(_Forecast(estimates, held, self.worker_label))
 
+    def watch_coordination(
+        self,
+        view: Callable[[], CoordinationView],
+        elections_won: Callable[[], int],
+        publications: Callable[[], int],
+    ) -> None:
+        """Export coordination's series (`rsgw.gateway._coordinator`), read at scrape
+        time: `gateway_coordination_state{state}`, `_epoch`, `_members`,
+        `_seconds_since_contact`, `_elections_won_total`, `_publications_total`."""
+        self.registry.register(_Coordination(view, elections_won, publications))
+
     def watch_uploads(self, budget: UploadBudget | None) -> None:
         """Export the upload budget's series (`rsgw._uploads`), read at scrape time:
         `gateway_unfinished_request_bytes{state}`, its `_limit`, and
@@ -399,6 +412,55 @@ class _Forecast(Collector):
             wait.add_metric([worker], waiting)
         yield per_call
         yield wait
+
+
+class _Coordination(Collector):
+    def __init__(
+        self,
+        view: Callable[[], CoordinationView],
+        elections_won: Callable[[], int],
+        publications: Callable[[], int],
+    ) -> None:
+        self._view = view
+        self._elections_won = elections_won
+        self._publications = publications
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        state = GaugeMetricFamily(
+            "gateway_coordination_state",
+            "1 for how this gateway stands among the coordinating gateways: placer (it "
+            "places for all), follower (it routes by the placer's placement) or "
+            "disconnected (etcd unreachable: the last placement, no repacks).",
+            labels=["state"],
+        )
+        for name in ("placer", "follower", "disconnected"):
+            state.add_metric([name], 1.0 if view.state == name else 0.0)
+        yield state
+        yield GaugeMetricFamily(
+            "gateway_coordination_epoch",
+            "The placement in force: its etcd revision (the same on every gateway).",
+            value=view.epoch,
+        )
+        yield GaugeMetricFamily(
+            "gateway_coordination_members", "Gateways registered in etcd.", value=len(view.members)
+        )
+        since = trio.current_time() - view.last_contact if view.last_contact else 0.0
+        yield GaugeMetricFamily(
+            "gateway_coordination_seconds_since_contact",
+            "Seconds since etcd last answered this gateway.",
+            value=since,
+        )
+        yield CounterMetricFamily(
+            "gateway_coordination_elections_won",
+            "Times this gateway became the placer.",
+            value=self._elections_won(),
+        )
+        yield CounterMetricFamily(
+            "gateway_coordination_publications",
+            "Placements this gateway published as the placer.",
+            value=self._publications(),
+        )
 
 
 class _Uploads(Collector):

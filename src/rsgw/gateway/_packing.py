@@ -18,6 +18,10 @@ module feeds them and carries out what they decide:
 
 Everything the request path reads is swapped by reference in one synchronous step,
 so a request sees either the old assignment and counters or the new ones.
+
+With coordination (`rsgw.coordination`, several gateways in front of the same
+workers), only the elected placer repacks, loads, unloads and compacts; the others
+`follow` the placement it publishes. The `Coordination` hooks say which this is.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol
 
 import trio
 from google.protobuf.message import DecodeError
@@ -47,6 +52,7 @@ from rsgw.scheduling._capabilities import Capability
 from rsgw.scheduling._knobs import FillMode
 from rsgw.scheduling._lpt import LptScheduler
 from rsgw.scheduling._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling._placement import Placement
 from rsgw.scheduling._policy import PARKING_WARNING
 from rsgw.scheduling._reports import (
     DRIFT_WARNING,
@@ -62,6 +68,22 @@ logger = logging.getLogger(__name__)
 
 #: Deadline of each compaction call: reloading weights can take a while.
 COMPACTION_DEADLINE = 60.0
+
+
+class Coordination(Protocol):
+    """What the packing shell asks of coordination (`rsgw.gateway._coordinator`)."""
+
+    def may_place(self) -> bool:
+        """This gateway is the placer (or places alone)."""
+        ...
+
+    def before_tick(self) -> None:
+        """The placer is about to tick: fold the other gateways' demand in."""
+        ...
+
+    def placed(self, report: RepackReport) -> None:
+        """The placer installed a new placement: publish it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +133,10 @@ class Packing:
         metrics.track_inflight_work(lambda: str(scheduler.knobs.work_basis), scheduler.loads)
         #: Bumped by every accepted runtime knob change; 0 = as configured.
         self.generation = 0
+        #: Several gateways, one placer (None: this gateway places alone).
+        self.coordination: Coordination | None = None
+        #: The placement another gateway published, while this one follows it.
+        self._followed: Mapping[str, Placement] | None = None
 
     @property
     def knobs(self) -> SchedulingConfig:
@@ -159,6 +185,9 @@ class Packing:
         knobs = self.knobs
         self._log_settings(knobs)
         self.scheduler.polled(summary)
+        coordination = self.coordination
+        if coordination is not None and not coordination.may_place() and self._followed:
+            return  # another gateway places, and its placement is in force here already
         self._installed(self.packer.repack(summary, knobs, trio.current_time(), "startup"), knobs)
 
     def _log_unplaced(self, lacking: Sequence[str], placeable: Mapping[str, object]) -> None:
@@ -257,6 +286,15 @@ class Packing:
         """
         try:
             knobs = self.knobs
+            coordination = self.coordination
+            if coordination is not None and not coordination.may_place():
+                if self._followed is not None:  # routing takes in the placer's loads
+                    self.placer.follow(self._followed)
+                self.packer.learn(poll.workers)  # its calls count as demand, for the placer
+                self.scheduler.polled(poll)
+                return None
+            if coordination is not None:
+                coordination.before_tick()
             outcome = self.packer.tick(poll, knobs, sorted(ready), trio.current_time())
             if outcome.repack is not None:
                 self._installed(outcome.repack, knobs)
@@ -266,13 +304,29 @@ class Packing:
             ticked, self._ticked = self._ticked, trio.Event()
             ticked.set()
 
+    def follow(self, assignment: Mapping[str, Placement]) -> None:
+        """Route by a placement another gateway published (coordination): this gateway
+        repacks, loads and unloads nothing while it follows, but should it become the
+        placer, it starts from this placement."""
+        self._followed = assignment
+        self.packer.adopt(assignment)
+        self.packer.learn(assignment)  # calls for its models count as demand from now on
+        self.placer.follow(assignment)
+        self._export(assignment)
+
+    def _export(self, assignment: Mapping[str, Placement]) -> None:
+        self._exported_models |= set(assignment)
+        self._exported_pairs |= {
+            (model, url) for model, placement in assignment.items() for url in placement.urls
+        }
+
     def _installed(self, report: RepackReport, knobs: SchedulingConfig) -> None:
         """A repack ran: put its assignment in force, export it, and say so."""
+        self._followed = None
         self.placer.place(report.assignment)
-        self._exported_models |= set(report.assignment)
-        self._exported_pairs |= {
-            (model, url) for model, placement in report.assignment.items() for url in placement.urls
-        }
+        if self.coordination is not None:
+            self.coordination.placed(report)
+        self._export(report.assignment)
         self._repacks.labels(report.trigger).inc()
         log = report.log
         logger.info(

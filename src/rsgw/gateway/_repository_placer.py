@@ -90,6 +90,18 @@ class RepositoryPlacer:
         self.posted += 1
         self._mail.post((self.posted, plan))
 
+    def follow(self, target: Mapping[str, Placement]) -> None:
+        """Another gateway places (coordination): route by what `target`'s loads allow
+        now, and load or unload nothing here (the placer does). Called again each
+        round, so routing takes in the placer's loads as they are done."""
+        if not self.handed:
+            self._scheduler.install(target)
+            return
+        routing = self._scheduler.routing
+        plan = plan_moves(target, routing, self.handed, self._controlled(), self._loaded())
+        if plan.routing != routing:
+            self._scheduler.install(plan.routing)
+
     async def wait_carried(self, posted: int) -> None:
         """Wait until the placement numbered `posted` (or a later one) is carried out."""
         while self.carried < posted:

@@ -166,6 +166,23 @@ class Packer:
         self._arrivals[model] = self._arrivals.get(model, 0) + count
         return True
 
+    def take_arrivals(self) -> dict[str, int]:
+        """The arrival counts not yet folded, handed over and cleared: a gateway that
+        does not place (coordination) reports them to the one that does."""
+        arrivals, self._arrivals = self._arrivals, {}
+        return arrivals
+
+    def learn(self, models: Iterable[str]) -> None:
+        """Count arrivals for `models` from now on (a gateway that does not tick learns
+        the fleet's models from its polls this way)."""
+        self._known.update(models)
+
+    def adopt(self, assignment: Mapping[str, Placement]) -> None:
+        """Take a placement decided elsewhere (another gateway's, through coordination)
+        as the one in force: routing follows it, and a repack here, should this gateway
+        become the placer, starts from it (hysteresis keeps what need not move)."""
+        self._assignment = MappingProxyType(dict(assignment))
+
     def request_repack(self) -> int:
         """Ask for a repack on the next tick; returns its sequence number.
 

@@ -1,0 +1,5 @@
+"""The coordination tests' real etcd (`tests.etcd`)."""
+
+from tests.etcd import etcd
+
+__all__ = ["etcd"]

@@ -1,0 +1,151 @@
+"""Two gateways in front of the same four simulated workers, one lpt_packing placement,
+coordinated through a real etcd (issue 39's first acceptance)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import trio
+
+from rsgw._config import CoordinationConfig, GatewayConfig
+from rsgw._methods import Method
+from rsgw._net import TCP
+from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.gateway._running import RunningGateway
+from rsgw.grpc._client import Channel
+from rsgw.scheduling._knobs import SchedulingMode
+from rsgw.scheduling._settings import SchedulingConfig
+from tests.etcd import EtcdProcess
+from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway
+from tests.helpers import infer_request, simple_inputs
+
+KNOBS = SchedulingConfig(
+    mode=SchedulingMode.LPT_PACKING,
+    # Only the startup and the operators' repacks: what each counts is then exact.
+    first_rebalance_compute_seconds=1000.0,
+    rebalance_compute_seconds=1000.0,
+)
+
+
+def coordination(etcd: EtcdProcess, member: str) -> CoordinationConfig:
+    return CoordinationConfig(etcd_endpoints=(etcd.endpoint,), lease_ttl_seconds=3, member=member)
+
+
+class Gateways:
+    """The fleet's gateway and a second one, and a control client for each."""
+
+    def __init__(self, fleet: Fleet, second: RunningGateway) -> None:
+        self.fleet = fleet
+        self.gateways = [fleet.gateway, second]
+        self.channels = [Channel(f"127.0.0.1:{g.grpc_port}", fleet.nursery) for g in self.gateways]
+
+    async def status(self, index: int) -> cpb.GetSchedulingStatusResponse:
+        reply = await self.channels[index].unary(
+            Method.GET_SCHEDULING_STATUS.wire, cpb.GetSchedulingStatusRequest().SerializeToString()
+        )
+        return cpb.GetSchedulingStatusResponse.FromString(reply)
+
+    async def both(self) -> list[cpb.GetSchedulingStatusResponse]:
+        return [await self.status(0), await self.status(1)]
+
+    async def settled(self) -> list[cpb.GetSchedulingStatusResponse]:
+        """Wait until one places, the other follows, both at the same epoch and placement."""
+        seen: list[cpb.GetSchedulingStatusResponse] = []
+
+        async def agree() -> bool:
+            seen[:] = await self.both()
+            states = sorted(s.coordination.state for s in seen)
+            epochs = {s.coordination.epoch for s in seen}
+            return (
+                states == ["follower", "placer"]
+                and len(epochs) == 1
+                and 0 not in epochs
+                and placements(seen[0]) == placements(seen[1])
+            )
+
+        with trio.fail_after(20):
+            while not await agree():  # noqa: ASYNC110 (the gateways' answers: nothing to wait on)
+                await trio.sleep(0.05)
+        return seen
+
+    def follower(self, statuses: list[cpb.GetSchedulingStatusResponse]) -> int:
+        return [s.coordination.state for s in statuses].index("follower")
+
+    async def call(self, index: int, method: Method, request: object) -> bytes:
+        return await self.channels[index].unary(method.wire, request.SerializeToString())  # type: ignore[attr-defined]
+
+
+def placements(status: cpb.GetSchedulingStatusResponse) -> dict[str, tuple[str, ...]]:
+    return {m.name: tuple(sorted(r.worker for r in m.replicas)) for m in status.models if m.placed}
+
+
+async def two_gateways(fleet: Fleet, config: GatewayConfig) -> Gateways:
+    second = await fleet.nursery.start(functools.partial(start_gateway, config, TCP))
+    return Gateways(fleet, second)
+
+
+async def test_one_places_both_route_by_it_and_demand_and_changes_are_shared(
+    etcd: EtcdProcess,
+) -> None:
+    async with open_fleet(4, scheduling=KNOBS, coordination=coordination(etcd, "gw-a")) as fleet:
+        config = gateway_config(
+            fleet.workers, scheduling=KNOBS, coordination=coordination(etcd, "gw-b")
+        )
+        gateways = await two_gateways(fleet, config)
+        statuses = await gateways.settled()
+        assert {s.coordination.placer for s in statuses} == {"gw-a"}  # it was there first
+        with trio.fail_after(10):  # each gateway reads the members once a second
+            while sorted((await gateways.status(0)).coordination.members) != ["gw-a", "gw-b"]:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        follower = gateways.follower(statuses)
+        placer = 1 - follower
+        # The packer takes the first compute the workers report as its baseline (the
+        # original's rule): spend some on another model through the placer first.
+        warm = infer_request("custom_identity_int32", {"INPUT0": np.ones((1, 4), np.int32)})
+        with trio.fail_after(10):
+            while not (await gateways.status(placer)).repack.compute_accumulated_seconds:
+                await gateways.channels[placer].unary(
+                    Method.MODEL_INFER.wire, warm.SerializeToString()
+                )
+                await trio.sleep(0.05)
+
+        # Traffic sent to the follower alone is the placer's demand.
+        request = infer_request("simple", simple_inputs(1)).SerializeToString()
+        for _ in range(40):
+            await gateways.channels[follower].unary(Method.MODEL_INFER.wire, request)
+        reply = cpb.RepackResponse.FromString(
+            await gateways.call(follower, Method.REPACK, cpb.RepackRequest(wait_seconds=20))
+        )
+        assert reply.completed, reply
+        rates = {m.name: m.arrival_rate for m in (await gateways.status(placer)).models}
+        assert rates["simple"] > 0, rates
+
+        # A placement change made on the follower takes effect on both.
+        await gateways.call(
+            follower,
+            Method.SET_MODEL_PLACEMENT,
+            cpb.SetModelPlacementRequest(name="simple", replicas=3),
+        )
+        reply = cpb.RepackResponse.FromString(
+            await gateways.call(follower, Method.REPACK, cpb.RepackRequest(wait_seconds=20))
+        )
+        assert reply.completed, reply
+        statuses = await gateways.settled()
+        for status in statuses:
+            assert len(placements(status)["simple"]) == 3
+            simple = next(m for m in status.models if m.name == "simple")
+            assert simple.configured_replicas == 3
+        assert statuses[0].coordination.epoch == statuses[1].coordination.epoch
+
+
+async def test_without_coordination_nothing_changes(etcd: EtcdProcess) -> None:
+    async with open_fleet(2, scheduling=KNOBS) as fleet:
+        channel = fleet.channel()
+        reply = await channel.unary(
+            Method.GET_SCHEDULING_STATUS.wire, cpb.GetSchedulingStatusRequest().SerializeToString()
+        )
+        status = cpb.GetSchedulingStatusResponse.FromString(reply)
+        assert not status.HasField("coordination")
+        assert dataclasses.replace(fleet.gateway.config).coordination.enabled is False
