@@ -68,7 +68,15 @@ class EtcdProcess:
             time.sleep(0.05)
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until the kernel has stopped it (a signal is not a stop yet:
+        a thread still running may answer one more request)."""
         os.kill(self.process.pid, signal.SIGSTOP)
+        stat = Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + 5
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
+            if time.monotonic() > deadline:
+                raise RuntimeError("etcd did not stop")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)

@@ -166,6 +166,17 @@ class Coordinator:
             completed = True
         return RepackWait(asked_at, self.view.epoch, completed, trio.current_time() - started)
 
+    async def resign(self) -> None:
+        """This gateway is stopping: end its lease, so its keys go now and another
+        gateway places at once rather than after the lease's TTL."""
+        self._placing = False
+        etcd, lease = self._etcd, self._lease
+        if etcd is None or not lease:
+            return
+        self._lease = 0
+        with trio.move_on_after(CALL_SECONDS), contextlib.suppress(EtcdUnavailable):
+            await etcd.revoke(lease)
+
     def _require(self) -> Etcd:
         if self._etcd is None or self.view.state == DISCONNECTED:
             raise EtcdUnavailable(
@@ -181,11 +192,11 @@ class Coordinator:
         (the gateway serves either way: routing never waits for etcd)."""
         async with trio.open_nursery() as nursery:
             self._etcd = Etcd(self.config.etcd_endpoints, nursery, network=self._network)
-            started = False
+            self._task_status: trio.TaskStatus[None] | None = task_status
             delay = 0.1
             while True:
                 try:
-                    await self._session(task_status if not started else None)
+                    await self._session()
                 except (EtcdUnavailable, LeaseLost) as exc:
                     self._disconnected(exc)
                 except Exception as exc:  # a bug here must not stop the gateway's routing
@@ -193,13 +204,16 @@ class Coordinator:
                     self._disconnected(exc)
                 else:
                     delay = 0.1
-                if not started:
-                    started = True
-                    task_status.started()
+                self._started()  # the first try failed: the gateway serves all the same
                 await trio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
 
-    async def _session(self, task_status: trio.TaskStatus[None] | None) -> None:
+    def _started(self) -> None:
+        status, self._task_status = self._task_status, None
+        if status is not None:
+            status.started()
+
+    async def _session(self) -> None:
         """One stretch of being connected: the lease kept alive, and everything on it."""
         etcd = self._etcd
         assert etcd is not None
@@ -213,8 +227,7 @@ class Coordinator:
         address = json.dumps({"address": self._address}).encode()
         await etcd.put(self.keys.member(self.member), address, lease=self._lease)
         self._contact()
-        if task_status is not None:
-            task_status.started()
+        self._started()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(etcd.keep_alive, self._lease, self._ttl / 3)

@@ -274,6 +274,7 @@ async def serve_gateway(
             reloadables=(guard, *(t for t in (tls, admin_tls) if t is not None)),
             rest=rest,
             http_port=bound_http,
+            coordinator=coordinator,
         )
         if config_file and reload_config is not None:
             # Stamped now, so a change made once `started` returns is never missed.

@@ -19,6 +19,7 @@ from rsgw._errors import ConfigError
 
 if TYPE_CHECKING:
     from rsgw._config import GatewayConfig
+    from rsgw.gateway._coordinator import Coordinator
     from rsgw.gateway._discovery import Discovery
     from rsgw.gateway._members import Members
     from rsgw.gateway._packing import Packing
@@ -78,8 +79,11 @@ class RunningGateway:
         reload_config: Callable[[], GatewayConfig] | None = None,
         rest: RestListener | None = None,
         http_port: int | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.config = config
+        #: This gateway's part among coordinated gateways (None: it runs alone).
+        self.coordinator = coordinator
         #: The REST listener's port; None when `listen.http` is "".
         self.http_port = http_port
         self._rest = rest
@@ -192,6 +196,8 @@ class RunningGateway:
             await self._server.aclose(grace)  # a second caller waits for the first
             return
         self._service.prober.draining = True
+        if self.coordinator is not None:  # another gateway places from now on, at once
+            await self.coordinator.resign()
         started = trio.current_time()
         logger.info(
             "gateway stopping",
