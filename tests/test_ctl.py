@@ -349,6 +349,30 @@ def test_render_lpt_status() -> None:
     assert render_status(LPT_STATUS) == LPT_TEXT
 
 
+def test_render_status_says_how_a_coordinated_gateway_stands() -> None:
+    status = cpb.GetSchedulingStatusResponse(mode="lpt_packing")
+    status.coordination.CopyFrom(
+        cpb.Coordination(
+            state="follower",
+            member="gw-b",
+            placer="gw-a",
+            epoch=42,
+            members=["gw-a", "gw-b"],
+            seconds_since_contact=0.4,
+            etcd_endpoints=["etcd:2379"],
+        )
+    )
+    assert render_status(status).splitlines()[:4] == [
+        "mode: lpt_packing",
+        "coordination: gw-b, follower of gw-a",
+        "  epoch: 42  gateways: gw-a, gw-b",
+        "  etcd: etcd:2379, last answered 0.4 s ago",
+    ]
+    status.coordination.state = "disconnected"
+    status.coordination.last_error = "no etcd endpoint answered"
+    assert "coordination: gw-b, disconnected: no etcd endpoint answered" in render_status(status)
+
+
 def test_render_status_as_configured_and_empty() -> None:
     status = cpb.GetSchedulingStatusResponse(
         mode="lpt_packing", policy=cpb.SchedulingPolicy(generation=0), repack=cpb.RepackStatus()

@@ -68,6 +68,19 @@ def fleet_overview() -> Dashboard:
                 q(f"max(gateway_max_concurrent_requests{{{S}}})", "cap"),
             ),
             graph(
+                "Coordinated gateways: placers and epoch",
+                "With coordination.etcd_endpoints: gateways placing (should be exactly 1), "
+                "gateways that cannot reach etcd, and the placement's epoch (the same on "
+                "every gateway once it has followed the last publication). 0 without "
+                "coordination.",
+                q(f'sum(gateway_coordination_state{{{S},state="placer"}}) or vector(0)', "placers"),
+                q(
+                    f'sum(gateway_coordination_state{{{S},state="disconnected"}}) or vector(0)',
+                    "disconnected",
+                ),
+                q(f"max(gateway_coordination_epoch{{{S}}}) or vector(0)", "epoch"),
+            ),
+            graph(
                 "Unfinished request bytes and the upload budget",
                 "Bytes of request messages still arriving: granted (their declared sizes) and "
                 "waiting for a grant (held back by flow control), against "

@@ -68,6 +68,8 @@ def format_error(code: str, message: str, target: str) -> str:
 def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
     """GetSchedulingStatus: mode, knobs, repack block, models, workers, warnings."""
     lines = [f"mode: {status.mode}"]
+    if status.HasField("coordination"):
+        lines += _coordination_lines(status.coordination)
     if status.HasField("policy"):
         lines += _knob_lines(status.policy)
     else:
@@ -82,6 +84,24 @@ def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
         lines += _member_lines(status.members)
     lines += warning_lines(status.warnings)
     return "\n".join(lines)
+
+
+def _coordination_lines(coordination: cpb.Coordination) -> list[str]:
+    """How this gateway stands among the coordinated ones (issue 39)."""
+    state = coordination.state
+    if state == "placer":
+        role = "placer (this gateway places for all)"
+    elif state == "follower":
+        role = f"follower of {coordination.placer or '?'}"
+    else:
+        role = f"disconnected: {coordination.last_error or 'etcd unreachable'}"
+    lines = [
+        f"coordination: {coordination.member}, {role}",
+        f"  epoch: {coordination.epoch}  gateways: {', '.join(coordination.members) or '-'}",
+        f"  etcd: {', '.join(coordination.etcd_endpoints)}, last answered "
+        f"{coordination.seconds_since_contact:.1f} s ago",
+    ]
+    return lines
 
 
 def _knob_lines(policy: cpb.SchedulingPolicy) -> list[str]:
