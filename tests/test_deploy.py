@@ -48,6 +48,9 @@ KUSTOMIZATION_KEYS = frozenset(
     {"apiVersion", "kind", "namespace", "resources", "generatorOptions", "configMapGenerator"}
 )
 GPU = "nvidia.com/gpu"
+#: The one workload that is not rsgw: the gateways' etcd, the official image, checked by
+#: its own test (`test_the_split_etcd`).
+ETCD = "rsgw-etcd"
 # Seconds a pod's terminationGracePeriodSeconds keeps beyond preStop + drain.
 GRACE_MARGIN = 5.0
 
@@ -398,7 +401,7 @@ def test_selectors_match_pods_and_ports_exist(overlay: Path) -> None:
 
 @overlays
 def test_probes_use_declared_ports_and_spare_a_busy_pod(overlay: Path) -> None:
-    for workload in of_kind(rendered(overlay), *WORKLOADS):
+    for workload in rsgw_workloads(rendered(overlay)):
         for container in pod_spec(workload)["containers"]:
             kinds = dict(probes(container))
             assert set(kinds) == {"startupProbe", "readinessProbe", "livenessProbe"}
@@ -424,7 +427,7 @@ def test_pods_are_locked_down(overlay: Path) -> None:
     objects = rendered(overlay)
     uid = containerfile_user()
     assert not of_kind(objects, "Secret"), "secret values are not part of the manifests"
-    for workload in of_kind(objects, *WORKLOADS):
+    for workload in rsgw_workloads(objects):
         spec = pod_spec(workload)
         named(objects, "ServiceAccount", spec["serviceAccountName"])
         assert spec["automountServiceAccountToken"] is False
@@ -496,7 +499,7 @@ def check_gateway(
 def test_the_containers_run_what_rsgw_accepts(overlay: Path) -> None:
     objects = rendered(overlay)
     commands: set[str] = set()
-    for workload in of_kind(objects, *WORKLOADS):
+    for workload in rsgw_workloads(objects):
         for container in pod_spec(workload)["containers"]:
             env = env_of(container, f"{workload['metadata']['name']}-0")
             args = build_parser().parse_args(argv_of(container, env))
@@ -565,6 +568,62 @@ def test_the_split_gateway_finds_its_workers_by_dns() -> None:
     (worker,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "worker"]
     assert worker["sourceLabels"] == ["__meta_kubernetes_pod_ip"]
     assert worker["replacement"] == f"${{1}}:{port}"
+
+
+def rsgw_workloads(objects: list[Obj]) -> list[Obj]:
+    return [w for w in of_kind(objects, *WORKLOADS) if w["metadata"]["name"] != ETCD]
+
+
+def test_the_split_etcd() -> None:
+    """Three members of the official image, pinned, locked down as rsgw's pods are, with
+    their data on volumes; the gateways' etcd_endpoints are exactly its members' client
+    URLs, and its peers exactly its members."""
+    objects = rendered(KUBE / "overlays" / "split")
+    etcd = named(objects, "StatefulSet", ETCD)
+    spec = pod_spec(etcd)
+    (container,) = spec["containers"]
+    assert re.fullmatch(r"gcr\.io/etcd-development/etcd:v3\.5\.\d+", container["image"])
+    replicas = etcd["spec"]["replicas"]
+    assert replicas == 3
+    service = named(objects, "Service", etcd["spec"]["serviceName"])
+    domain = f"{ETCD}.{service['metadata']['namespace']}.svc.cluster.local"
+    members = [f"{ETCD}-{i}" for i in range(replicas)]
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in container["args"])
+    assert flags["initial-cluster"] == ",".join(f"{m}=http://{m}.{domain}:2380" for m in members)
+    assert service["spec"]["publishNotReadyAddresses"] is True, "peers meet before ready"
+    raw = split_gateway_yml()
+    assert raw["coordination"]["etcd_endpoints"] == [f"{m}.{domain}:2379" for m in members]
+    assert raw["scheduling"]["mode"] == "lpt_packing"
+    # Locked down like rsgw's own pods.
+    security = spec["securityContext"]
+    assert (
+        security["runAsNonRoot"] is True and security["seccompProfile"]["type"] == "RuntimeDefault"
+    )
+    assert spec["automountServiceAccountToken"] is False
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"]
+    assert context["capabilities"]["drop"] == ["ALL"]
+    (claim,) = etcd["spec"]["volumeClaimTemplates"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/var/run/etcd": claim["metadata"]["name"]}
+    assert flags["data-dir"].startswith("/var/run/etcd/")
+    kinds = dict(probes(container))
+    assert set(kinds) == {"startupProbe", "readinessProbe", "livenessProbe"}
+    assert kinds["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert kinds["livenessProbe"]["httpGet"]["path"] == "/livez"
+    for probe in kinds.values():
+        assert resolve_port(probe_port(probe), etcd) == 2381
+    # Only the gateways (and its own members) may reach its client port.
+    policy = named(objects, "NetworkPolicy", ETCD)
+    clients = policy["spec"]["ingress"][0]
+    (peer,) = clients["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    gateway = named(objects, "Deployment", "rsgw-gateway")
+    assert gateway["spec"]["replicas"] >= 2
+    (gateway_container,) = pod_spec(gateway)["containers"]
+    env = {e["name"]: e for e in gateway_container["env"]}
+    member = env["REACTANT_GATEWAY_COORDINATION_MEMBER"]["valueFrom"]["fieldRef"]
+    assert member["fieldPath"] == "metadata.name"
 
 
 def test_the_split_gateway_yml_parses_with_rsgw() -> None:
