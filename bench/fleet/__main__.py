@@ -111,6 +111,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "through the control plane) or stock Triton (lpt_packing places by loading and "
         "unloading every model: repository.models); default reactant",
     )
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="gateways in front of the same workers, the load split between them; more than "
+        "one coordinate through an etcd started for the run (issue 39); default 1",
+    )
     p.add_argument("--plot", type=Path, help="goodput and p99 against load (PNG)")
     p.add_argument(
         "--from-json",
@@ -243,13 +250,14 @@ def one_run(
         SETTINGS,
         args.admission_cap,
         api=args.api,
+        gateways=args.gateways,
     )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731
         deadline = SETTINGS.deadline(scenario, load.time_scale)
         outcome = _load.drive(
             scenario.names,
-            fleet.grpc_port,
+            fleet.grpc_ports,
             schedule,
             deadline,
             deadline + 1.0,
@@ -258,7 +266,7 @@ def one_run(
         fleet.check_alive()
     finally:
         fleet.stop()
-    repacks = repack_times(fleet.gateway, outcome.started_wall)
+    repacks = sorted(t for g in fleet.gateways for t in repack_times(g, outcome.started_wall))
     slo_ms = scenario.slo_ms * load.time_scale
     run = (scenario.name, mode, fraction, rep, seed)
     return _measure.summarise(run, slo_ms, outcome, args.warmup, args.duration, repacks)

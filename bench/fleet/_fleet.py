@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,10 +133,19 @@ class Fleet:
     gateway: Proc
     grpc_port: int = 0
     admin_port: int = 0
+    #: With --gateways N > 1: the other gateways, and the etcd they coordinate through.
+    others: list[Proc] = field(default_factory=list)
+    etcd: Proc | None = None
+    #: Every gateway's gRPC port, the first's first (the load is split across them).
+    grpc_ports: list[int] = field(default_factory=list)
+
+    @property
+    def gateways(self) -> list[Proc]:
+        return [self.gateway, *self.others]
 
     @property
     def procs(self) -> list[Proc]:
-        return [*self.workers, self.gateway]
+        return [*self.workers, *self.gateways, *([self.etcd] if self.etcd else [])]
 
     def check_alive(self) -> None:
         for proc in self.procs:
@@ -142,8 +153,8 @@ class Fleet:
                 raise FleetError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
 
     def stop(self) -> None:
-        # The gateway first, so it does not log every worker's departure as a failure.
-        for proc in [self.gateway, *self.workers]:
+        # The gateways first, so they do not log every worker's departure as a failure.
+        for proc in [*self.gateways, *self.workers, *([self.etcd] if self.etcd else [])]:
             proc.stop()
 
 
@@ -168,6 +179,42 @@ def gateway_config(
         "worker_names": [w.name for w in workers],
         "logging": {"level": "info", "format": "json"},
     }
+
+
+def start_etcd(workdir: Path, deadline: float) -> Proc:
+    """A one-member etcd on loopback for the coordinated gateways (ports found free)."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        raise FleetError("--gateways > 1 needs etcd (Debian's etcd-server)")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    client, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+    argv = [
+        etcd,
+        "--name=bench",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=bench={peer}",
+        "--log-level=warn",
+    ]
+    proc = spawn("etcd", argv, workdir / "etcd.log", clean_env())
+    proc.info = {"port": ports[0]}
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{client}/health", timeout=1) as reply:
+                return b'"true"' in reply.read()
+        except OSError:
+            return False
+
+    wait_for("etcd", [proc], healthy, deadline)
+    return proc
 
 
 def wait_for(what: str, procs: Sequence[Proc], ready: Any, deadline: float) -> None:
@@ -210,12 +257,15 @@ def start_fleet(
     admission_cap: int | None = None,
     *,
     api: str = "reactant",
+    gateways: int = 1,
 ) -> Fleet:
     """The scenario's workers, then the gateway; returns once every model is routable.
 
     `api`: what the workers answer as (`rsgw worker --api`); as Triton, lpt_packing
     places the scenario's models by loading and unloading them, within the scenario's
-    weight budget per worker.
+    weight budget per worker. `gateways` > 1: that many gateways in front of the same
+    workers, coordinated through an etcd started here (Debian's `etcd`), which elect one
+    placer (issue 39); every gateway is ready before this returns.
     """
     deadline = time.monotonic() + START_TIMEOUT
     env = clean_env()
@@ -237,7 +287,8 @@ def start_fleet(
         if admission_cap is not None:
             argv += ["--max-concurrent-requests", str(admission_cap)]
         workers.append(spawn(name, argv, workdir / f"{name}.log", env))
-    gateway: Proc | None = None
+    procs: list[Proc] = []
+    etcd: Proc | None = None
     try:
 
         def workers_serving() -> bool:
@@ -253,37 +304,47 @@ def start_fleet(
                 "models": list(scenario.names),
                 "worker_budget_bytes": scenario.budget_bytes,
             }
-        config = workdir / "gateway.yml"
-        config.write_text(
-            yaml.safe_dump(
-                gateway_config(mode, workers, settings, admission_cap, repository), sort_keys=False
-            )
-        )
+        base = gateway_config(mode, workers, settings, admission_cap, repository)
+        etcd = start_etcd(workdir, deadline) if gateways > 1 else None
         genv = dict(env)
         genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{settings.health_interval_s:g}"
         genv["REACTANT_GATEWAY_STARTUP_WAIT_SECONDS"] = f"{START_TIMEOUT:g}"
-        argv = [sys.executable, "-m", "rsgw", "run", "--config", str(config)]
-        gateway = spawn("gateway", argv, workdir / "gateway.log", genv)
-        fleet = Fleet(mode, workers, gateway)
+        procs: list[Proc] = []
+        for k in range(gateways):
+            config = workdir / ("gateway.yml" if k == 0 else f"gateway{k}.yml")
+            text = dict(base)
+            if etcd is not None:
+                endpoint = f"127.0.0.1:{etcd.info['port']}"
+                text["coordination"] = {"etcd_endpoints": [endpoint], "member": f"gw{k}"}
+            config.write_text(yaml.safe_dump(text, sort_keys=False))
+            argv = [sys.executable, "-m", "rsgw", "run", "--config", str(config)]
+            name = "gateway" if k == 0 else f"gateway{k}"
+            procs.append(spawn(name, argv, workdir / f"{name}.log", genv))
+        fleet = Fleet(mode, workers, procs[0], others=procs[1:], etcd=etcd)
 
-        def gateway_serving() -> bool:
-            assert gateway is not None
-            gateway.info = log_event(gateway, "gateway serving") or {}
-            return bool(gateway.info)
+        def gateways_serving() -> bool:
+            for proc in fleet.gateways:
+                proc.info = proc.info or log_event(proc, "gateway serving") or {}
+            return all(proc.info for proc in fleet.gateways)
 
-        wait_for("gateway", fleet.procs, gateway_serving, deadline)
-        fleet.grpc_port = int(gateway.info["grpc_port"])
-        fleet.admin_port = int(gateway.info["metrics_port"])
-        wait_for(
-            "gateway routing table",
-            fleet.procs,
-            lambda: routable(fleet.admin_port, scenario.count, scenario.workers),
-            deadline,
-        )
+        wait_for("gateway", fleet.procs, gateways_serving, deadline)
+        fleet.grpc_ports = [int(proc.info["grpc_port"]) for proc in fleet.gateways]
+        fleet.grpc_port = fleet.grpc_ports[0]
+        fleet.admin_port = int(fleet.gateway.info["metrics_port"])
+        for proc in fleet.gateways:
+            admin = int(proc.info["metrics_port"])
+            wait_for(
+                "gateway routing table",
+                fleet.procs,
+                lambda admin=admin: routable(admin, scenario.count, scenario.workers),
+                deadline,
+            )
         return fleet
     except BaseException:
-        if gateway is not None:
-            gateway.stop()
+        for proc in procs:
+            proc.stop()
+        if etcd is not None:
+            etcd.stop()
         for w in workers:
             w.stop()
         raise

@@ -15,6 +15,7 @@ same requests at the same times, so the modes are compared on identical traffic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 async def _drive(
     names: Sequence[str],
-    port: int,
+    ports: Sequence[int],
     schedule: Schedule,
     deadline: float,
     drain: float,
@@ -42,13 +43,22 @@ async def _drive(
     n = len(schedule.times)
     outcome = Outcome(schedule, [math.nan] * n, [math.nan] * n, [UNANSWERED] * n)
     options = [("grpc.max_concurrent_streams", 4096), ("grpc.enable_retries", 0)]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        infer = channel.unary_unary(MODEL_INFER)
-        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [
+            await stack.enter_async_context(
+                grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options)
+            )
+            for port in ports
+        ]
+        infers = [channel.unary_unary(MODEL_INFER) for channel in channels]
+        for channel in channels:
+            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
         start = loop.time()
         outcome.started_wall = time.time()
 
         async def call(i: int) -> None:
+            # With several gateways, the calls alternate between them.
+            infer = infers[i % len(infers)]
             try:
                 await infer(bodies[schedule.models[i]], timeout=deadline)
                 outcome.codes[i] = OK
@@ -81,15 +91,16 @@ async def _drive(
 
 def drive(
     names: Sequence[str],
-    port: int,
+    ports: Sequence[int],
     schedule: Schedule,
     deadline: float,
     drain: float,
     marks: Sequence[tuple[str, float, Callable[[], Any]]],
 ) -> Outcome:
-    """Send `schedule` to the gateway on `port`; take each mark's snapshot at its time.
+    """Send `schedule` to the gateways on `ports` (alternately); take each mark's snapshot
+    at its time.
 
     A call gets `deadline` seconds; after the last send, calls still in flight get up to
     `drain` seconds before they are given up (and counted UNANSWERED).
     """
-    return asyncio.run(_drive(names, port, schedule, deadline, drain, marks))
+    return asyncio.run(_drive(names, ports, schedule, deadline, drain, marks))

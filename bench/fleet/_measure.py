@@ -97,7 +97,7 @@ def snapshot(fleet: _fleet.Fleet) -> Snapshot:
     ]
     times = os.times()
     cpu = {
-        "gateway": proc_cpu_seconds(fleet.gateway.pid),
+        "gateway": sum(proc_cpu_seconds(g.pid) for g in fleet.gateways),
         "workers": sum(proc_cpu_seconds(w.pid) for w in fleet.workers),
         "generator": times.user + times.system,
     }

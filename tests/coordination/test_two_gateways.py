@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import trio
 
-from rsgw._config import CoordinationConfig, GatewayConfig
+from rsgw._config import CoordinationConfig
 from rsgw._methods import Method
 from rsgw._net import TCP
 from rsgw._proto import reactant_control_v1_pb2 as cpb
@@ -17,8 +17,9 @@ from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.scheduling._knobs import SchedulingMode
 from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.worker._worker import WorkerConfig
 from tests.etcd import EtcdProcess
-from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway
+from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway, start_worker
 from tests.helpers import infer_request, simple_inputs
 
 KNOBS = SchedulingConfig(
@@ -81,7 +82,11 @@ def placements(status: cpb.GetSchedulingStatusResponse) -> dict[str, tuple[str, 
     return {m.name: tuple(sorted(r.worker for r in m.replicas)) for m in status.models if m.placed}
 
 
-async def two_gateways(fleet: Fleet, config: GatewayConfig) -> Gateways:
+async def two_gateways(fleet: Fleet, etcd: EtcdProcess) -> Gateways:
+    """A second gateway, gw-b, beside the fleet's own (gw-a), both coordinated."""
+    config = gateway_config(
+        fleet.workers, scheduling=KNOBS, coordination=coordination(etcd, "gw-b")
+    )
     second = await fleet.nursery.start(functools.partial(start_gateway, config, TCP))
     return Gateways(fleet, second)
 
@@ -90,10 +95,7 @@ async def test_one_places_both_route_by_it_and_demand_and_changes_are_shared(
     etcd: EtcdProcess,
 ) -> None:
     async with open_fleet(4, scheduling=KNOBS, coordination=coordination(etcd, "gw-a")) as fleet:
-        config = gateway_config(
-            fleet.workers, scheduling=KNOBS, coordination=coordination(etcd, "gw-b")
-        )
-        gateways = await two_gateways(fleet, config)
+        gateways = await two_gateways(fleet, etcd)
         statuses = await gateways.settled()
         assert {s.coordination.placer for s in statuses} == {"gw-a"}  # it was there first
         with trio.fail_after(10):  # each gateway reads the members once a second
@@ -149,3 +151,33 @@ async def test_without_coordination_nothing_changes(etcd: EtcdProcess) -> None:
         status = cpb.GetSchedulingStatusResponse.FromString(reply)
         assert not status.HasField("coordination")
         assert dataclasses.replace(fleet.gateway.config).coordination.enabled is False
+
+
+async def test_a_worker_added_or_removed_on_one_gateway_joins_or_leaves_both(
+    etcd: EtcdProcess,
+) -> None:
+    async with open_fleet(2, scheduling=KNOBS, coordination=coordination(etcd, "gw-a")) as fleet:
+        gateways = await two_gateways(fleet, etcd)
+        await gateways.settled()
+        extra = await fleet.nursery.start(
+            start_worker,
+            WorkerConfig(name="worker9", gpu="9", port=0, metrics_port=0),
+            TCP,
+        )
+        address = f"127.0.0.1:{extra.grpc_port}"
+
+        async def addresses(index: int) -> set[str]:
+            return {m.address for m in (await gateways.status(index)).members}
+
+        await gateways.call(1, Method.ADD_WORKER, cpb.AddWorkerRequest(address=address))
+        with trio.fail_after(10):
+            while address not in await addresses(0):  # noqa: ASYNC110 (its answers)
+                await trio.sleep(0.05)
+        assert address in await addresses(1)
+        # Removed on the other by its label there; the first gateway names it by address.
+        label = next(m.worker for m in (await gateways.status(0)).members if m.address == address)
+        await gateways.call(0, Method.REMOVE_WORKER, cpb.RemoveWorkerRequest(worker=label))
+        with trio.fail_after(10):
+            while address in await addresses(1):  # noqa: ASYNC110 (its answers)
+                await trio.sleep(0.05)
+        assert address not in await addresses(0)

@@ -9,8 +9,9 @@ generation, and lives in memory only: every mutator's answer says `persisted=fal
 and a restart reverts to gateway.yml.
 
 With coordination (several gateways, one placement: `rsgw.coordination`), a policy or
-placement change is shared with the other gateways, which apply it as their own, and
-a Repack asked of a gateway that does not place is carried out by the one that does.
+placement change and a worker added or removed are shared with the other gateways,
+which apply them as their own, and a Repack asked of a gateway that does not place is
+carried out by the one that does.
 
 Errors: a bad value is INVALID_ARGUMENT with the validator's message (the one
 gateway.yml would print); a deliberate gRPC error passes through; anything else is
@@ -48,6 +49,7 @@ from rsgw.gateway._scheduling_status import (
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
+from rsgw.scheduling._membership import MembershipError
 from rsgw.scheduling._policy import (
     NEXT_REPACK,
     PARKING_WARNING,
@@ -105,8 +107,21 @@ class GatewayControl:
             request = cpb.SetModelPlacementRequest.FromString(body)
             request.allow_unknown_model = True
             await self.set_placement(request, share=False)
+        elif method == Method.ADD_WORKER.rpc:
+            await self.add_worker(cpb.AddWorkerRequest.FromString(body), share=False)
+        elif method == Method.REMOVE_WORKER.rpc:
+            await self.remove_worker(cpb.RemoveWorkerRequest.FromString(body), share=False)
         else:
             raise ValueError(f"no such shared change: {method}")
+
+    async def _share_quietly(self, rpc: Method, request: Message) -> None:
+        """`_share`, for answers without warnings: a failure is logged instead."""
+        warnings: list[str] = []
+        await self._share(rpc, request, warnings)
+        for warning in warnings:
+            logger.warning(
+                "gateway control change not shared", extra={"rpc": rpc.rpc, "why": warning}
+            )
 
     async def _share(self, rpc: Method, request: Message, warnings: list[str]) -> None:
         """Tell the other gateways of a change made here; a warning if etcd did not take it."""
@@ -167,18 +182,32 @@ class GatewayControl:
 
     # -- AddWorker, RemoveWorker --------------------------------------------------------
 
-    async def add_worker(self, request: cpb.AddWorkerRequest) -> cpb.AddWorkerResponse:
+    async def add_worker(
+        self, request: cpb.AddWorkerRequest, *, share: bool = True
+    ) -> cpb.AddWorkerResponse:
         try:
             label = self._members.add(request.address, request.name, request.metrics)
         except MembershipRefused as exc:
             raise GrpcError(exc.status, str(exc)) from None
         except ConfigError as exc:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if share:
+            await self._share_quietly(Method.ADD_WORKER, request)
         return cpb.AddWorkerResponse(worker=label, workers=self._members.count)
 
-    async def remove_worker(self, request: cpb.RemoveWorkerRequest) -> cpb.RemoveWorkerResponse:
+    async def remove_worker(
+        self, request: cpb.RemoveWorkerRequest, *, share: bool = True
+    ) -> cpb.RemoveWorkerResponse:
         drain = request.drain_seconds if request.drain_seconds > 0 else None
         started = trio.current_time()
+        try:
+            # The others name the worker by its address: labels are each gateway's own.
+            address = self._members.membership.find(request.worker).url
+        except MembershipError:
+            address = request.worker
+        if share:
+            shared = cpb.RemoveWorkerRequest(worker=address, drain_seconds=request.drain_seconds)
+            await self._share_quietly(Method.REMOVE_WORKER, shared)
         try:
             cut = await self._members.remove(request.worker, drain)
         except MembershipRefused as exc:
