@@ -119,3 +119,71 @@ def test_sigkill_of_the_placer_under_load(etcd: EtcdProcess) -> None:
     finally:
         for process in [*gateways, *workers]:
             process.stop()
+
+
+def test_etcd_stopped_for_30_seconds_under_load(etcd: EtcdProcess) -> None:
+    """SIGSTOP of etcd for 30 s (ten lease TTLs here) with both gateways under load: no
+    failed call, no repack; after SIGCONT, one placer and one follower again."""
+    workers = [start_worker_process() for _ in range(2)]
+    gateways: list[WorkerProcess] = []
+    try:
+        gateways = [start_gateway(workers, etcd, name) for name in ("gw-a", "gw-b")]
+
+        def settled() -> bool:
+            seen = [status(g).coordination for g in gateways]
+            return sorted(c.state for c in seen) == ["follower", "placer"] and (
+                seen[0].epoch == seen[1].epoch > 0
+            )
+
+        wait_for("placer and follower at one epoch", settled, 30)
+        repacks = [status(g).repack.repack_count for g in gateways]
+        placements = [placed(status(g)) for g in gateways]
+        failures: list[str] = []
+        answered = [0, 0]
+        stop = threading.Event()
+        body = infer_request("simple", simple_inputs(3)).SerializeToString()
+
+        def load(index: int) -> None:
+            with grpc.insecure_channel(gateways[index].target) as channel:
+                infer = channel.unary_unary(MODEL_INFER)
+                while not stop.is_set():
+                    try:
+                        infer(body, timeout=10)
+                        answered[index] += 1
+                    except grpc.RpcError as exc:
+                        failures.append(f"{exc.code()}: {exc.details()}")
+
+        clients = [threading.Thread(target=load, args=(i,)) for i in (0, 1)]
+        for client in clients:
+            client.start()
+        try:
+            etcd.pause()
+            try:
+                for gateway in gateways:
+                    wait_for(
+                        "disconnected",
+                        lambda g=gateway: status(g).coordination.state == "disconnected",
+                        15,
+                    )
+                time.sleep(30)
+                during = [status(g) for g in gateways]
+                count = list(answered)
+                wait_for("calls while etcd is stopped", lambda: min(answered) > min(count), 10)
+            finally:
+                etcd.resume()
+            wait_for("placer and follower again", settled, 30)
+        finally:
+            stop.set()
+            for client in clients:
+                client.join(15)
+        assert failures == []
+        assert [s.repack.repack_count for s in during] == repacks
+        assert [placed(s) for s in during] == placements
+        assert all(s.coordination.last_error for s in during)
+    finally:
+        for process in [*gateways, *workers]:
+            process.stop()
+
+
+def placed(reply: cpb.GetSchedulingStatusResponse) -> dict[str, list[str]]:
+    return {m.name: sorted(r.worker for r in m.replicas) for m in reply.models if m.placed}
