@@ -6,18 +6,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import httpx
 import numpy as np
 import trio
 
+from rsgw._blocks import RepositoryConfig
 from rsgw._config import CoordinationConfig
 from rsgw._methods import Method
 from rsgw._net import TCP
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.scheduling._knobs import SchedulingMode
 from rsgw.scheduling._settings import SchedulingConfig
-from rsgw.worker._worker import WorkerConfig
+from rsgw.worker._worker import WorkerApi, WorkerConfig
 from tests.etcd import EtcdProcess
 from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway, start_worker
 from tests.helpers import infer_request, simple_inputs
@@ -181,3 +184,80 @@ async def test_a_worker_added_or_removed_on_one_gateway_joins_or_leaves_both(
             while address in await addresses(1):  # noqa: ASYNC110 (its answers)
                 await trio.sleep(0.05)
         assert address not in await addresses(0)
+
+
+async def test_workers_placed_by_load_and_unload_are_moved_by_the_placer_only(
+    etcd: EtcdProcess,
+) -> None:
+    """Triton-like workers (repository extension, no control plane): each handed model is
+    loaded only where the shared placement puts it; calls through the follower succeed;
+    a wider placement asked of the follower is loaded by the placer and used by both."""
+    handed = RepositoryConfig(models=("simple",))
+    async with open_fleet(
+        4,
+        worker_overrides={"api": WorkerApi.TRITON},
+        scheduling=KNOBS,
+        repository=handed,
+        coordination=coordination(etcd, "gw-a"),
+    ) as fleet:
+        gw_b = coordination(etcd, "gw-b")
+        config = gateway_config(
+            fleet.workers, scheduling=KNOBS, repository=handed, coordination=gw_b
+        )
+        second = await fleet.nursery.start(functools.partial(start_gateway, config, TCP))
+        gateways = Gateways(fleet, second)
+        statuses = await gateways.settled()
+        follower = gateways.follower(statuses)
+
+        async def loaded() -> list[str]:
+            urls = []
+            for index in range(len(fleet.workers)):
+                channel = Channel(fleet.worker_url(index), fleet.nursery)
+                reply = await channel.unary(
+                    Method.REPOSITORY_INDEX.wire,
+                    pb.RepositoryIndexRequest(ready=True).SerializeToString(),
+                )
+                await channel.aclose()
+                names = {m.name for m in pb.RepositoryIndexResponse.FromString(reply).models}
+                if "simple" in names:
+                    urls.append(fleet.worker_url(index))
+            return sorted(urls)
+
+        with trio.fail_after(30):  # the placer's startup move is carried out
+            while len(await loaded()) != 1:  # noqa: ASYNC110 (the workers' answers)
+                await trio.sleep(0.1)
+        assert await loaded() == list(placements(statuses[follower])["simple"])
+        request = infer_request("simple", simple_inputs(5)).SerializeToString()
+        for _ in range(10):
+            await gateways.channels[follower].unary(Method.MODEL_INFER.wire, request)
+
+        await gateways.call(
+            follower,
+            Method.SET_MODEL_PLACEMENT,
+            cpb.SetModelPlacementRequest(name="simple", replicas=3),
+        )
+        await gateways.call(follower, Method.REPACK, cpb.RepackRequest(wait_seconds=20))
+        with trio.fail_after(30):
+            while len(await loaded()) != 3:  # noqa: ASYNC110 (the workers' answers)
+                await trio.sleep(0.1)
+        statuses = await gateways.settled()
+        assert len(placements(statuses[follower])["simple"]) == 3
+        for index in (0, 1):
+            for _ in range(10):
+                await gateways.channels[index].unary(Method.MODEL_INFER.wire, request)
+        # Only the placer loaded and unloaded.
+        actions = [await placement_actions(g) for g in gateways.gateways]
+        assert actions[follower] == {"load": 0.0, "unload": 0.0}
+        assert actions[1 - follower]["load"] > 0
+
+
+async def placement_actions(gateway: RunningGateway) -> dict[str, float]:
+    """`gateway_placement_actions_total` by action, from the gateway's /metrics."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{gateway.admin_port}/metrics")).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_placement_actions_total{"):
+            action = line.split('action="', 1)[1].split('"', 1)[0]
+            found[action] = float(line.rsplit(" ", 1)[1])
+    return found

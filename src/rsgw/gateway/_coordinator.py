@@ -273,7 +273,7 @@ class Coordinator:
 
     async def _became_placer(self, etcd: Etcd, *, won: bool) -> None:
         """This gateway places from now on, starting from what it follows: the published
-        placement if there is one (no cold placement), else its own startup one."""
+        placement if there is one (no cold placement), else a repack of its own."""
         self._reports = await self._read_demand(etcd)
         self._fold.begin(self._reports)  # what they hold went to the placer before
         self._placing = True
@@ -284,10 +284,10 @@ class Coordinator:
                 "coordination: this gateway is the placer",
                 extra={"member": self.member, "epoch": self.view.epoch},
             )
-        published = await etcd.get(self.keys.placement)
-        report = self._packing.packer.last_report
-        if published is None and report is not None:
-            self._publish.post(report)
+        if await etcd.get(self.keys.placement) is None:
+            # Nothing published yet: place now (and so publish), rather than publish a
+            # placement this gateway computed while it could not move models.
+            self._packing.request_repack_now()
 
     # -- publishing and following --------------------------------------------------------
 

@@ -185,10 +185,16 @@ class Packing:
         knobs = self.knobs
         self._log_settings(knobs)
         self.scheduler.polled(summary)
+        report = self.packer.repack(summary, knobs, trio.current_time(), "startup")
         coordination = self.coordination
-        if coordination is not None and not coordination.may_place() and self._followed:
-            return  # another gateway places, and its placement is in force here already
-        self._installed(self.packer.repack(summary, knobs, trio.current_time(), "startup"), knobs)
+        if coordination is not None and not coordination.may_place():
+            # Another gateway places (or the election is not over): route by the placer's
+            # placement if it has arrived, else by this one until it does; move nothing.
+            if not self._followed:
+                self.placer.follow(report.assignment)
+                self._export(report.assignment)
+            return
+        self._installed(report, knobs)
 
     def _log_unplaced(self, lacking: Sequence[str], placeable: Mapping[str, object]) -> None:
         """Say which workers without the control plane are placed by load and unload,
