@@ -66,6 +66,7 @@ def _non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="rsgw",
         description="One KServe V2 gRPC endpoint in front of many GPU inference workers.",
     )
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser(
         "worker",
+        allow_abbrev=False,
         help="run one simulated GPU worker",
         description="Run one simulated GPU worker: a KServe V2 gRPC server whose "
         "device is a cost model (see docs/models.md).",
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
+        allow_abbrev=False,
         help="run the gateway in front of running workers",
         description="Run the gateway: one KServe V2 endpoint in front of the workers. "
         "Settings come from gateway.yml (--config, REACTANT_GATEWAY_FILE or "
@@ -202,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = commands.add_parser(
         "node",
+        allow_abbrev=False,
         help="run a node: one simulated worker per GPU and the gateway in front",
         description="Run the node supervisor: one simulated worker process per GPU and, "
         "for two workers or more, the gateway on the public ports 8001 (gRPC) and 8002 "
@@ -223,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe = commands.add_parser(
         "probe",
+        allow_abbrev=False,
         help="health check: is a worker of a node ready?",
         description="Call ServerReady on a worker of the node (127.0.0.1, 5 s deadline): "
         "exit 0 if it is ready, 1 if it is not, is unreachable, or the node file or "
@@ -236,11 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     # through a subparser).
     commands.add_parser(
         "ctl",
+        allow_abbrev=False,
         add_help=False,
         help="operator front end of the gateway's scheduler (rsgw ctl --help)",
     )
     commands.add_parser(
         "simulate",
+        allow_abbrev=False,
         add_help=False,
         help="what-if: a scenario through the scheduling modes in virtual time "
         "(rsgw simulate --help)",

@@ -80,3 +80,21 @@ def test_strict_stops_rsgw_run_on_a_misspelt_variable_with_one_line(
         "rsgw run: unknown environment variable REACTANT_GATEWAY_SCHEDULNG_MODE (did you mean "
         "REACTANT_GATEWAY_SCHEDULING_MODE?): --strict makes unknown settings errors"
     ]
+
+
+def test_a_prefix_of_an_option_is_not_taken_for_it() -> None:
+    """`rsgw node --gpu 2` once ran as `--gpus 2` (argparse's prefix matching): now an
+    unknown option, usage, exit 2 (issue 40); the same in `rsgw ctl` and `rsgw simulate`."""
+    import pytest
+
+    from rsgw._cli import build_parser
+    from rsgw.ctl._args import UsageError, parse_args
+    from rsgw.simulate._cli import build_parser as simulate_parser
+
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["node", "--gpu", "2"])
+    assert caught.value.code == 2
+    with pytest.raises(UsageError):
+        parse_args(["repack", "--wai", "3"])
+    with pytest.raises(SystemExit):
+        simulate_parser().parse_args(["x.yaml", "--dur", "3"])

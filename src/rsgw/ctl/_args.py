@@ -70,7 +70,8 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that collects what it would print and raises instead of exiting."""
 
     def __init__(self, output: list[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        # No prefix matching: `--wai 3` is an error, not `--wait 3` (issue 40).
+        super().__init__(allow_abbrev=False, **kwargs)
         self._output = output
 
     def print_help(self, file: object = None) -> None:

@@ -75,6 +75,7 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="rsgw simulate",
         description="Replay a bench/fleet scenario through the gateway's own scheduling "
         "cores and the worker's own cost model, in virtual time: SLO goodput, latency, "
