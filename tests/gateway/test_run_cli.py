@@ -88,7 +88,8 @@ def test_a_prefix_of_an_option_is_not_taken_for_it() -> None:
     import pytest
 
     from rsgw._cli import build_parser
-    from rsgw.ctl._args import UsageError, parse_args
+    from rsgw.ctl._args import parse_args
+    from rsgw.ctl._commands import UsageError
     from rsgw.simulate._cli import build_parser as simulate_parser
 
     with pytest.raises(SystemExit) as caught:
