@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--listen-http", metavar="H:P", help="KServe V2 REST listen address (0.0.0.0:8000)"
     )
+    _add_mode_flag(run)
     run.add_argument("--log-level", choices=LEVELS, help="(default info, or logging.level)")
     run.add_argument("--log-format", choices=FORMATS, help="(default json, or logging.format)")
 
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' model catalogue: a YAML file, builtin or triton-docs "
         "(overrides model_repo:)",
     )
+    _add_mode_flag(node)
     _add_logging_flags(node)
 
     probe = commands.add_parser(
@@ -253,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(rsgw simulate --help)",
     )
     return parser
+
+
+def _add_mode_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=("round_robin", "least_outstanding", "lpt_packing"),
+        help="the gateway's scheduling mode (REACTANT_GATEWAY_SCHEDULING_MODE, "
+        "scheduling.mode; default round_robin): lpt_packing places each model on few "
+        "GPUs so their batches fill (docs/operations.md)",
+    )
 
 
 def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
@@ -345,6 +357,7 @@ _RUN_FLAG_KEYS = {
     "listen_http": "listen.http",
     "log_level": "logging.level",
     "log_format": "logging.format",
+    "mode": "scheduling.mode",
 }
 #: `rsgw run` flags and the environment variables they stand for.
 _RUN_FLAG_ENV = {
@@ -355,6 +368,7 @@ _RUN_FLAG_ENV = {
     "listen_http": "REACTANT_GATEWAY_LISTEN_HTTP",
     "log_level": "REACTANT_GATEWAY_LOGGING_LEVEL",
     "log_format": "REACTANT_GATEWAY_LOGGING_FORMAT",
+    "mode": "REACTANT_GATEWAY_SCHEDULING_MODE",
 }
 
 
@@ -409,7 +423,12 @@ def _run_node(args: argparse.Namespace) -> None:
     if node.model_repo != BUILTIN_MODEL_REPO:
         # A bad catalogue is one line now, not a restart loop of every worker.
         named_catalogue(node.model_repo)
-    service = partial(serve_node, node, log_level=args.log_level, log_format=args.log_format)
+    env = dict(os.environ)
+    if args.mode is not None:
+        env["REACTANT_GATEWAY_SCHEDULING_MODE"] = args.mode
+    service = partial(
+        serve_node, node, env=env, log_level=args.log_level, log_format=args.log_format
+    )
     trio.run(partial(_until_terminated, service, what="node"))
 
 

@@ -99,3 +99,19 @@ def test_a_prefix_of_an_option_is_not_taken_for_it() -> None:
         parse_args(["repack", "--wai", "3"])
     with pytest.raises(SystemExit):
         simulate_parser().parse_args(["x.yaml", "--dur", "3"])
+
+
+def test_mode_is_a_flag_of_node_and_run() -> None:
+    """`--mode` on `rsgw node` and `rsgw run` (issue 40): the scheduling mode without
+    knowing its variable; a mode that does not exist is usage, exit 2."""
+    import pytest
+
+    from rsgw._cli import _RUN_FLAG_ENV, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["node", "--mode", "lpt_packing"]).mode == "lpt_packing"
+    assert parser.parse_args(["run", "--mode", "least_outstanding"]).mode == "least_outstanding"
+    assert _RUN_FLAG_ENV["mode"] == "REACTANT_GATEWAY_SCHEDULING_MODE"
+    with pytest.raises(SystemExit) as caught:
+        parser.parse_args(["run", "--mode", "fastest"])
+    assert caught.value.code == 2
