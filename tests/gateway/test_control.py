@@ -283,7 +283,7 @@ async def test_under_round_robin_status_says_so_and_mutators_fail_precondition()
             assert failed.returncode == 1
             err = failed.stderr.decode()
             assert err.count("\n") == 1 and "FAILED_PRECONDITION" in err
-            assert "require lpt_packing" in err
+            assert "require lpt_packing" in err and "--mode lpt_packing" in err
 
 
 async def test_against_a_stopped_gateway_one_line_and_exit_1() -> None:

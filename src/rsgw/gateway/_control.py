@@ -176,7 +176,8 @@ class GatewayControl:
             raise GrpcError(
                 StatusCode.FAILED_PRECONDITION,
                 f"gateway scheduling mode is '{self.mode}'; the scheduler control RPCs "
-                "require lpt_packing",
+                "require lpt_packing (start the gateway with --mode lpt_packing, or set "
+                "scheduling.mode in gateway.yml or REACTANT_GATEWAY_SCHEDULING_MODE)",
             )
         return self._packing
 
