@@ -16,7 +16,7 @@ from rsgw._net import TCP
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from tests.coordination.test_two_gateways import KNOBS, coordination, placements
+from tests.coordination.test_two_gateways import KNOBS, coordination, one_placement, placements
 from tests.etcd import EtcdProcess
 from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway
 from tests.helpers import infer_request, simple_inputs, wait_until_async
@@ -78,14 +78,7 @@ class Pair:
         with trio.fail_after(30):
             while True:
                 seen = [await self.status(0), await self.status(1)]
-                states = sorted(s.coordination.state for s in seen)
-                epochs = {s.coordination.epoch for s in seen}
-                if (
-                    states == ["follower", "placer"]
-                    and len(epochs) == 1
-                    and 0 not in epochs
-                    and placements(seen[0]) == placements(seen[1])
-                ):
+                if one_placement(seen):
                     return seen
                 await trio.sleep(0.05)
 

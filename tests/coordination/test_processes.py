@@ -52,6 +52,33 @@ def status(gateway: WorkerProcess) -> cpb.GetSchedulingStatusResponse:
     return cpb.GetSchedulingStatusResponse.FromString(reply)
 
 
+def call_until(
+    gateway: WorkerProcess,
+    body: bytes,
+    stop: threading.Event,
+    answered: list[int],
+    slot: int,
+    failures: list[str],
+) -> None:
+    """ModelInfer to `gateway` one after another until `stop`: answers counted in
+    `answered[slot]`, failures kept (a client thread)."""
+    with grpc.insecure_channel(gateway.target) as channel:
+        infer = channel.unary_unary(MODEL_INFER)
+        while not stop.is_set():
+            try:
+                infer(body, timeout=10)
+                answered[slot] += 1
+            except grpc.RpcError as exc:
+                failures.append(f"{exc.code()}: {exc.details()}")
+
+
+def settled(gateways: list[WorkerProcess]) -> bool:
+    """One placer and one follower at one epoch (> 0)."""
+    seen = [status(g).coordination for g in gateways]
+    states = sorted(c.state for c in seen)
+    return states == ["follower", "placer"] and seen[0].epoch == seen[1].epoch > 0
+
+
 def wait_for(what: str, holds: object, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not holds():  # type: ignore[operator]
@@ -64,14 +91,7 @@ def test_sigkill_of_the_placer_under_load(etcd: EtcdProcess) -> None:
     gateways: list[WorkerProcess] = []
     try:
         gateways = [start_gateway(workers, etcd, name) for name in ("gw-a", "gw-b")]
-
-        def settled() -> bool:
-            seen = [status(g).coordination for g in gateways]
-            return sorted(c.state for c in seen) == ["follower", "placer"] and (
-                seen[0].epoch == seen[1].epoch > 0
-            )
-
-        wait_for("placer and follower at one epoch", settled, 30)
+        wait_for("placer and follower at one epoch", lambda: settled(gateways), 30)
         states = [status(g).coordination.state for g in gateways]
         placer, survivor = gateways[states.index("placer")], gateways[states.index("follower")]
         epoch = status(survivor).coordination.epoch
@@ -81,17 +101,9 @@ def test_sigkill_of_the_placer_under_load(etcd: EtcdProcess) -> None:
         stop = threading.Event()
         body = infer_request("simple", simple_inputs(7)).SerializeToString()
 
-        def load() -> None:
-            with grpc.insecure_channel(survivor.target) as channel:
-                infer = channel.unary_unary(MODEL_INFER)
-                while not stop.is_set():
-                    try:
-                        infer(body, timeout=10)
-                        answered[0] += 1
-                    except grpc.RpcError as exc:
-                        failures.append(f"{exc.code()}: {exc.details()}")
-
-        client = threading.Thread(target=load)
+        client = threading.Thread(
+            target=call_until, args=(survivor, body, stop, answered, 0, failures)
+        )
         client.start()
         try:
             wait_for("calls before the kill", lambda: answered[0] >= 20, 10)
@@ -128,14 +140,7 @@ def test_etcd_stopped_for_30_seconds_under_load(etcd: EtcdProcess) -> None:
     gateways: list[WorkerProcess] = []
     try:
         gateways = [start_gateway(workers, etcd, name) for name in ("gw-a", "gw-b")]
-
-        def settled() -> bool:
-            seen = [status(g).coordination for g in gateways]
-            return sorted(c.state for c in seen) == ["follower", "placer"] and (
-                seen[0].epoch == seen[1].epoch > 0
-            )
-
-        wait_for("placer and follower at one epoch", settled, 30)
+        wait_for("placer and follower at one epoch", lambda: settled(gateways), 30)
         repacks = [status(g).repack.repack_count for g in gateways]
         placements = [placed(status(g)) for g in gateways]
         failures: list[str] = []
@@ -143,17 +148,12 @@ def test_etcd_stopped_for_30_seconds_under_load(etcd: EtcdProcess) -> None:
         stop = threading.Event()
         body = infer_request("simple", simple_inputs(3)).SerializeToString()
 
-        def load(index: int) -> None:
-            with grpc.insecure_channel(gateways[index].target) as channel:
-                infer = channel.unary_unary(MODEL_INFER)
-                while not stop.is_set():
-                    try:
-                        infer(body, timeout=10)
-                        answered[index] += 1
-                    except grpc.RpcError as exc:
-                        failures.append(f"{exc.code()}: {exc.details()}")
-
-        clients = [threading.Thread(target=load, args=(i,)) for i in (0, 1)]
+        clients = [
+            threading.Thread(
+                target=call_until, args=(gateways[i], body, stop, answered, i, failures)
+            )
+            for i in (0, 1)
+        ]
         for client in clients:
             client.start()
         try:
@@ -171,7 +171,7 @@ def test_etcd_stopped_for_30_seconds_under_load(etcd: EtcdProcess) -> None:
                 wait_for("calls while etcd is stopped", lambda: min(answered) > min(count), 10)
             finally:
                 etcd.resume()
-            wait_for("placer and follower again", settled, 30)
+            wait_for("placer and follower again", lambda: settled(gateways), 30)
         finally:
             stop.set()
             for client in clients:
