@@ -48,7 +48,7 @@ def parse(raw: Mapping[Any, Any] | None = None, /, **env: str) -> GatewayConfig:
 
 def risks(cfg: GatewayConfig) -> list[str]:
     """`cfg.warnings` but the one every unauthenticated 0.0.0.0 listener gets."""
-    return [w for w in cfg.warnings if not w.startswith("SERVING WITHOUT AUTHENTICATION")]
+    return [w for w in cfg.warnings if not w.startswith("no authentication: ")]
 
 
 def get(cfg: GatewayConfig, path: str) -> Any:
@@ -94,7 +94,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("grpc.max_concurrent_requests_per_worker", 64),
     ("grpc.max_queue_seconds", 1.0),
     ("logging.level", "info"),
-    ("logging.format", "json"),
+    ("logging.format", "auto"),
     ("logging.access_log_sample_rate", 0.0),
     ("logging.access_log_max_per_second", 100),
     ("tls.cert_file", ""),
@@ -172,14 +172,35 @@ def test_defaults_of_a_hand_built_config_match_the_parsed_ones() -> None:
 def test_defaults_carry_no_overrides_and_only_the_unauthenticated_warning() -> None:
     cfg = parse()
     (warning,) = cfg.warnings
-    assert warning.startswith("SERVING WITHOUT AUTHENTICATION on 0.0.0.0:8001")
+    assert warning == (
+        "no authentication: any client that can reach 0.0.0.0:8001 (gRPC) or 0.0.0.0:8000 "
+        "(REST) may run inference; calls that change the node (placement, scheduling, "
+        "workers, model load and unload, memory compaction, log and trace settings) are "
+        "taken from this host only. To require a token, set auth.tokens_file "
+        "(docs/security.md); to serve this host only, listen on 127.0.0.1"
+    )
     assert cfg.env_overrides == ()
     assert cfg.source is None
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "localhost"])
 def test_no_unauthenticated_warning_on_loopback(host: str) -> None:
-    assert parse({"listen": {"grpc": f"{host}:8001"}}).warnings == ()
+    listen = {"grpc": f"{host}:8001", "http": f"{host}:8000"}
+    assert parse({"listen": listen}).warnings == ()
+    assert parse({"listen": {"grpc": f"{host}:8001", "http": ""}}).warnings == ()
+
+
+def test_the_unauthenticated_warning_names_only_the_open_listeners() -> None:
+    (rest,) = parse({"listen": {"grpc": "127.0.0.1:8001"}}).warnings
+    assert rest.startswith("no authentication: any client that can reach 0.0.0.0:8000 (REST) ")
+    (grpc,) = parse({"listen": {"http": ""}}).warnings
+    assert grpc.startswith("no authentication: any client that can reach 0.0.0.0:8001 (gRPC) ")
+
+
+def test_the_unauthenticated_warning_under_trusted_network_says_who_may_change_the_node() -> None:
+    (warning,) = parse({"auth": {"trusted_network": True}}).warnings
+    assert "memory compaction, log and trace settings) are taken from anyone, because " in (warning)
+    assert "auth.trusted_network is true. To require a token, set auth.tokens_file" in warning
 
 
 def test_no_unauthenticated_warning_with_auth() -> None:
@@ -1161,7 +1182,7 @@ valid_configs = st.fixed_dictionaries(
             {},
             optional={
                 "level": words("debug", "info", "warning", "error"),
-                "format": words("json", "text"),
+                "format": words("auto", "json", "text"),
             },
         ),
         "tls": st.one_of(

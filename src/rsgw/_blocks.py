@@ -66,7 +66,7 @@ DEFAULT_MAX_CONCURRENT_REQUESTS_PER_WORKER = 64
 #: How long a call may be predicted to wait for its worker (issue 38).
 DEFAULT_MAX_QUEUE_SECONDS = 1.0
 DEFAULT_LOG_LEVEL = "info"
-DEFAULT_LOG_FORMAT = "json"
+DEFAULT_LOG_FORMAT = "auto"
 # rsgw's own (the original waited 5 s per worker): one worker's part of a merged /metrics.
 # Well under Prometheus' default 10 s scrape timeout and a 2 s scrape interval.
 DEFAULT_SCRAPE_TIMEOUT_SECONDS = 1.0
@@ -93,7 +93,7 @@ DEFAULT_DRAIN_SECONDS = 30.0
 # rsgw's own: one RepositoryModelLoad; Triton's own client waits as long as it takes.
 DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("json", "text")
+LOG_FORMATS = ("auto", "json", "text")
 
 
 # ---------------------------------------------------------------------------
@@ -314,7 +314,8 @@ class GrpcLimits:
 
 @dataclass(frozen=True, slots=True)
 class LoggingConfig:
-    """Log level (debug|info|warning|error) and format (json|text), and the access log.
+    """Log level (debug|info|warning|error) and format (auto|json|text: auto is text
+    when stderr is a terminal, json otherwise), and the access log.
 
     `access_log_sample_rate`: the share of inference calls that get an `access` line
     (0 = none, 1 = every call), at most `access_log_max_per_second` lines a second.

@@ -202,7 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_mode_flag(run)
     run.add_argument("--log-level", choices=LEVELS, help="(default info, or logging.level)")
-    run.add_argument("--log-format", choices=FORMATS, help="(default json, or logging.format)")
+    run.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help="(default auto: text when stderr is a terminal, else json; or logging.format)",
+    )
 
     node = commands.add_parser(
         "node",
@@ -215,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         "none is visible), workers on 8080+ and metrics on 9100+.",
     )
     node.add_argument("node_file", nargs="?", metavar="NODE_FILE", help="node file YAML")
+    node.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the gateway's gateway.yml (REACTANT_GATEWAY_FILE): merged with the node's "
+        "workers, which it need not list",
+    )
     node.add_argument(
         "--gpus", type=_non_negative_int, metavar="N", help="run N workers (overrides gpus:)"
     )
@@ -269,7 +279,12 @@ def _add_mode_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LEVELS, default="info", help="(default info)")
-    parser.add_argument("--log-format", choices=FORMATS, default="json", help="(default json)")
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="auto",
+        help="(default auto: text when stderr is a terminal, else json)",
+    )
 
 
 # Decimal (k, kB) and binary (KiB) units, as operators write memory sizes.
@@ -426,6 +441,16 @@ def _run_node(args: argparse.Namespace) -> None:
     env = dict(os.environ)
     if args.mode is not None:
         env["REACTANT_GATEWAY_SCHEDULING_MODE"] = args.mode
+    if args.config is not None:
+        if not os.path.isfile(args.config):
+            raise ConfigError(f"gateway config file not found: {args.config}")
+        env["REACTANT_GATEWAY_FILE"] = os.path.abspath(args.config)
+        if len(node.workers) < 2:
+            logging.getLogger("rsgw.node").warning(
+                "--config not read: a one-worker node runs no gateway (its worker serves "
+                "the public ports itself)",
+                extra={"config": args.config},
+            )
     service = partial(
         serve_node, node, env=env, log_level=args.log_level, log_format=args.log_format
     )
@@ -455,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return simulate_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(
-        getattr(args, "log_level", None) or "info", getattr(args, "log_format", None) or "json"
+        getattr(args, "log_level", None) or "info", getattr(args, "log_format", None) or "auto"
     )
     if args.command in ("worker", "run", "node"):
         raise_open_file_limit()

@@ -455,6 +455,18 @@ def find_config_file(env: Mapping[str, str] = os.environ) -> str | None:
     return DEFAULT_CONFIG_PATH if os.path.isfile(DEFAULT_CONFIG_PATH) else None
 
 
+def config_file_root(path: str) -> Mapping[Hashable, Any]:
+    """The root mapping of a gateway.yml, for a caller that merges with it (`rsgw node`).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, bad YAML, or not a mapping.
+    """
+    raw = read_yaml(path, what="gateway config")
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: gateway config root must be a mapping, got {show(raw)}")
+    return raw
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] = os.environ
 ) -> GatewayConfig:

@@ -1,5 +1,7 @@
-"""Log formatting for the command line: JSON lines (default) or plain text.
+"""Log formatting for the command line: JSON lines or plain text.
 
+The format `auto` (the default) is text when stderr is a terminal, a person
+reading it, and JSON lines otherwise, for the tools that collect and parse them.
 The library never touches the root logger; only `rsgw` commands call
 `configure_logging`. Each record is a stable event name (the message) plus the
 fields passed in `extra`, which the formatters render as JSON keys or `k=v`.
@@ -9,11 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Hashable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from rsgw._log_budget import LogBudget
 
@@ -56,12 +59,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+#: A field value written bare in text: no spaces, quotes or `=` that would blur `k=v`.
+_BARE = re.compile(r"[^\s\"'=]+")
+
+
+def _text_value(value: object) -> str:
+    """A field's value as text: strings bare when they can be, else quoted; containers
+    as compact JSON; numbers, booleans and None as Python writes them."""
+    if isinstance(value, str):
+        return value if _BARE.fullmatch(value) else json.dumps(value)
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
 class TextFormatter(logging.Formatter):
-    """`time level logger: event k=v ...` for people reading a terminal."""
+    """`time level logger: event k=v ...`, one line a record, for people at a terminal.
+
+    The time is local, to the millisecond; a string value with a space or a quote is
+    quoted, a dict or list is compact JSON. No colour: a node's children write to a
+    pipe, and their lines would differ from the supervisor's.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        fields = " ".join(f"{k}={v}" for k, v in _fields(record).items())
+        moment = time.localtime(record.created)
+        stamp = time.strftime("%H:%M:%S", moment) + f".{int(record.msecs):03d}"
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in _fields(record).items())
         line = f"{stamp} {record.levelname.lower():<7} {record.name}: {record.getMessage()}"
         if fields:
             line += " " + fields
@@ -91,7 +114,9 @@ def log_limited(
 
 
 LEVELS = ("debug", "info", "warning", "error")
-FORMATS = ("json", "text")
+#: `auto`: text on a terminal, json otherwise (`resolve_format`).
+FORMATS = ("auto", "json", "text")
+
 
 #: Libraries whose debug and info lines say nothing an operator of rsgw needs (h2 and
 #: hpack log every frame, httpx every worker scrape): warnings and errors only.
@@ -105,13 +130,33 @@ class _NoBanner(logging.Filter):
         return not str(record.msg).startswith("Running on ")
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
-    """Send rsgw's (and hypercorn's) logs to stderr in the chosen format."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+def resolve_format(fmt: str, stream: TextIO | None = None) -> str:
+    """The format `fmt` stands for on `stream` (default stderr): `auto` is text when
+    the stream is a terminal and json when it is not (a pipe, a file, a collector);
+    json and text are themselves."""
+    if fmt != "auto":
+        return fmt
+    return "text" if _isatty(sys.stderr if stream is None else stream) else "json"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # not a file, or closed
+        return False
+
+
+def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> str:
+    """Send rsgw's (and hypercorn's) logs to `stream` (default stderr) in the chosen
+    format; returns the format used (`auto` resolved to json or text)."""
+    stream = sys.stderr if stream is None else stream
+    resolved = resolve_format(fmt, stream)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if resolved == "json" else TextFormatter())
     handler.addFilter(_NoBanner())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    return resolved

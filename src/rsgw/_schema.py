@@ -166,23 +166,40 @@ class GatewayConfig:
                 f"worker_client.max_concurrent_streams ({streams}): the gateway sheds "
                 "(RESOURCE_EXHAUSTED) before a worker's streams are used"
             )
-        grpc_host = self.listen.grpc.rpartition(":")[0].strip("[]")
-        if not self.auth.enabled and not _loopback_host(grpc_host):
-            changes = (
-                "change the node (placement, scheduling, workers, model load and unload, "
-                "memory compaction, log and trace settings)"
-            )
-            if self.auth.trusted_network:
-                operator = f" and, as auth.trusted_network is true, {changes}"
-            else:
-                operator = f"; only clients on loopback may {changes}"
-            found.append(
-                f"SERVING WITHOUT AUTHENTICATION on {self.listen.grpc}: any client that can "
-                f"reach it may run inference{operator}. Set auth.tokens_file or "
-                "auth.identities, or listen on 127.0.0.1 (docs/security.md)"
-            )
+        exposed = self._unauthenticated_listeners()
+        if exposed:
+            found.append(self._unauthenticated_warning(exposed))
         found.extend(self.pairing().warnings)
         return tuple(found)
+
+    def _unauthenticated_listeners(self) -> list[str]:
+        """The client listeners open beyond this host with no authentication, as
+        `address (protocol)`: gRPC, and REST unless `listen.http` is ""."""
+        if self.auth.enabled:
+            return []
+        listeners = [(self.listen.grpc, "gRPC"), (self.listen.http, "REST")]
+        return [
+            f"{address} ({protocol})"
+            for address, protocol in listeners
+            if address and not _loopback_host(address.rpartition(":")[0].strip("[]"))
+        ]
+
+    def _unauthenticated_warning(self, exposed: list[str]) -> str:
+        """The one start-up line that says what an unauthenticated gateway exposes, to
+        whom, and how to close it (docs/security.md, "Protected mode")."""
+        changes = (
+            "calls that change the node (placement, scheduling, workers, model load and "
+            "unload, memory compaction, log and trace settings)"
+        )
+        if self.auth.trusted_network:
+            who = f"{changes} are taken from anyone, because auth.trusted_network is true"
+        else:
+            who = f"{changes} are taken from this host only"
+        return (
+            f"no authentication: any client that can reach {' or '.join(exposed)} may run "
+            f"inference; {who}. To require a token, set auth.tokens_file (docs/security.md); "
+            "to serve this host only, listen on 127.0.0.1"
+        )
 
     def to_mapping(self) -> dict[str, Any]:
         """gateway.yml for this config: plain dicts, lists and scalars (YAML-safe).

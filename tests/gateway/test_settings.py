@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,9 +13,12 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from rsgw._errors import GrpcError
+from rsgw._logging import resolve_format
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
+from rsgw.gateway._metrics import GatewayMetrics
+from rsgw.gateway._settings import ServerSettings
 from tests.gateway.fleet import open_fleet
 
 
@@ -34,7 +39,8 @@ async def test_log_settings_read_and_set_the_gateway_level() -> None:
             settings = client.get_log_settings(as_json=True)["settings"]
             assert settings["log_info"] == {"bool_param": True}
             assert settings["log_verbose_level"] == {"uint32_param": 0}
-            assert settings["log_format"] == {"string_param": "json"}
+            # The default, auto, is reported as what it resolved to (json under capture).
+            assert settings["log_format"] == {"string_param": resolve_format("auto")}
             client.update_log_settings({"log_verbose_level": 1})
             assert logging.getLogger("rsgw").getEffectiveLevel() == logging.DEBUG
             updated = client.update_log_settings(
@@ -84,3 +90,17 @@ async def test_trace_setting_reports_tracing_off() -> None:
 
         await trio.to_thread.run_sync(scenario)
         client.close()
+
+
+@pytest.mark.parametrize(("terminal", "reported"), [(True, "text"), (False, "json")])
+def test_log_format_auto_is_reported_as_the_format_it_resolved_to(
+    terminal: bool, reported: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stderr(io.StringIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    settings = ServerSettings(GatewayMetrics(str), "auto", lambda model: False)
+    assert settings._current(logging.INFO).settings["log_format"].string_param == reported
+    assert ServerSettings(GatewayMetrics(str), "json", lambda model: False).log_format == "json"

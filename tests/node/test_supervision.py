@@ -127,7 +127,7 @@ def test_sole_worker_runs_on_the_public_addresses() -> None:
 
 def test_gateway_environment_synthesizes_workers_metrics_and_names() -> None:
     n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
-    env = gateway_environment(n, {"PATH": "/bin"}, gateway_yml_mounted=False)
+    env = gateway_environment(n, {"PATH": "/bin"})
     assert env == {
         "PATH": "/bin",
         W + "STARTUP_WAIT_SECONDS": "inf",
@@ -149,7 +149,7 @@ def test_gateway_environment_keeps_what_is_already_set() -> None:
         gpus=2, **{"global": {"grpc": {"max_recv_msg_bytes": 1024, "max_send_msg_bytes": 2048}}}
     )
     given = {W + "STARTUP_WAIT_SECONDS": "30", W + "GRPC_MAX_SEND_MSG_BYTES": "4096"}
-    env = gateway_environment(n, given, gateway_yml_mounted=False)
+    env = gateway_environment(n, given)
     assert env[W + "STARTUP_WAIT_SECONDS"] == "30"
     assert env[W + "GRPC_MAX_SEND_MSG_BYTES"] == "4096"
     assert env[W + "GRPC_MAX_RECV_MSG_BYTES"] == "1024"
@@ -159,16 +159,38 @@ def test_gateway_environment_keeps_what_is_already_set() -> None:
 
 def test_a_mounted_gateway_yml_suppresses_the_synthesis() -> None:
     n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
-    env = gateway_environment(n, {W + "FILE": "/g.yml"}, gateway_yml_mounted=True)
+    yml = {"endpoints": ["10.0.0.1:8001"], "grpc": {"max_recv_msg_bytes": 64}}
+    env = gateway_environment(n, {W + "FILE": "/g.yml"}, gateway_yml=yml)
     assert env == {W + "FILE": "/g.yml", W + "STARTUP_WAIT_SECONDS": "inf"}
+
+
+def test_a_mounted_gateway_yml_without_workers_gets_the_nodes() -> None:
+    """A file that sets only the mode still runs in front of the node's workers: the
+    node fills in what the file leaves out, and nothing the file sets (env beats file)."""
+    n = node(gpus=2, metrics_base_port=9100, **{"global": {"grpc": {"max_recv_msg_bytes": 1024}}})
+    yml = {"scheduling": {"mode": "lpt_packing"}, "grpc": {"max_recv_msg_bytes": None}}
+    env = gateway_environment(n, {}, gateway_yml=yml)
+    assert env[W + "WORKERS"] == "127.0.0.1:8080,127.0.0.1:8081"
+    assert env[W + "WORKER_METRICS"] == "127.0.0.1:9100,127.0.0.1:9101"
+    assert env[W + "WORKER_NAMES"] == "worker0,worker1"
+    assert env[W + "GRPC_MAX_RECV_MSG_BYTES"] == "1024"  # empty in the file counts as absent
+    cfg = parse_config(yml, env)
+    assert cfg.scheduling.mode == "lpt_packing"
+    assert cfg.endpoints == ("127.0.0.1:8080", "127.0.0.1:8081")
+    # The file's own metrics list and limit win over the node's.
+    yml = {"metrics_endpoints": ["10.0.0.9:9100"], "grpc": {"max_recv_msg_bytes": 64}}
+    env = gateway_environment(n, {}, gateway_yml=yml)
+    assert W + "WORKER_METRICS" not in env
+    assert W + "GRPC_MAX_RECV_MSG_BYTES" not in env
+    assert env[W + "WORKERS"] == "127.0.0.1:8080,127.0.0.1:8081"
 
 
 def test_gateway_environment_needs_bound_ports_for_port_zero() -> None:
     n = node(gpus=2, base_port=0)
     with pytest.raises(ConfigError, match="worker 'worker0' has gRPC port 0"):
-        gateway_environment(n, {}, gateway_yml_mounted=False)
+        gateway_environment(n, {})
     bound = [dataclasses.replace(w, port=41000 + i) for i, w in enumerate(n.workers)]
-    env = gateway_environment(n, {}, gateway_yml_mounted=False, workers=bound)
+    env = gateway_environment(n, {}, workers=bound)
     assert env[W + "WORKERS"] == "127.0.0.1:41000,127.0.0.1:41001"
 
 
@@ -337,7 +359,7 @@ def test_node_tls_reaches_the_workers_flags_and_the_gateways_client() -> None:
     assert flags["--tls-cert"] == "/pki/worker.pem"
     assert flags["--tls-key"] == "/pki/worker.key"
     assert flags["--tls-client-ca"] == "/pki/ca.pem"
-    env = gateway_environment(n, {}, gateway_yml_mounted=False)
+    env = gateway_environment(n, {})
     assert env[W + "WORKER_CLIENT_TLS_CA_FILE"] == "/pki/ca.pem"
     assert env[W + "WORKER_CLIENT_TLS_CERT_FILE"] == "/pki/gateway.pem"
     assert env[W + "WORKER_CLIENT_TLS_KEY_FILE"] == "/pki/gateway.key"
@@ -352,7 +374,7 @@ def test_node_tls_without_the_gateways_side_is_an_error(missing: str, fragment: 
     tls = {k: v for k, v in NODE_TLS.items() if k != missing}
     n = node(gpus=2, **{"global": {"tls": tls}})
     with pytest.raises(ConfigError, match=fragment):
-        gateway_environment(n, {}, gateway_yml_mounted=False)
+        gateway_environment(n, {})
 
 
 def test_a_sole_public_worker_serves_the_gateways_tls() -> None:

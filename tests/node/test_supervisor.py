@@ -339,11 +339,20 @@ def test_stop_leaves_no_child_and_frees_every_port(tmp_path: Path, how: str) -> 
 # A single-worker node, in process through `serve_node` and its handle.
 
 
-def test_a_node_serves_lpt_packing_and_rsgw_ctl_reaches_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["--mode", "--config"])
+def test_a_node_serves_lpt_packing_and_rsgw_ctl_reaches_it(tmp_path: Path, how: str) -> None:
     """The embedded gateway under lpt_packing: it waits for its workers (the supervisor
-    sets an infinite startup wait), places every model, serves, and answers `rsgw ctl`."""
-    mode = {"REACTANT_GATEWAY_SCHEDULING_MODE": "lpt_packing"}
-    with running_node(tmp_path, "--gpus", "2", env=mode) as node:
+    sets an infinite startup wait), places every model, serves, and answers `rsgw ctl`.
+
+    Switched on by `--mode`, or by a gateway.yml that says only the mode (issue 40): the
+    node fills in its workers, which the file does not list."""
+    if how == "--mode":
+        args = ["--mode", "lpt_packing"]
+    else:
+        gateway_yml = tmp_path / "gateway.yml"
+        gateway_yml.write_text("scheduling:\n  mode: lpt_packing\n")
+        args = ["--config", str(gateway_yml)]
+    with running_node(tmp_path, "--gpus", "2", *args) as node:
         target = f"127.0.0.1:{node.serving['grpc_port']}"
         infer_simple(target)
         status = subprocess.run(
@@ -421,6 +430,20 @@ def test_a_bad_node_file_is_one_line_and_exit_1(
     argv = ["node", missing] if command == "node" else ["probe", "--node", missing]
     assert main(argv) == 1
     assert capsys.readouterr().err == f"rsgw {command}: node file not found: {missing}\n"
+
+
+def test_a_missing_gateway_yml_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rsgw._cli.configure_logging", lambda *args: None)
+    missing = str(tmp_path / "gateway.yml")
+    assert main(["node", "--config", missing]) == 1
+    assert capsys.readouterr().err == f"rsgw node: gateway config file not found: {missing}\n"
+    # Not a mapping: one line too, before any process starts.
+    (tmp_path / "gateway.yml").write_text("- lpt_packing\n")
+    node_file = write_node_file(tmp_path, gpus=2)
+    assert main(["node", str(node_file), "--config", missing]) == 1
+    assert "gateway config root must be a mapping" in capsys.readouterr().err
 
 
 def test_a_bad_model_catalogue_is_one_line_before_any_worker_starts(

@@ -26,14 +26,23 @@ def test_a_run_prints_the_table_and_writes_bench_rows(tmp_path: Path) -> None:
     assert rows[0]["scenario"] == "hot_replicas" and rows[0]["load"] == 0.5
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_bad_input_is_one_line_exit_1_for_files_and_2_for_usage(tmp_path: Path) -> None:
+    """As the README says of every command: a file that cannot be used is one line and
+    exit 1; arguments that cannot be used are 2."""
     missing = simulate(str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 2
+    assert missing.returncode == 1
     assert missing.stderr.strip().count("\n") == 0 and "No such file" in missing.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("workers: 4\n")
     broken = simulate(str(bad))
-    assert broken.returncode == 2 and "missing or bad key" in broken.stderr
+    assert broken.returncode == 1 and "missing or bad key" in broken.stderr
+    unwritable = simulate(
+        str(SCENARIOS / "hot_replicas.yaml"),
+        *("--load", "0.5", "--modes", "round_robin", "--warmup", "1", "--duration", "1"),
+        *("--json", str(tmp_path / "no-such-dir" / "rows.json")),
+    )
+    assert unwritable.returncode == 1 and "No such file" in unwritable.stderr
+    assert unwritable.stderr.strip().count("\n") == 0
     fixed = simulate(str(SCENARIOS / "hot_replicas.yaml"), "--models", "20")
     assert fixed.returncode == 2 and "--models needs a zipf popularity" in fixed.stderr
     usage = simulate(str(SCENARIOS / "hot_replicas.yaml"), "--modes", "fastest")
@@ -56,7 +65,7 @@ def test_compare_replays_recorded_runs_alike(tmp_path: Path) -> None:
     assert cells and all(cell.endswith(("+0%", "=")) for cell in cells)
     assert "50%: same" in done.stdout
     missing = simulate(str(SCENARIOS / "memory_bound.yaml"), "--compare", str(rows))
-    assert missing.returncode == 2 and "no runs of memory_bound" in missing.stderr
+    assert missing.returncode == 1 and "no runs of memory_bound" in missing.stderr
 
 
 def test_a_bigger_fleet_from_the_same_scenario(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+MLSERVER_MODEL = REPO / "examples" / "mlserver" / "simple_model.py"
 MLSERVER = Path(os.environ.get("RSGW_MLSERVER", REPO / ".venv-mlserver" / "bin" / "mlserver"))
 KSERVE_PYTHON = Path(os.environ.get("RSGW_KSERVE_PYTHON", REPO / ".venv-kserve" / "bin" / "python"))
 #: How long a server may take to serve its models (MLServer imports a lot).
@@ -109,7 +110,7 @@ def _launch(kind: str, models: Sequence[str], folder: Path) -> ServerProcess:
         for model in models:
             home = folder / model
             home.mkdir(exist_ok=True)
-            shutil.copy(HERE / "mlserver_model" / "simple_model.py", home / "simple_model.py")
+            shutil.copy(MLSERVER_MODEL, home / "simple_model.py")
             settings = {"name": model, "implementation": "simple_model.SimpleModel"}
             (home / "model-settings.json").write_text(json.dumps(settings))
         server_settings = {

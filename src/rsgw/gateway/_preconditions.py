@@ -114,7 +114,11 @@ async def await_fleet(
         await trio.sleep(min(RETRY_INTERVAL, max(deadline - now, 0.0)))
     logger.info(
         "lpt_packing: all workers ready",
-        extra={"count": len(answers), "workers": [pool.label(u) for u in answers]},
+        extra={
+            "count": len(pool.urls),
+            "control_plane": [pool.label(u) for u in answers],
+            "without_control_plane": [pool.label(u) for u in pool.urls if u in lacking],
+        },
     )
     if answers:
         check_fleet(pool, answers)

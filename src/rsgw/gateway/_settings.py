@@ -5,9 +5,9 @@ terms: `log_verbose_level` above 0 is debug, else the lowest of `log_info`,
 `log_warning`, `log_error` switched on is the level (levels nest in Python's
 logging: info on means warnings and errors too; all off silences rsgw). The
 level is the `rsgw` logger's, so an application that embeds the gateway keeps
-its own. `log_file` (rsgw logs to
-stderr) and `log_format` (json or text, chosen at start) are reported and cannot
-be changed. It is the gateway's process only: workers are processes of their own.
+its own. `log_file` (rsgw logs to stderr) and `log_format` (json or text, chosen at
+start; `auto` is reported as the one it chose) are reported and cannot be changed.
+It is the gateway's process only: workers are processes of their own.
 
 TraceSetting reports that rsgw does not trace requests (`trace_level` OFF, with
 Triton's defaults for the rest); asking to switch tracing on fails with
@@ -20,6 +20,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from rsgw._errors import GrpcError, InvalidRequest
+from rsgw._logging import resolve_format
 from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
@@ -58,7 +59,8 @@ class ServerSettings:
     """The handlers of LogSettings and TraceSetting; see the module docstring.
 
     Args:
-        log_format: the format the gateway logs in (reported as `log_format`).
+        log_format: the format the gateway logs in (reported as `log_format`; `auto`
+            as json or text, what it resolves to on stderr, as `configure_logging` does).
         known: whether a model name is one the fleet serves or served.
     """
 
@@ -66,7 +68,7 @@ class ServerSettings:
         self, metrics: GatewayMetrics, log_format: str, known: Callable[[str], bool]
     ) -> None:
         self.metrics = metrics
-        self.log_format = log_format
+        self.log_format = resolve_format(log_format)
         self._known = known
 
     def handlers(self) -> dict[Method, UnaryHandler]:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rsgw._blocks import (
     DEFAULT_LISTEN_GRPC,
@@ -25,7 +25,7 @@ from rsgw._blocks import (
     ShutdownConfig,
     check_listen,
 )
-from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
+from rsgw._config import ENV_STARTUP_WAIT, env_name
 from rsgw._errors import ConfigError
 from rsgw._values import split_host_port
 from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
@@ -180,22 +180,25 @@ def gateway_environment(
     node: NodeConfig,
     env: Mapping[str, str],
     *,
-    gateway_yml_mounted: bool,
+    gateway_yml: Mapping[Any, Any] | None = None,
     workers: Sequence[WorkerSpec] | None = None,
 ) -> dict[str, str]:
     """The environment the supervisor starts the embedded gateway with (docs/original.md §8.5).
 
     A copy of `env` plus: `REACTANT_GATEWAY_STARTUP_WAIT_SECONDS=inf` unless set (so the
-    gateway waits for workers that are still loading, even with a gateway.yml); and,
-    unless a gateway.yml is mounted (the operator's file then decides), the worker list,
-    the metrics list (when the node has metrics ports), the names, and the worker
-    message limits from `global.grpc` unless set.
+    gateway waits for workers that are still loading, even with a gateway.yml); the
+    worker list, the metrics list (when the node has metrics ports) and the names; the
+    worker message limits from `global.grpc` and the TLS files from `global.tls`, unless
+    set. A mounted gateway.yml merges with these rather than replacing them: since the
+    environment beats the file, a key the file sets is left out (the file's `endpoints`
+    owns all three worker lists), so an operator can mount a file that says only
+    `scheduling.mode: lpt_packing` and still get the node's workers.
 
     Args:
         node: the node.
         env: the supervisor's own environment.
-        gateway_yml_mounted: a gateway.yml will be read (`rsgw._config.find_config_file`
-            found one).
+        gateway_yml: the root of the gateway.yml the gateway will read
+            (`rsgw._config.find_config_file`), or None.
         workers: the workers with their bound ports, when the node file said port 0;
             default `node.workers`.
 
@@ -207,17 +210,22 @@ def gateway_environment(
     def unset(var: str) -> bool:
         return not out.get(var, "").strip()
 
+    def free(path: str) -> bool:
+        """Neither the file nor the operator's environment sets `path`."""
+        return unset(env_name(path)) and not file_sets(gateway_yml, path)
+
     if unset(ENV_STARTUP_WAIT):
         out[ENV_STARTUP_WAIT] = "inf"
-    if gateway_yml_mounted:
-        return out
     specs = node.workers if workers is None else tuple(workers)
-    out[env_name("endpoints")] = ",".join(_dial(w, w.port, "gRPC") for w in specs)
-    if all(w.metrics_port is not None for w in specs):
-        out[env_name("metrics_endpoints")] = ",".join(
-            _dial(w, w.metrics_port, "metrics") for w in specs
-        )
-    out[env_name("worker_names")] = ",".join(w.name for w in specs)
+    if not file_sets(gateway_yml, "endpoints"):
+        out[env_name("endpoints")] = ",".join(_dial(w, w.port, "gRPC") for w in specs)
+        if all(w.metrics_port is not None for w in specs) and not file_sets(
+            gateway_yml, "metrics_endpoints"
+        ):
+            out[env_name("metrics_endpoints")] = ",".join(
+                _dial(w, w.metrics_port, "metrics") for w in specs
+            )
+        out[env_name("worker_names")] = ",".join(w.name for w in specs)
     tls = _tls_settings(node.global_settings)
     if tls.get("cert_file"):  # the workers serve TLS: the gateway must speak it to them
         if not tls.get("ca_file"):
@@ -231,15 +239,24 @@ def gateway_environment(
                 "with global.tls.client_ca_file (the gateway's certificate for the workers)"
             )
         for key, path in _GATEWAY_TLS_KEYS.items():
-            if tls.get(key) and unset(env_name(path)):
+            if tls.get(key) and free(path):
                 out[env_name(path)] = tls[key]
     grpc = node.global_settings.get("grpc")
     for key in MIRRORED_LIMITS:
         limit = grpc.get(key) if isinstance(grpc, Mapping) else None
-        var = f"{ENV_PREFIX}GRPC_{key.upper()}"
-        if limit is not None and unset(var):
-            out[var] = str(limit)
+        if limit is not None and free(f"grpc.{key}"):
+            out[env_name(f"grpc.{key}")] = str(limit)
     return out
+
+
+def file_sets(root: Mapping[Any, Any] | None, path: str) -> bool:
+    """Whether a gateway.yml root gives dotted `path` a value (empty counts as absent)."""
+    value: Any = root
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False
+        value = value[part]
+    return value is not None
 
 
 def _with_port(address: str, port: int) -> str:

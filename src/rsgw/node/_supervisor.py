@@ -56,18 +56,20 @@ import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from rsgw._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
-from rsgw._config import env_name, find_config_file
+from rsgw._config import config_file_root, env_name, find_config_file
+from rsgw._logging import resolve_format
 from rsgw._net import bind_tcp, split_host_port
 from rsgw.node._children import DEFAULT_STOP_GRACE, GATEWAY, Child, GatewayChild, WorkerChild
 from rsgw.node._node import NodeConfig
 from rsgw.node._supervision import (
     Backoff,
     drain_grace,
+    file_sets,
     gateway_environment,
     public_addresses,
     sole_worker,
@@ -177,7 +179,7 @@ async def serve_node(
     *,
     env: Mapping[str, str] = os.environ,
     log_level: str = "info",
-    log_format: str = "json",
+    log_format: str = "auto",
     sink: Callable[[str], None] = _write_stderr,
     backoff: Callable[[], Backoff] = Backoff,
     stop_grace: float = DEFAULT_STOP_GRACE,
@@ -193,7 +195,8 @@ async def serve_node(
         env: the environment children inherit; also read for `REACTANT_GATEWAY_LISTEN_*`
             and whether a gateway.yml is mounted.
         log_level, log_format: what children log with (the gateway only where `env`
-            does not say).
+            does not say). `auto`, in `log_format` or the environment, is resolved
+            here, against our stderr: the children's own stderr is a pipe to us.
         sink: where relayed child output goes, one prefixed line per call (our stderr).
         backoff: makes each child's restart policy.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a child.
@@ -214,9 +217,11 @@ async def serve_node(
     """
     for note in node.notes:
         logger.warning(note)
+    log_format = resolve_format(log_format)
     logging_flags = ["--log-level", log_level, "--log-format", log_format]
     grpc, metrics = public_addresses(env)
     yml_mounted = False
+    gateway_yml: Mapping[Any, Any] | None = None
     gateway_env: dict[str, str] | None = None
     if len(node.workers) == 1:
         specs = [sole_worker(node, env)]
@@ -228,15 +233,25 @@ async def serve_node(
         public_ports: list[tuple[str, int]] = []
     else:
         specs = list(node.workers)
-        yml_mounted = find_config_file(env) is not None
+        yml_path = find_config_file(env)
+        yml_mounted = yml_path is not None
+        if yml_path is not None:
+            # Read now so a bad file is one line before any process starts.
+            gateway_yml = config_file_root(yml_path)
         # With a gateway.yml the gateway's listen addresses are its own business.
         public_ports = [] if yml_mounted else [split_host_port(grpc), split_host_port(metrics)]
         http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
         if not yml_mounted:
             public_ports.append(split_host_port(check_listen(http, env_name("listen.http"))))
         gateway_env = dict(env)
-        gateway_env.setdefault(env_name("logging.level"), log_level)
-        gateway_env.setdefault(env_name("logging.format"), log_format)
+        # The node's logging unless the gateway.yml or the environment says otherwise.
+        if not file_sets(gateway_yml, "logging.level"):
+            gateway_env.setdefault(env_name("logging.level"), log_level)
+        # `auto` is decided here, against our stderr: the gateway's is a pipe to us.
+        format_name = env_name("logging.format")
+        chosen = gateway_env.get(format_name, "").strip().lower()
+        if chosen == "auto" or (not chosen and not file_sets(gateway_yml, "logging.format")):
+            gateway_env[format_name] = log_format
     _check_free(public_ports + [(s.host, p) for s in specs for p in (s.port, s.metrics_port) if p])
     workers = [WorkerChild(s, node, env, logging_flags, sink, stop_grace) for s in specs]
     children: dict[str, Child] = {w.name: w for w in workers}
@@ -254,7 +269,7 @@ async def serve_node(
                 gateway_env = gateway_environment(
                     node,
                     gateway_env,
-                    gateway_yml_mounted=yml_mounted,
+                    gateway_yml=gateway_yml,
                     workers=[w.spec for w in workers],
                 )
                 public = children[GATEWAY] = GatewayChild(gateway_env, sink, stop_grace)

@@ -129,18 +129,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Exit statuses, as every rsgw command: arguments that cannot be used (usage) are 2; a
+#: file that cannot be read or used (scenario, trace, --compare rows, --json) is 1.
+USAGE, FAILED = 2, 1
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _main(args)
+    except OSError as exc:  # writing --json or --write-trace
+        print(f"rsgw simulate: {exc}", file=sys.stderr)
+        return FAILED
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
         scenario = sc.load_scenario(args.scenario)
-        if args.gpus or args.models:
-            scenario = scenario.resized(
-                args.gpus or scenario.workers, args.models or scenario.count
-            )
         load = _offered.derive_load(scenario)
     except sc.ScenarioError as exc:
         print(f"rsgw simulate: {exc}", file=sys.stderr)
-        return 2
+        return FAILED
+    if args.gpus or args.models:
+        try:
+            scenario = scenario.resized(
+                args.gpus or scenario.workers, args.models or scenario.count
+            )
+            load = _offered.derive_load(scenario)
+        except sc.ScenarioError as exc:
+            print(f"rsgw simulate: {exc}", file=sys.stderr)
+            return USAGE
     settings = sc.RunSettings()
     if args.warmup or args.duration:
         settings = sc.RunSettings(
@@ -152,7 +170,7 @@ def main(argv: Sequence[str]) -> int:
             schedule = load_trace(args.trace, scenario.names)
         except TraceError as exc:
             print(f"rsgw simulate: {exc}", file=sys.stderr)
-            return 2
+            return FAILED
         if args.write_trace:
             write_csv(schedule, scenario.names, args.write_trace)
         span = max(schedule.times[-1], 1e-3)
@@ -216,7 +234,7 @@ def day(args: argparse.Namespace, scenario: sc.Scenario, load: _offered.Load) ->
     trough = args.trough[0] if args.trough else min(0.25, peak)
     if args.trace or args.compare:
         print("rsgw simulate: --day takes neither --trace nor --compare", file=sys.stderr)
-        return 2
+        return USAGE
     profile = _day.Profile(trough=trough, peak=peak)
     settings = _day.day_settings(args.step or 30.0, scenario.workers)
     load = dataclasses.replace(load, time_scale=1.0)
@@ -271,10 +289,10 @@ def compare(
         ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"rsgw simulate: --compare: {exc}", file=sys.stderr)
-        return 2
+        return FAILED
     if not measured:
         print(f"rsgw simulate: --compare: no runs of {scenario.name}", file=sys.stderr)
-        return 2
+        return FAILED
     simulated = [
         _engine.run(
             scenario,

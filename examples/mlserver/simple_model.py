@@ -2,7 +2,8 @@
 
 INPUT0 and INPUT1 (INT32) in, OUTPUT0 = their sum and OUTPUT1 = their difference
 out, as Triton's example model computes them, so stock Triton clients can check the
-answers. Every model folder the tests make holds a copy of this file.
+answers. docs/tutorial.md serves it as two models, `simple` and `twin`, from two
+MLServer workers behind rsgw; tests/thirdparty uses this file too.
 """
 
 from mlserver import MLModel
@@ -10,7 +11,7 @@ from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
 
 
-class SimpleModel(MLModel):  # type: ignore[misc]  # MLServer's base, untyped here
+class SimpleModel(MLModel):
     async def load(self) -> bool:
         return True
 
