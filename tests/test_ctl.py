@@ -514,8 +514,11 @@ def test_program_exit_statuses(program: str, closed_port: int) -> None:
     done = run(program, "--gateway", target, "status")
     assert (done.returncode, done.stdout) == (1, "")
     assert len(done.stderr.splitlines()) == 1
-    assert done.stderr.startswith("error: UNAVAILABLE: ")
-    assert done.stderr.endswith(f" (from {target})\n")
+    assert done.stderr.startswith("error: UNAVAILABLE: cannot connect to ")
+    assert done.stderr.endswith(
+        "is a gateway running there? (rsgw run or rsgw node; --gateway HOST:PORT) "
+        f"(from {target})\n"
+    )
     assert "Traceback" not in done.stderr
 
 

@@ -410,6 +410,11 @@ def _run_gateway(args: argparse.Namespace) -> None:
             message = message.replace(f"environment override {name}", flag)
             message = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", flag, message)
         raise ConfigError(message) from None
+    # The log's "overridden by environment" names only what the environment set.
+    typed = {variable for variable, flag in flags.items() if flag.startswith("--")}
+    config = dataclasses.replace(
+        config, env_overrides=tuple(v for v in config.env_overrides if v not in typed)
+    )
     configure_logging(config.logging.level, config.logging.format)
     # SIGHUP (or a change to the file) reads gateway.yml again, through the same flags
     # and environment.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -115,3 +117,32 @@ def test_mode_is_a_flag_of_node_and_run() -> None:
     with pytest.raises(SystemExit) as caught:
         parser.parse_args(["run", "--mode", "fastest"])
     assert caught.value.code == 2
+
+
+def test_a_busy_port_names_the_setting_that_chose_it(
+    worker_process_factory: Callable[..., WorkerProcess],
+) -> None:
+    """Issue 40: the one line says which setting to change, not only the address."""
+    worker = worker_process_factory("--name", "a")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = run_gateway(
+            worker,
+            extra=("--listen-metrics", f"127.0.0.1:{port}"),
+            REACTANT_GATEWAY_SCHEDULING_MODE="round_robin",
+        )
+    assert done.returncode == 1
+    # The flags are not reported as environment variables; the environment's are.
+    (overridden,) = [
+        json.loads(line)["variables"]
+        for line in done.stderr.splitlines()
+        if "overridden by environment" in line
+    ]
+    assert "REACTANT_GATEWAY_SCHEDULING_MODE" in overridden
+    assert not any(v.startswith("REACTANT_GATEWAY_LISTEN_") for v in overridden)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"rsgw run: cannot listen on 127.0.0.1:{port}: address already in use (set by "
+        "listen.metrics, REACTANT_GATEWAY_LISTEN_METRICS; rsgw run --listen-metrics)"
+    )

@@ -130,6 +130,10 @@ def exit_status(command: Command, reply: Message) -> int:
     return EXIT_OK
 
 
+#: What to check when nothing answers at --gateway (the first thing a newcomer meets).
+NO_GATEWAY_HINT = "; is a gateway running there? (rsgw run or rsgw node; --gateway HOST:PORT)"
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
     """Run `rsgw ctl` with `argv` (default `sys.argv[1:]`); return the exit status.
 
@@ -150,7 +154,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
         reply = trio.run(call_gateway, target, call_for(parsed.command), parsed.access)
         text = render(parsed.command, reply, parsed.json)
     except CallFailed as exc:
-        print(format_error(exc.code, exc.message, target), file=sys.stderr)
+        message = exc.message
+        if exc.code == "UNAVAILABLE" and message.startswith("cannot connect to"):
+            message += NO_GATEWAY_HINT
+        print(format_error(exc.code, message, target), file=sys.stderr)
         return EXIT_CALL_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -303,7 +303,8 @@ class GatewayControl:
             raise GrpcError(
                 StatusCode.NOT_FOUND,
                 f"no worker currently serves model '{name}'; set allow_unknown_model to "
-                "pre-seed an override for a model that is not loaded yet",
+                "pre-seed an override for a model that is not loaded yet "
+                "(rsgw ctl set-replicas --allow-unknown)",
             )
         replicas = replicas_from_wire(request.replicas)
         knobs = update_override(

@@ -9,20 +9,21 @@ on, so the first request already has a routing table), then the gRPC listener.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import httpx
 import trio
 
 from rsgw._admin import serve_admin
-from rsgw._config import GatewayConfig, SchedulingMode
-from rsgw._errors import ConfigError
+from rsgw._config import GatewayConfig, SchedulingMode, env_name
+from rsgw._errors import ConfigError, ListenError
 from rsgw._exposition import add_runtime_series
 from rsgw._net import TCP, Network, split_host_port
 from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles, client_context
@@ -160,12 +161,13 @@ async def serve_gateway(
         tls, admin_tls = _server_tls(config, ALPN), _server_tls(config, ADMIN_ALPN)
         guard = Guard(config.auth)  # a tokens file that does not load stops the start here
         await nursery.start(guard.watch)
-        bound_admin = await nursery.start(
-            functools.partial(serve_admin, tls=admin_tls),
-            app,
-            admin_host,
-            admin_port,
-        )
+        with _naming("listen.metrics"):
+            bound_admin = await nursery.start(
+                functools.partial(serve_admin, tls=admin_tls),
+                app,
+                admin_host,
+                admin_port,
+            )
         await nursery.start(discovery.serve)  # the dns:/// endpoints have answered once
         coordinator = _coordinator(config, packing, network)
         if coordinator is not None:
@@ -224,9 +226,10 @@ async def serve_gateway(
             connection_window_bytes=DEFAULT_WINDOW_BYTES,
         )
         members.attach(server=server)
-        bound_grpc = await nursery.start(
-            functools.partial(server.serve, network=network), grpc_host, grpc_port
-        )
+        with _naming("listen.grpc"):
+            bound_grpc = await nursery.start(
+                functools.partial(server.serve, network=network), grpc_host, grpc_port
+            )
         members.own_port = bound_grpc
         bound_http: int | None = None
         rest: RestListener | None = None
@@ -245,7 +248,8 @@ async def serve_gateway(
                 max_concurrent_streams=config.connections.max_concurrent_streams,
                 upload_budget=uploads,
             )
-            bound_http = await nursery.start(rest.serve, http_host, http_port)
+            with _naming("listen.http"):
+                bound_http = await nursery.start(rest.serve, http_host, http_port)
         logger.info(
             "gateway serving",
             extra={
@@ -418,3 +422,14 @@ def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
     if rate <= 0:
         return None
     return AccessLog(rate, config.logging.access_log_max_per_second, pool.label)
+
+
+@contextlib.contextmanager
+def _naming(key: str) -> Iterator[None]:
+    """A listener that cannot bind says which setting chose its address."""
+    try:
+        yield
+    except ListenError as exc:
+        raise ListenError(
+            f"{exc} (set by {key}, {env_name(key)}; rsgw run --{key.replace('.', '-')})"
+        ) from exc
