@@ -213,10 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="run a node: one simulated worker per GPU and the gateway in front",
         description="Run the node supervisor: one simulated worker process per GPU and, "
-        "for two workers or more, the gateway on the public ports 8001 (gRPC) and 8002 "
-        "(metrics); a single worker serves those ports itself. Children that die are "
-        "restarted. Without NODE_FILE: builtin models, gpus auto (4 simulated GPUs when "
-        "none is visible), workers on 8080+ and metrics on 9100+.",
+        "for two workers or more, the gateway on the public ports 8001 (gRPC), 8000 "
+        "(REST) and 8002 (metrics); a single worker serves gRPC and metrics itself. "
+        "Children that die are restarted. Without NODE_FILE: builtin models, gpus auto "
+        "(4 simulated GPUs when none is visible), workers on 8080+ and metrics on 9100+.",
     )
     node.add_argument("node_file", nargs="?", metavar="NODE_FILE", help="node file YAML")
     node.add_argument(
