@@ -681,8 +681,10 @@ def test_unknown_keys_are_ignored_with_a_note() -> None:
     assert cfg == parse({"scheduling": {"models": {"m": {}}}})
     assert set(risks(cfg)) == {
         "unknown gateway config key 'bogus' ignored",
-        "unknown gateway config key 'scheduling.rebalance' ignored",
-        "unknown gateway config key 'scheduling.models.m.replica' ignored",
+        "unknown gateway config key 'scheduling.rebalance' ignored "
+        "(did you mean scheduling.rebalance_compute_seconds?)",
+        "unknown gateway config key 'scheduling.models.m.replica' ignored "
+        "(did you mean scheduling.models.m.replicas?)",
         "unknown gateway config key '3' ignored",
     }
 
@@ -1282,3 +1284,14 @@ def test_junk_raises_config_error_and_nothing_else(
 def test_any_root_raises_config_error_or_parses(raw: object) -> None:
     with contextlib.suppress(ConfigError):
         parse_config(raw)
+
+
+def test_no_endpoints_names_the_misspelt_key_that_would_have_given_them() -> None:
+    """Issue 40: `endpoint:` for `endpoints:` was a bare "no endpoints" error, its
+    unknown-key warning never printed (the start stopped first)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"endpoint": ["127.0.0.1:1"]})
+    assert str(refused.value) == (
+        "gateway has no endpoints; set 'endpoints:' in gateway.yml or REACTANT_GATEWAY_WORKERS; "
+        "unknown gateway config key 'endpoint' ignored (did you mean endpoints?)"
+    )

@@ -536,3 +536,12 @@ async def test_a_long_wait_says_so_every_few_seconds(
         "still waiting for the repack (up to 30 s): 5 s",
         "still waiting for the repack (up to 30 s): 10 s",
     ]
+
+
+def test_a_wrong_gateway_address_gets_a_hint() -> None:
+    """Issue 40: the two ways a newcomer points `rsgw ctl` at the wrong place."""
+    from rsgw.ctl._main import hint
+
+    assert "is a gateway running there?" in hint("cannot connect to h:1: refused")
+    assert "not a gRPC port (the REST or metrics port?)" in hint("h:8000 answered HTTP 404")
+    assert hint("model 'x' not found") == ""

@@ -24,6 +24,7 @@ import trio
 from rsgw._errors import ConfigError, RsgwError
 from rsgw._logging import FORMATS, LEVELS, configure_logging
 from rsgw._process import raise_open_file_limit
+from rsgw._usage import StrictParser
 from rsgw._version import __version__
 
 if TYPE_CHECKING:
@@ -65,8 +66,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
+    parser = StrictParser(
         prog="rsgw",
         description="One KServe V2 gRPC endpoint in front of many GPU inference workers.",
     )
@@ -75,7 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser(
         "worker",
-        allow_abbrev=False,
         help="run one simulated GPU worker",
         description="Run one simulated GPU worker: a KServe V2 gRPC server whose "
         "device is a cost model (see docs/models.md).",
@@ -177,7 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        allow_abbrev=False,
         help="run the gateway in front of running workers",
         description="Run the gateway: one KServe V2 endpoint in front of the workers. "
         "Settings come from gateway.yml (--config, REACTANT_GATEWAY_FILE or "
@@ -210,7 +208,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = commands.add_parser(
         "node",
-        allow_abbrev=False,
         help="run a node: one simulated worker per GPU and the gateway in front",
         description="Run the node supervisor: one simulated worker process per GPU and, "
         "for two workers or more, the gateway on the public ports 8001 (gRPC), 8000 "
@@ -239,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe = commands.add_parser(
         "probe",
-        allow_abbrev=False,
         help="health check: is a worker of a node ready?",
         description="Call ServerReady on a worker of the node (127.0.0.1, 5 s deadline): "
         "exit 0 if it is ready, 1 if it is not, is unreachable, or the node file or "
@@ -253,13 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     # through a subparser).
     commands.add_parser(
         "ctl",
-        allow_abbrev=False,
         add_help=False,
         help="operator front end of the gateway's scheduler (rsgw ctl --help)",
     )
     commands.add_parser(
         "simulate",
-        allow_abbrev=False,
         add_help=False,
         help="what-if: a scenario through the scheduling modes in virtual time "
         "(rsgw simulate --help)",

@@ -63,6 +63,7 @@ from rsgw._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
 )
 from rsgw._schema import GatewayConfig as GatewayConfig
+from rsgw._usage import nearest
 from rsgw._values import must_be, read_yaml, show
 from rsgw.scheduling._knobs import SCHEDULING_KNOBS, check_fill_factor, check_replicas
 from rsgw.scheduling._knobs import CompactionMode as CompactionMode
@@ -323,7 +324,8 @@ def _note_unknown(
     for k in m:
         if k not in known:
             name = k if isinstance(k, str) else show(k)
-            notes.append(f"unknown gateway config key '{where}{name}' ignored")
+            hint = nearest(f"{where}{name}", [f"{where}{key}" for key in known])
+            notes.append(f"unknown gateway config key '{where}{name}' ignored{hint}")
 
 
 def _yaml_list(value: object, key: str, targets: bool) -> tuple[str, ...]:

@@ -125,9 +125,11 @@ class GatewayConfig:
                 "certificate is asked for, so no identity can be proven"
             )
         if not self.endpoints:
+            # A misspelt `endpoints:` is the likeliest cause: say so in the same line.
+            typos = [note for note in self.notes if note.startswith("unknown gateway config")]
             raise ConfigError(
                 "gateway has no endpoints; set 'endpoints:' in gateway.yml or "
-                "REACTANT_GATEWAY_WORKERS"
+                "REACTANT_GATEWAY_WORKERS" + "".join(f"; {typo}" for typo in typos)
             )
         self.pairing().check()
 

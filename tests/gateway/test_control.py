@@ -217,6 +217,12 @@ async def test_ctl_set_replicas_then_repack_spreads_a_model_over_two_workers(
         served = [w.service.device.counters["alpha"].requests_served for w in fleet.workers]
         assert sorted(served)[0] == 0 and all(n > 0 for n in sorted(served)[1:]), served
         assert sum(served) == 16
+        # A misspelt model: the nearest served name, then how to pre-seed (issue 40).
+        with pytest.raises(CtlFailed) as refused:
+            await ctl_in_memory(fleet, "set-replicas", "alpah", "2")
+        assert refused.value.line.startswith(
+            "error: NOT_FOUND: no worker currently serves model 'alpah' (did you mean alpha?); "
+        )
 
 
 # -- 3: set-policy ------------------------------------------------------------------------------

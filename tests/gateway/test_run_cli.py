@@ -9,6 +9,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import pytest
+
 from tests.helpers import WorkerProcess
 
 
@@ -67,7 +69,7 @@ def test_an_unreachable_worker_without_a_wait_stops_rsgw_run_with_one_line(
     done = run_gateway(up, gone, wait="0")
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert f"[127.0.0.1:{gone.grpc_port}] unreachable over the control plane" in last
+    assert f"[127.0.0.1:{gone.grpc_port}] not answering; all workers must be up" in last
     assert "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS" in last
     assert "Traceback" not in done.stderr
 
@@ -84,7 +86,7 @@ def test_strict_stops_rsgw_run_on_a_misspelt_variable_with_one_line(
     ]
 
 
-def test_a_prefix_of_an_option_is_not_taken_for_it() -> None:
+def test_a_prefix_of_an_option_is_not_taken_for_it(capsys: pytest.CaptureFixture[str]) -> None:
     """`rsgw node --gpu 2` once ran as `--gpus 2` (argparse's prefix matching): now an
     unknown option, usage, exit 2 (issue 40); the same in `rsgw ctl` and `rsgw simulate`."""
     import pytest
@@ -97,10 +99,19 @@ def test_a_prefix_of_an_option_is_not_taken_for_it() -> None:
     with pytest.raises(SystemExit) as caught:
         build_parser().parse_args(["node", "--gpu", "2"])
     assert caught.value.code == 2
-    with pytest.raises(UsageError):
+    # The subcommand's own usage and error, with the option meant.
+    err = capsys.readouterr().err
+    assert err.startswith("usage: rsgw node ")
+    assert "rsgw node: error: unrecognized arguments: --gpu (did you mean --gpus?)" in err
+    with pytest.raises(UsageError) as refused:
         parse_args(["repack", "--wai", "3"])
+    assert "(did you mean --wait?)" in refused.value.message
+    with pytest.raises(UsageError) as refused:
+        parse_args(["stauts"])
+    assert refused.value.message.startswith("unknown command 'stauts' (did you mean status?)")
     with pytest.raises(SystemExit):
         simulate_parser().parse_args(["x.yaml", "--dur", "3"])
+    assert "rsgw simulate: error: unrecognized arguments: --dur 3" in capsys.readouterr().err
 
 
 def test_mode_is_a_flag_of_node_and_run() -> None:

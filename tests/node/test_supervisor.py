@@ -470,9 +470,11 @@ def test_a_busy_public_port_is_one_line_and_exit_1_before_any_child(tmp_path: Pa
             timeout=30,
         )
     assert result.returncode == 1
-    assert result.stderr.endswith(
-        f"rsgw node: cannot listen on 127.0.0.1:{port}: address already in use\n"
-    )
+    assert (
+        f"rsgw node: cannot listen on 127.0.0.1:{port}: address already in use (another rsgw "
+        "node running? the node's ports: the node file's base_port and metrics_base_port, and "
+        "REACTANT_GATEWAY_LISTEN_GRPC, _HTTP and _METRICS for the gateway's)\n"
+    ) == result.stderr.splitlines(keepends=True)[-1]
     assert "process started" not in result.stderr
 
 

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from rsgw._usage import StrictParser, nearest
 from rsgw._values import split_host_port
 from rsgw.ctl._commands import (
     DEFAULT_GATEWAY,
@@ -66,12 +67,11 @@ class _Exit(Exception):
     """argparse wanted to exit (after `--help`); we return instead."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser that collects what it would print and raises instead of exiting."""
+class _Parser(StrictParser):
+    """A StrictParser that collects what it would print and raises instead of exiting."""
 
     def __init__(self, output: list[str], **kwargs: Any) -> None:
-        # No prefix matching: `--wai 3` is an error, not `--wait 3` (issue 40).
-        super().__init__(allow_abbrev=False, **kwargs)
+        super().__init__(**kwargs)
         self._output = output
 
     def print_help(self, file: object = None) -> None:
@@ -319,7 +319,11 @@ def parse_args(argv: Sequence[str], *, prog: str = DEFAULT_PROG) -> Invocation |
             raise UsageError("no command given", top.format_usage())
         parser = commands.get(head.command)
         if parser is None:
-            raise UsageError(f"unknown command '{head.command}'", top.format_usage())
+            raise UsageError(
+                f"unknown command '{head.command}'{nearest(head.command, list(commands))}; "
+                f"the commands: {', '.join(commands)}",
+                top.format_usage(),
+            )
         args = parser.parse_args(head.rest)
     except _Exit:
         return ShowHelp("".join(output))

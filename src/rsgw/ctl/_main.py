@@ -130,8 +130,16 @@ def exit_status(command: Command, reply: Message) -> int:
     return EXIT_OK
 
 
-#: What to check when nothing answers at --gateway (the first thing a newcomer meets).
-NO_GATEWAY_HINT = "; is a gateway running there? (rsgw run or rsgw node; --gateway HOST:PORT)"
+def hint(message: str) -> str:
+    """What to check when --gateway names the wrong thing (what a newcomer meets first)."""
+    if message.startswith("cannot connect to"):
+        return "; is a gateway running there? (rsgw run or rsgw node; --gateway HOST:PORT)"
+    if " answered HTTP " in message:
+        return (
+            "; not a gRPC port (the REST or metrics port?): --gateway takes the gateway's "
+            "gRPC port, 8001 unless listen.grpc says otherwise"
+        )
+    return ""
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
@@ -154,10 +162,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
         reply = trio.run(call_gateway, target, call_for(parsed.command), parsed.access)
         text = render(parsed.command, reply, parsed.json)
     except CallFailed as exc:
-        message = exc.message
-        if exc.code == "UNAVAILABLE" and message.startswith("cannot connect to"):
-            message += NO_GATEWAY_HINT
-        print(format_error(exc.code, message, target), file=sys.stderr)
+        print(format_error(exc.code, exc.message + hint(exc.message), target), file=sys.stderr)
         return EXIT_CALL_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -32,6 +32,7 @@ from rsgw._errors import ConfigError, GrpcError, RsgwError
 from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw._status import StatusCode
+from rsgw._usage import nearest
 from rsgw.gateway._coordinator import Coordinator, coordination_message
 from rsgw.gateway._members import Members, MembershipRefused
 from rsgw.gateway._metrics import GatewayMetrics
@@ -298,13 +299,15 @@ class GatewayControl:
         name = request.name
         if not name:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "name is empty")
-        known = bool(self._prober.discovery.table.replicas(name))
+        table = self._prober.discovery.table
+        known = bool(table.replicas(name))
         if not known and not request.allow_unknown_model:
+            # A typo is likelier than a model not loaded yet: the nearest name first.
             raise GrpcError(
                 StatusCode.NOT_FOUND,
-                f"no worker currently serves model '{name}'; set allow_unknown_model to "
-                "pre-seed an override for a model that is not loaded yet "
-                "(rsgw ctl set-replicas --allow-unknown)",
+                f"no worker currently serves model '{name}'{nearest(name, sorted(table.models))}"
+                "; set allow_unknown_model to pre-seed an override for a model that is not "
+                "loaded yet (rsgw ctl set-replicas --allow-unknown)",
             )
         replicas = replicas_from_wire(request.replicas)
         knobs = update_override(

@@ -95,14 +95,14 @@ async def await_fleet(
                 f"every worker's ModelControlStatus poll timed out for {streak} consecutive rounds"
             )
         pending = sorted(
-            pool.label(url) for url in pool.urls if url not in answers and url not in lacking
+            _where(pool, url) for url in pool.urls if url not in answers and url not in lacking
         )
         now = trio.current_time()
         if now >= deadline:
             waited = f" after {now - started:.0f}s" if wait_seconds > 0 else ""
             raise StartupError(
-                f"lpt_packing scheduling: worker(s) [{', '.join(pending)}] unreachable over the "
-                f"control plane{waited}; all workers must be up (set "
+                f"lpt_packing scheduling: worker(s) [{', '.join(pending)}] not answering"
+                f"{waited}; all workers must be up (set "
                 "REACTANT_GATEWAY_STARTUP_WAIT_SECONDS to wait for them, inf = forever)"
             )
         if now - last_logged >= WAITING_LOG_INTERVAL:
@@ -123,6 +123,12 @@ async def await_fleet(
     if answers:
         check_fleet(pool, answers)
     return answers, tuple(url for url in pool.urls if url in lacking)
+
+
+def _where(pool: WorkerPool, url: str) -> str:
+    """A worker as an operator finds it: `gpu1 at 127.0.0.1:9011`, or the address alone."""
+    label = pool.label(url)
+    return url if label == url else f"{label} at {url}"
 
 
 def check_fleet(pool: WorkerPool, answers: dict[str, WorkerCounters]) -> None:

@@ -62,6 +62,7 @@ import trio
 
 from rsgw._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
 from rsgw._config import config_file_root, env_name, find_config_file
+from rsgw._errors import ListenError
 from rsgw._logging import resolve_format
 from rsgw._net import bind_tcp, split_host_port
 from rsgw.node._children import DEFAULT_STOP_GRACE, GATEWAY, Child, GatewayChild, WorkerChild
@@ -161,7 +162,14 @@ def _check_free(addresses: list[tuple[str, int]]) -> None:
         ListenError: an address cannot be bound ("address already in use").
     """
     for host, port in addresses:
-        bind_tcp(host, port, backlog=1).close()
+        try:
+            bind_tcp(host, port, backlog=1).close()
+        except ListenError as exc:
+            raise ListenError(
+                f"{exc} (another rsgw node running? the node's ports: the node file's "
+                "base_port and metrics_base_port, and REACTANT_GATEWAY_LISTEN_GRPC, _HTTP "
+                "and _METRICS for the gateway's)"
+            ) from exc
 
 
 async def _wait_serving(child: Child, bound: float) -> None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rsgw._usage import StrictParser
 from rsgw.simulate import _day, _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import (
@@ -74,8 +75,7 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False,
+    p = StrictParser(
         prog="rsgw simulate",
         description="Replay a bench/fleet scenario through the gateway's own scheduling "
         "cores and the worker's own cost model, in virtual time: SLO goodput, latency, "
