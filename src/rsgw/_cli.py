@@ -384,6 +384,7 @@ _RUN_FLAG_ENV = {
 def _run_gateway(args: argparse.Namespace) -> None:
     from rsgw._config import load_config
     from rsgw.gateway._gateway import serve_gateway
+    from rsgw.node._supervision import OPERATOR_VARIABLES
 
     env = dict(os.environ)
     flags: dict[str, str] = {}
@@ -404,10 +405,18 @@ def _run_gateway(args: argparse.Namespace) -> None:
             message = message.replace(f"environment override {name}", flag)
             message = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", flag, message)
         raise ConfigError(message) from None
-    # The log's "overridden by environment" names only what the environment set.
+    # The log's "overridden by environment" names only what the operator's environment
+    # set: not our flags' variables, nor those a node derived for its gateway.
     typed = {variable for variable, flag in flags.items() if flag.startswith("--")}
+    node_set = os.environ.get(OPERATOR_VARIABLES)
+    operator = None if node_set is None else set(node_set.split(","))
     config = dataclasses.replace(
-        config, env_overrides=tuple(v for v in config.env_overrides if v not in typed)
+        config,
+        env_overrides=tuple(
+            v
+            for v in config.env_overrides
+            if v not in typed and (operator is None or v in operator)
+        ),
     )
     configure_logging(config.logging.level, config.logging.format)
     # SIGHUP (or a change to the file) reads gateway.yml again, through the same flags
@@ -424,6 +433,7 @@ def _run_gateway(args: argparse.Namespace) -> None:
 def _run_node(args: argparse.Namespace) -> None:
     from rsgw.node._gpus import visible_gpu_count
     from rsgw.node._node import BUILTIN_MODEL_REPO, default_node, load_node
+    from rsgw.node._supervision import OPERATOR_VARIABLES, operator_variables
     from rsgw.node._supervisor import serve_node
     from rsgw.worker._catalogue import named_catalogue
 
@@ -438,6 +448,7 @@ def _run_node(args: argparse.Namespace) -> None:
         # A bad catalogue is one line now, not a restart loop of every worker.
         named_catalogue(node.model_repo)
     env = dict(os.environ)
+    env[OPERATOR_VARIABLES] = operator_variables(os.environ)
     if args.mode is not None:
         env["REACTANT_GATEWAY_SCHEDULING_MODE"] = args.mode
     if args.config is not None:

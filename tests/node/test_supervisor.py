@@ -373,6 +373,11 @@ def test_a_node_serves_lpt_packing_and_rsgw_ctl_reaches_it(tmp_path: Path, how: 
             check=False,
         )
         assert repack.returncode == 0 and " completed in " in repack.stdout, repack.stderr
+    # The gateway's "overridden by environment" line names the operator's variables only,
+    # not the workers, mode and log format the node handed it.
+    (line,) = [ln for ln in node.log().splitlines() if "overridden by environment" in ln]
+    overridden = json.loads(line.removeprefix("[gateway] "))["variables"]
+    assert sorted(overridden) == sorted(v for v in NODE_ENV if "LISTEN" in v)
 
 
 async def test_single_worker_node_serves_the_public_ports_itself(tmp_path: Path) -> None:

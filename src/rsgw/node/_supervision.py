@@ -25,7 +25,7 @@ from rsgw._blocks import (
     ShutdownConfig,
     check_listen,
 )
-from rsgw._config import ENV_STARTUP_WAIT, env_name
+from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
 from rsgw._errors import ConfigError
 from rsgw._values import split_host_port
 from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
@@ -351,6 +351,17 @@ def _tls_settings(settings: Mapping[str, object]) -> dict[str, str]:
     if not isinstance(block, Mapping):
         return {}
     return {str(k): v for k, v in block.items() if isinstance(v, str) and v}
+
+
+#: The `REACTANT_GATEWAY_*` variables the operator set, as `rsgw node` hands them to its
+#: gateway (comma-separated): the gateway's "overridden by environment" line names only
+#: these, not the ones the node derived (its workers, its flags, its log format).
+OPERATOR_VARIABLES = "RSGW_NODE_OPERATOR_VARIABLES"
+
+
+def operator_variables(env: Mapping[str, str]) -> str:
+    """`OPERATOR_VARIABLES`'s value for the operator's own environment `env`."""
+    return ",".join(sorted(k for k in env if k.startswith(ENV_PREFIX) and env[k].strip()))
 
 
 def gateway_command(executable: str) -> list[str]:
