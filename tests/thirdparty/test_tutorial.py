@@ -5,7 +5,9 @@ The page's shell blocks are run as they are, from the repository root, by bash (
 the MLServer executable is swapped for `RSGW_MLSERVER` when that is not the page's
 `.venv-mlserver`); what the page says they show is checked: the placement carried out
 by load and unload at start-up, the REST answer, `rsgw ctl status`, the Prometheus
-target and queries, and a model widened to both workers with `rsgw ctl`. The page uses
+target and queries, what another host may do (a network namespace: the REST call and
+`rsgw ctl status` work, `set-replicas` is refused), and a model widened to both workers
+with `rsgw ctl`. The page uses
 fixed ports (8000-8002, 9001-9003, 9011-9013, 9090): they are checked free first.
 """
 
@@ -19,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +35,7 @@ from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.scheduling._routing import is_ready_state
 from tests.helpers import unary_call, wait_until
+from tests.netns import other_host
 from tests.thirdparty.servers import MLSERVER, available, missing
 from tests.thirdparty.test_third_party_workers import infer
 
@@ -241,6 +245,27 @@ def test_the_tutorial_as_written(shell: Shell) -> None:
         "action=load,instance=127.0.0.1:8002,job=rsgw": 0.0,
         "action=unload,instance=127.0.0.1:8002,job=rsgw": 2.0,
     }
+
+    # Step 8's caveat, from another host: inference and `rsgw ctl status` work there,
+    # `set-replicas` is refused and names the settings that would open it.
+    with other_host() as host:
+        there = f"{host.gateway_address}:8001"
+        rest = host.command(
+            "bash",
+            "-c",
+            block(blocks, "curl -s 127.0.0.1:8000").replace("127.0.0.1", host.gateway_address),
+        )
+        answered = subprocess.run(rest, capture_output=True, text=True, timeout=30)
+        assert '"data":[2,3,4,5]' in answered.stdout.replace(" ", ""), answered
+        ctl = [sys.executable, "-m", "rsgw", "ctl", "--gateway", there]
+        read = subprocess.run(host.command(*ctl, "status"), capture_output=True, text=True)
+        assert read.returncode == 0 and read.stdout.startswith("mode: lpt_packing"), read
+        refused = subprocess.run(
+            host.command(*ctl, "set-replicas", "simple", "2"), capture_output=True, text=True
+        )
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: PERMISSION_DENIED: ")
+        assert "auth.tokens_file" in refused.stderr
 
     # Step 8: traffic, then `simple` on both workers; no call fails meanwhile.
     client = triton.InferenceServerClient("127.0.0.1:8001")
