@@ -7,14 +7,19 @@ import functools
 
 import httpx
 import numpy as np
+import pytest
 import trio
 
 from rsgw._blocks import RepositoryConfig
 from rsgw._config import CoordinationConfig
+from rsgw._errors import GrpcError
 from rsgw._methods import Method
 from rsgw._net import TCP
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw._status import StatusCode
+from rsgw.coordination._etcd import Etcd
+from rsgw.coordination._records import Keys
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
 from rsgw.scheduling._knobs import SchedulingMode
@@ -176,6 +181,16 @@ async def test_a_worker_added_or_removed_on_one_gateway_joins_or_leaves_both(
 
         async def addresses(index: int) -> set[str]:
             return {m.address for m in (await gateways.status(index)).members}
+
+        # A removal refused here is not shared: the others never see it.
+        client = Etcd([etcd.endpoint], fleet.nursery)
+        changes = Keys(fleet.gateway.config.coordination.cluster).changes
+        before, _ = await client.get_prefix(changes)
+        with pytest.raises(GrpcError) as refused:
+            await gateways.call(0, Method.REMOVE_WORKER, cpb.RemoveWorkerRequest(worker="nobody"))
+        assert refused.value.code == StatusCode.NOT_FOUND
+        assert (await client.get_prefix(changes))[0] == before
+        await client.aclose()
 
         await gateways.call(1, Method.ADD_WORKER, cpb.AddWorkerRequest(address=address))
         with trio.fail_after(10):

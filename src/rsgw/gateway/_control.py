@@ -50,7 +50,6 @@ from rsgw.gateway._scheduling_status import (
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
 from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
-from rsgw.scheduling._membership import MembershipError
 from rsgw.scheduling._policy import (
     NEXT_REPACK,
     PARKING_WARNING,
@@ -203,17 +202,14 @@ class GatewayControl:
         drain = request.drain_seconds if request.drain_seconds > 0 else None
         started = trio.current_time()
         try:
-            # The others name the worker by its address: labels are each gateway's own.
-            address = self._members.membership.find(request.worker).url
-        except MembershipError:
-            address = request.worker
-        if share:
-            shared = cpb.RemoveWorkerRequest(worker=address, drain_seconds=request.drain_seconds)
-            await self._share_quietly(Method.REMOVE_WORKER, shared)
-        try:
-            cut = await self._members.remove(request.worker, drain)
+            member = self._members.retire(request.worker)
         except MembershipRefused as exc:
             raise GrpcError(exc.status, str(exc)) from None
+        if share:  # once it took here, before the drain, so the others drain meanwhile
+            # The others name the worker by its address: labels are each gateway's own.
+            shared = cpb.RemoveWorkerRequest(worker=member.url, drain_seconds=request.drain_seconds)
+            await self._share_quietly(Method.REMOVE_WORKER, shared)
+        cut = await self._members.drain(member, drain)
         return cpb.RemoveWorkerResponse(
             worker=request.worker,
             calls_cut_short=cut,

@@ -173,11 +173,22 @@ class Members:
         what is still running fails over to the other replicas where it can.
 
         Raises:
+            MembershipRefused: as `retire`.
+        """
+        return await self.drain(self.retire(key), drain_seconds)
+
+    def retire(self, key: str) -> Member:
+        """The first, synchronous half of `remove`: `key` takes no new call from now on.
+
+        Apart so that a caller can act between the membership change and the drain
+        (the control plane shares the removal with other gateways only once it took).
+
+        Raises:
             MembershipRefused: no worker is called `key` (NOT_FOUND), or it is the last
                 one (FAILED_PRECONDITION).
         """
         try:
-            member = self.membership.find(key)
+            self.membership.find(key)
         except MembershipError as exc:
             raise MembershipRefused(StatusCode.NOT_FOUND, str(exc)) from None
         try:
@@ -186,7 +197,7 @@ class Members:
             raise MembershipRefused(StatusCode.FAILED_PRECONDITION, str(exc)) from None
         self.membership = after
         self._retired(member)
-        return await self._drain(member, drain_seconds)
+        return member
 
     # -- a source's whole list (gateway.yml on SIGHUP, a DNS answer) ------------------------
 
@@ -212,7 +223,7 @@ class Members:
         self.membership = after
         for member in change.removed:
             self._retired(member)
-            self._nursery.start_soon(self._drain, member, None)
+            self._nursery.start_soon(self.drain, member, None)
         self._joined(change.added, metrics)
         if change:
             logger.info(
@@ -272,8 +283,9 @@ class Members:
             self._packing.request_repack_now()
         self._resize()
 
-    async def _drain(self, member: Member, drain_seconds: float | None) -> int:
-        """Wait for `member`'s calls (bounded), unwind its regions, close its channel."""
+    async def drain(self, member: Member, drain_seconds: float | None) -> int:
+        """Wait for the retired `member`'s calls (bounded), unwind its regions, close its
+        channel; returns the calls cut short."""
         service = self._service
         url, ledger = member.url, service.ledger
         grace = self._config.shutdown.grace_seconds if drain_seconds is None else drain_seconds
