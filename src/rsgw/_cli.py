@@ -407,7 +407,7 @@ def _run_gateway(args: argparse.Namespace) -> None:
         raise ConfigError(message) from None
     # The log's "overridden by environment" names only what the operator's environment
     # set: not our flags' variables, nor those a node derived for its gateway.
-    typed = {variable for variable, flag in flags.items() if flag.startswith("--")}
+    typed = {variable for flag, variable in _RUN_FLAG_ENV.items() if getattr(args, flag)}
     node_set = os.environ.get(OPERATOR_VARIABLES)
     operator = None if node_set is None else set(node_set.split(","))
     config = dataclasses.replace(

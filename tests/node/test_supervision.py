@@ -185,6 +185,25 @@ def test_a_mounted_gateway_yml_without_workers_gets_the_nodes() -> None:
     assert env[W + "WORKERS"] == "127.0.0.1:8080,127.0.0.1:8081"
 
 
+def test_the_nodes_logging_goes_where_neither_file_nor_environment_says() -> None:
+    """The node's level and (resolved) format; `auto` from the environment or the file
+    is the node's choice too (the gateway's stderr is a pipe to the node)."""
+    n = node(gpus=2)
+
+    def logged(env: dict[str, str], yml: dict[str, object] | None = None) -> tuple[str, str]:
+        out = gateway_environment(n, env, gateway_yml=yml, logging=("debug", "text"))
+        return out.get(W + "LOGGING_LEVEL", "-"), out.get(W + "LOGGING_FORMAT", "-")
+
+    assert logged({}) == ("debug", "text")
+    assert logged({W + "LOGGING_FORMAT": "AUTO"}) == ("debug", "text")
+    assert logged({W + "LOGGING_FORMAT": "json", W + "LOGGING_LEVEL": "error"}) == (
+        "error",
+        "json",
+    )
+    assert logged({}, {"logging": {"format": "json", "level": "warning"}}) == ("-", "-")
+    assert logged({}, {"logging": {"format": "auto"}}) == ("debug", "text")
+
+
 def test_gateway_environment_needs_bound_ports_for_port_zero() -> None:
     n = node(gpus=2, base_port=0)
     with pytest.raises(ConfigError, match="worker 'worker0' has gRPC port 0"):

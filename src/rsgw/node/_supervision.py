@@ -182,6 +182,7 @@ def gateway_environment(
     *,
     gateway_yml: Mapping[Any, Any] | None = None,
     workers: Sequence[WorkerSpec] | None = None,
+    logging: tuple[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment the supervisor starts the embedded gateway with (docs/original.md §8.5).
 
@@ -201,6 +202,9 @@ def gateway_environment(
             (`rsgw._config.find_config_file`), or None.
         workers: the workers with their bound ports, when the node file said port 0;
             default `node.workers`.
+        logging: the node's log level and format (`auto` resolved against the node's
+            stderr: the gateway's is a pipe to the node), handed on where neither the
+            file nor the environment sets them; an `auto` from either is replaced.
 
     Raises:
         ConfigError: a worker's port is still 0 (the caller did not pass bound ports).
@@ -241,6 +245,15 @@ def gateway_environment(
         for key, path in _GATEWAY_TLS_KEYS.items():
             if tls.get(key) and free(path):
                 out[env_name(path)] = tls[key]
+    if logging is not None:
+        level, fmt = logging
+        if free("logging.level"):
+            out[env_name("logging.level")] = level
+        given = out.get(env_name("logging.format"), "").strip().lower() or file_value(
+            gateway_yml, "logging.format"
+        )
+        if given in (None, "auto"):
+            out[env_name("logging.format")] = fmt
     grpc = node.global_settings.get("grpc")
     for key in MIRRORED_LIMITS:
         limit = grpc.get(key) if isinstance(grpc, Mapping) else None
@@ -249,14 +262,20 @@ def gateway_environment(
     return out
 
 
-def file_sets(root: Mapping[Any, Any] | None, path: str) -> bool:
-    """Whether a gateway.yml root gives dotted `path` a value (empty counts as absent)."""
+def file_value(root: Mapping[Any, Any] | None, path: str) -> Any:
+    """The value a gateway.yml root gives dotted `path`, None when it gives none (an
+    empty value counts as absent, as in gateway.yml)."""
     value: Any = root
     for part in path.split("."):
         if not isinstance(value, Mapping) or part not in value:
-            return False
+            return None
         value = value[part]
-    return value is not None
+    return value
+
+
+def file_sets(root: Mapping[Any, Any] | None, path: str) -> bool:
+    """Whether a gateway.yml root gives dotted `path` a value."""
+    return file_value(root, path) is not None
 
 
 def _with_port(address: str, port: int) -> str:

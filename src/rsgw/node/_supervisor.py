@@ -70,7 +70,6 @@ from rsgw.node._node import NodeConfig
 from rsgw.node._supervision import (
     Backoff,
     drain_grace,
-    file_sets,
     gateway_environment,
     public_addresses,
     sole_worker,
@@ -228,9 +227,8 @@ async def serve_node(
     log_format = resolve_format(log_format)
     logging_flags = ["--log-level", log_level, "--log-format", log_format]
     grpc, metrics = public_addresses(env)
-    yml_mounted = False
     gateway_yml: Mapping[Any, Any] | None = None
-    gateway_env: dict[str, str] | None = None
+    public_ports: list[tuple[str, int]] = []
     if len(node.workers) == 1:
         specs = [sole_worker(node, env)]
         if split_host_port(grpc)[0] != split_host_port(metrics)[0]:
@@ -238,28 +236,15 @@ async def serve_node(
                 "single worker binds its metrics on the public gRPC host",
                 extra={"grpc": grpc, "metrics": metrics},
             )
-        public_ports: list[tuple[str, int]] = []
     else:
         specs = list(node.workers)
         yml_path = find_config_file(env)
-        yml_mounted = yml_path is not None
-        if yml_path is not None:
-            # Read now so a bad file is one line before any process starts.
-            gateway_yml = config_file_root(yml_path)
-        # With a gateway.yml the gateway's listen addresses are its own business.
-        public_ports = [] if yml_mounted else [split_host_port(grpc), split_host_port(metrics)]
-        http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
-        if not yml_mounted:
-            public_ports.append(split_host_port(check_listen(http, env_name("listen.http"))))
-        gateway_env = dict(env)
-        # The node's logging unless the gateway.yml or the environment says otherwise.
-        if not file_sets(gateway_yml, "logging.level"):
-            gateway_env.setdefault(env_name("logging.level"), log_level)
-        # `auto` is decided here, against our stderr: the gateway's is a pipe to us.
-        format_name = env_name("logging.format")
-        chosen = gateway_env.get(format_name, "").strip().lower()
-        if chosen == "auto" or (not chosen and not file_sets(gateway_yml, "logging.format")):
-            gateway_env[format_name] = log_format
+        # Read now so a bad file is one line before any process starts.
+        gateway_yml = None if yml_path is None else config_file_root(yml_path)
+        if gateway_yml is None:  # with a gateway.yml its listen addresses are its own
+            http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
+            http = check_listen(http, env_name("listen.http"))
+            public_ports = [split_host_port(a) for a in (grpc, metrics, http)]
     _check_free(public_ports + [(s.host, p) for s in specs for p in (s.port, s.metrics_port) if p])
     workers = [WorkerChild(s, node, env, logging_flags, sink, stop_grace) for s in specs]
     children: dict[str, Child] = {w.name: w for w in workers}
@@ -273,12 +258,13 @@ async def serve_node(
                     bound = math.inf if worker.spec.port == 0 else worker_start_wait
                     waits.start_soon(_wait_serving, worker, bound)
             public: Child = workers[0]
-            if gateway_env is not None:
+            if len(node.workers) > 1:
                 gateway_env = gateway_environment(
                     node,
-                    gateway_env,
+                    env,
                     gateway_yml=gateway_yml,
                     workers=[w.spec for w in workers],
+                    logging=(log_level, log_format),
                 )
                 public = children[GATEWAY] = GatewayChild(gateway_env, sink, stop_grace)
                 nursery.start_soon(public.supervise, backoff())
