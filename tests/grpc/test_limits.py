@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.grpc._limits import StreamShare
+from rsgw.grpc._limits import ACKNOWLEDGMENTS_PER_MESSAGE, PREFIX_BYTES, FloodGuard, StreamShare
 
 
 def test_the_cap_is_shared_among_busy_connections() -> None:
@@ -47,3 +47,49 @@ def test_shares_cover_the_cap_within_the_full_limit(cap: int, full: int, busy: i
     if share.current < full:
         assert share.current * max(1, busy) >= cap  # together, enough to keep the cap busy
         assert (share.current - 1) * max(1, busy) < cap  # and no more than that
+
+
+def test_window_updates_that_acknowledge_our_replies_are_free() -> None:
+    """grpc-core's pattern on a stream (perf_analyzer at concurrency 4): each reply
+    acknowledged on the stream and on the connection, each in two pieces."""
+    guard = FloodGuard(10)
+    for _ in range(10_000):
+        guard.sent(231)
+        for _window in range(2):
+            assert guard.window_update(PREFIX_BYTES)
+            assert guard.window_update(231)
+    assert guard.budget == 10
+
+
+def test_window_updates_past_what_we_sent_cost_like_control_frames() -> None:
+    guard = FloodGuard(10)
+    guard.sent(100)
+    assert guard.window_update(2 * (100 + PREFIX_BYTES))  # all of it, at once: free
+    assert guard.budget == 10
+    assert guard.window_update(1)  # nothing left to acknowledge: paid for
+    assert guard.budget == 9
+    trickled = FloodGuard(10)
+    trickled.sent(100_000)
+    for _ in range(ACKNOWLEDGMENTS_PER_MESSAGE):  # a trickle: a few frames free, no more
+        assert trickled.window_update(1)
+    assert trickled.budget == 10
+    outcomes = [trickled.window_update(1) for _ in range(11)]
+    assert trickled.budget == -1 and not outcomes[-1]
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 1 << 21)), max_size=200))
+def test_free_acknowledgments_never_exceed_what_was_sent(
+    exchanges: list[tuple[int, int]],
+) -> None:
+    guard = FloodGuard(1_000_000)
+    sent = free_bytes = free_frames = 0
+    for size, delta in exchanges:
+        guard.sent(size)
+        sent += 1
+        before = guard.budget
+        guard.window_update(delta)
+        if guard.budget == before:
+            free_bytes += delta
+            free_frames += 1
+    assert free_frames <= ACKNOWLEDGMENTS_PER_MESSAGE * sent
+    assert free_bytes <= sum(2 * (size + PREFIX_BYTES) for size, _ in exchanges)

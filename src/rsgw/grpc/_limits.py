@@ -11,8 +11,16 @@ often an answer, and a reset of a call we run costs a handler. So each one spend
 from a budget; calls the peer opens earn a little back, and the shell refills it to
 its base every `refill_seconds`. A peer that overdraws it is told ENHANCE_YOUR_CALM
 and disconnected. A well-behaved client never comes near: grpc-core sends a few
-control frames per call, and a PING a minute; on a long stream it acknowledges each
-reply with WINDOW_UPDATEs, which each reply sent pays for.
+control frames per call, and a PING a minute.
+
+A WINDOW_UPDATE that gives back window our own DATA used is an acknowledgment, not
+a flood, however many a client sends: grpc-core acknowledges a streamed reply with
+two per window (its 5-byte prefix as it is read, then the rest), four frames a
+reply, which perf_analyzer's streams at concurrency 4 turned into a GOAWAY when
+each reply paid for two. So what we send opens an allowance (its bytes, twice: the
+stream's window and the connection's; and a few frames per message), and a
+WINDOW_UPDATE within it is free; one past it (a window grown beyond what we used,
+or a trickle of one-byte increments) costs like any control frame.
 """
 
 from __future__ import annotations
@@ -58,19 +66,25 @@ class ConnectionLimits:
 #: What a call the peer opens earns back, and what resetting it at once costs.
 CALL_CREDIT = 10
 RESET_COST = 15
-#: What each message we send on a stream earns back: the peer acknowledges it with a
-#: stream and a connection WINDOW_UPDATE (a unary call's are in its CALL_CREDIT).
-MESSAGE_CREDIT = 2
+#: How many acknowledging WINDOW_UPDATEs each message we send allows: two windows
+#: (the stream's, the connection's), each acknowledged in up to two pieces.
+ACKNOWLEDGMENTS_PER_MESSAGE = 4
+#: A gRPC message's length prefix, which the peer's window counts too.
+PREFIX_BYTES = 5
 
 
 class FloodGuard:
     """A connection's control-frame budget (see the module docstring)."""
 
-    __slots__ = ("base", "budget")
+    __slots__ = ("_ack_bytes", "_ack_frames", "base", "budget")
 
     def __init__(self, base: int) -> None:
         self.base = base
         self.budget = base
+        #: Window our DATA used that the peer has not yet given back, and how many
+        #: WINDOW_UPDATE frames may still give it back for free.
+        self._ack_bytes = 0
+        self._ack_frames = 0
 
     def spend(self, cost: int = 1) -> bool:
         """Charge one control frame (or `cost`); False once the budget is overdrawn."""
@@ -81,10 +95,18 @@ class FloodGuard:
         """The peer opened a call: useful work buys a little more room."""
         self.budget += CALL_CREDIT
 
-    def sent(self) -> None:
-        """We sent a message on a stream: its flow-control acknowledgments are paid for
-        (a long stream of replies is work, not a flood of control frames)."""
-        self.budget += MESSAGE_CREDIT
+    def sent(self, size: int) -> None:
+        """We sent a message of `size` bytes: the peer may acknowledge it for free."""
+        self._ack_bytes += 2 * (size + PREFIX_BYTES)
+        self._ack_frames += ACKNOWLEDGMENTS_PER_MESSAGE
+
+    def window_update(self, delta: int) -> bool:
+        """Charge a WINDOW_UPDATE of `delta` bytes unless it acknowledges our DATA."""
+        if self._ack_frames > 0 and delta <= self._ack_bytes:
+            self._ack_frames -= 1
+            self._ack_bytes -= delta
+            return True
+        return self.spend()
 
     def refill(self) -> None:
         """A new period: back to the base if below it."""

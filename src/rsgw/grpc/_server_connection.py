@@ -120,6 +120,7 @@ class ServerConnection(GrpcConnection):
                 call.advance_outbound(Step.END)
                 self._after_outbound_end(call)
                 return
+            self.guard.sent(len(message))
             self._h2.send_headers(stream_id, response_headers(message))
             call.advance_outbound(Step.HEADERS)
             call.trailers = status_trailers(code, text, trailers)
@@ -164,15 +165,18 @@ class ServerConnection(GrpcConnection):
 
     def send_message(self, stream_id: int, message: Body) -> bool:
         """`GrpcConnection.send_message`; the WINDOW_UPDATEs that acknowledge it are
-        paid for (see `FloodGuard.sent`)."""
-        self.guard.sent()
+        free (see `FloodGuard.sent`)."""
+        self.guard.sent(len(message))
         return super().send_message(stream_id, message)
 
     def _on_control(self, event: http2.Event, events: list[Event]) -> None:
         self.guard.spend()
 
     def _on_window(self, event: http2.Event, events: list[Event]) -> None:
-        self.guard.spend()
+        if type(event) is http2.WindowUpdated:
+            self.guard.window_update(event.delta)
+        else:  # SETTINGS
+            self.guard.spend()
         super()._on_window(event, events)
 
     def _on_reset(self, event: http2.StreamReset, events: list[Event]) -> None:
