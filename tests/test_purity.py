@@ -71,9 +71,9 @@ SHELL_MODULES = {
     "ctl": {"__init__", "_main"},
     # Coordination's records are pure; its etcd client is its shell.
     "coordination": {"_etcd"},
-    # The REST front door's routes, JSON and tensor codec are pure; the door and its
-    # HTTP listener are its shell.
-    "rest": {"_door", "_listener"},
+    # The REST front door's routes, HTTP/1.1 framing, JSON and tensor codec are pure;
+    # the door, its HTTP listener and what it does with a connection are its shell.
+    "rest": {"_door", "_listener", "_connections"},
     # The simulator's devices and figures are pure; its scenarios (files, seeded random
     # arrivals), offered load (built on the capacity search), capacity search (seeded
     # random), engine (the gateway's settings parser and admission rule), traces (files,

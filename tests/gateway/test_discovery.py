@@ -4,16 +4,21 @@ Memory fleets with the autojump clock: the workers listen on 10.0.0.N:8001 of th
 memory network, and trio's resolver is replaced at the socket layer
 (`trio.socket.set_custom_hostname_resolver`) by a stub the test edits, as a
 Kubernetes headless Service's answer changes when pods come and go. One test edits
-/etc/hosts where it may, with real workers on 127.0.0.2 and 127.0.0.3.
+/etc/hosts in a mount namespace of its own (a copy bind-mounted over it; the
+machine's file is never touched), with real workers on 127.0.0.2 and 127.0.0.3.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -31,6 +36,8 @@ from tests.gateway.test_failover import check_simple, served
 from tests.gateway.test_membership import load
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork
+
+REPO = Path(__file__).resolve().parent.parent.parent
 
 NAME = "rsgw-workers.test.svc"
 PORT = 8001
@@ -192,10 +199,35 @@ async def test_start_up_waits_for_the_name_to_resolve(autojump_clock: MockClock)
 HOSTS = "/etc/hosts"
 
 
-@pytest.mark.skipif(not os.access(HOSTS, os.W_OK), reason="needs a writable /etc/hosts")
-async def test_an_etc_hosts_edit_is_followed() -> None:
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0,
+    reason="needs unshare and root, for a private mount namespace",
+)
+def test_an_etc_hosts_edit_is_followed(tmp_path: Path) -> None:
+    """The system resolver follows an /etc/hosts edit: run in a child process in a
+    mount namespace of its own, where /etc/hosts is a copy bind-mounted over it, so
+    the machine's own file is never touched."""
+    private = tmp_path / "hosts"
+    private.write_text(read_hosts())
+    code = (
+        "import trio; from tests.gateway.test_discovery import follow_hosts_edit; "
+        "trio.run(follow_hosts_edit)"
+    )
+    script = f'mount --bind "{private}" {HOSTS} && exec "{sys.executable}" -c "{code}"'
+    run = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+
+
+async def follow_hosts_edit() -> None:
     """Real workers on 127.0.0.2 and 127.0.0.3 (one port), the system resolver, and a
-    name in /etc/hosts that moves from one to the other."""
+    name in /etc/hosts (the namespace's own copy) that moves from one to the other."""
     name = f"rsgw-discovery-{os.getpid()}.invalid"
     original = read_hosts()
 
@@ -207,26 +239,23 @@ async def test_an_etc_hosts_edit_is_followed() -> None:
     port = probe.getsockname()[1]
     probe.close()
     point("127.0.0.2")
-    try:
-        async with trio.open_nursery() as nursery:
-            hosts = ["127.0.0.2", "127.0.0.3"]
-            fleet = await start_dns_fleet(nursery, TCP, hosts, name, port, 0.2)
-            gateway, workers = fleet.gateway, fleet.workers
-            assert gateway.statistics().workers == (f"127.0.0.2:{port}",)
-            await check_simple(fleet, 4)
-            point("127.0.0.3")
-            await wait_until_async(
-                lambda: gateway.statistics().workers == (f"127.0.0.3:{port}",),
-                seconds=20,
-                what="the name moved",
-            )
-            await wait_until_async(lambda: bool(gateway.statistics().ready), what="ready")
-            before = served(workers[1])
-            await check_simple(fleet, 5)
-            assert served(workers[1]) == before + 1
-            nursery.cancel_scope.cancel()
-    finally:
-        write_hosts(original)
+    async with trio.open_nursery() as nursery:
+        hosts = ["127.0.0.2", "127.0.0.3"]
+        fleet = await start_dns_fleet(nursery, TCP, hosts, name, port, 0.2)
+        gateway, workers = fleet.gateway, fleet.workers
+        assert gateway.statistics().workers == (f"127.0.0.2:{port}",)
+        await check_simple(fleet, 4)
+        point("127.0.0.3")
+        await wait_until_async(
+            lambda: gateway.statistics().workers == (f"127.0.0.3:{port}",),
+            seconds=20,
+            what="the name moved",
+        )
+        await wait_until_async(lambda: bool(gateway.statistics().ready), what="ready")
+        before = served(workers[1])
+        await check_simple(fleet, 5)
+        assert served(workers[1]) == before + 1
+        nursery.cancel_scope.cancel()
 
 
 def read_hosts() -> str:
@@ -235,8 +264,10 @@ def read_hosts() -> str:
 
 
 def write_hosts(text: str) -> None:
-    with open(HOSTS, "w", encoding="utf-8") as f:
+    """Rewrite the (bind-mounted) file in place: the mount follows the inode."""
+    with open(HOSTS, "r+", encoding="utf-8") as f:
         f.write(text)
+        f.truncate()
 
 
 async def test_an_answer_of_too_many_addresses_changes_nothing(autojump_clock: MockClock) -> None:

@@ -15,7 +15,6 @@ import signal
 import socket
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -177,10 +176,9 @@ def test_a_second_sigterm_stops_at_once(slow_worker: WorkerProcess) -> None:
             wait_until(lambda: _worker_inflight(slow_worker) == 1, what="the call in flight")
             gateway.process.send_signal(signal.SIGTERM)
             wait_until(lambda: "gateway stopping" in gateway.log(), what="the drain to start")
-            started = time.monotonic()
             gateway.process.send_signal(signal.SIGTERM)
+            # At once, not after the drain's grace (30 s): exit 0 well within it.
             assert gateway.process.wait(10) == 0
-            assert time.monotonic() - started < 5
             with pytest.raises(grpc.RpcError):
                 future.result()
     finally:

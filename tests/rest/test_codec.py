@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
+from rsgw._body import joined
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.rest import _tensors
-from rsgw.rest._codec import EncodedRequest, RestError, decode_response, encode_request
+from rsgw.rest._codec import EncodedRequest, RestError, encode_request
+from rsgw.rest._reply import decode_response
 
 LIMIT = 1 << 24
 
@@ -241,7 +243,7 @@ def test_request_carries_what_tritonclient_grpc_would_send(
     outputs = [("OUT0", True, 0), ("OUT1", False, 3)]
     body, length, theirs = triton_bodies(arrays, binary, outputs)
     encoded = encode_request("simple", "2", body, length, max_bytes=LIMIT)
-    assert call(pb.ModelInferRequest.FromString(encoded.message)) == call(theirs)
+    assert call(pb.ModelInferRequest.FromString(joined(encoded.message))) == call(theirs)
     assert encoded.binary_outputs == {"OUT0": True, "OUT1": False}
     assert encoded.binary_default is False
 
@@ -249,7 +251,7 @@ def test_request_carries_what_tritonclient_grpc_would_send(
 def test_no_outputs_listed_follows_binary_data_output() -> None:
     body, length, theirs = triton_bodies({"IN": np.arange(4, dtype=np.int32)}, True, None)
     encoded = encode_request("simple", "2", memoryview(body), length, max_bytes=LIMIT)
-    message = pb.ModelInferRequest.FromString(encoded.message)
+    message = pb.ModelInferRequest.FromString(joined(encoded.message))
     assert "binary_data_output" not in message.parameters
     assert call(message) == call(theirs)
     assert (encoded.binary_outputs, encoded.binary_default) == ({}, True)
@@ -265,7 +267,7 @@ def test_shared_memory_inputs_and_outputs() -> None:
     out.set_shared_memory("out", 64)
     body, length = request_body([on_http, b], outputs=[out])
     encoded = encode_request("m", "", body, length, max_bytes=LIMIT)
-    message = pb.ModelInferRequest.FromString(encoded.message)
+    message = pb.ModelInferRequest.FromString(joined(encoded.message))
     assert param_values(message.inputs[0].parameters) == param_values(
         on_grpc._get_tensor().parameters
     )
@@ -348,7 +350,7 @@ def test_nan_and_infinities_reach_tritonclient_through_json() -> None:
     )
     assert b'"data":[NaN,Infinity,-Infinity,0.5]' in body
     assert np.array_equal(parse(body).as_numpy("A"), values, equal_nan=True)
-    raw = encode_json(infer("FP64", [2], [math.nan, -math.inf])).message
+    raw = joined(encode_json(infer("FP64", [2], [math.nan, -math.inf])).message)
     assert pb.ModelInferRequest.FromString(raw).raw_input_contents[0] == struct.pack(
         "<2d", math.nan, -math.inf
     )

@@ -239,6 +239,7 @@ async def serve_gateway(
                 guarded_through,
                 time_limits=service.time_limits,
                 max_body_bytes=limits.max_recv_msg_bytes,
+                upload_budget=uploads,
             )
             http_host, http_port = split_host_port(config.listen.http)
             rest = RestListener(

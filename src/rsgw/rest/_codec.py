@@ -1,8 +1,8 @@
-"""Triton's REST inference call as the gRPC ModelInfer call a worker takes, and back.
+"""Triton's REST inference request as the gRPC ModelInfer call a worker takes.
 
 Pure: no trio, no sockets, no logging. The REST door (`rsgw.rest._door`) sends every
 inference down the gateway's gRPC ModelInfer path, byte for byte the call a gRPC
-client would have made, so the REST-specific work is all here.
+client would have made, so the REST-specific work is here and in `rsgw.rest._reply` (the way back).
 
 Requests. Every tensor's bytes go in `raw_input_contents`, one entry per input not
 read from shared memory, in input order (gRPC takes raw contents for all such
@@ -13,36 +13,44 @@ REST-only settings (an input's `binary_data_size`, an output's `binary_data`, th
 request's `binary_data_output`) are not forwarded; what the response needs of them
 is kept in the `EncodedRequest`. Every other parameter is.
 
-Responses, as Triton writes them: "id" only when set; a binary output as
-`binary_data_size`, its bytes after the JSON in output order, and the JSON's length
-(the Inference-Header-Content-Length header) only when bytes follow; no data for an
-output in shared memory (so asked in the request, or so marked by the worker).
-Data comes from `raw_output_contents` (an entry per output, or per output not in
-shared memory) or from the typed `contents` some workers (MLServer) send instead.
+Large JSON data. A JSON body's numbers are not made Python objects (issue 47: that
+cost 32 bytes a `1.5,`): `read_request` cuts the large numeric `data` arrays out
+of the text (`rsgw.rest._json_data`), parses and checks the rest, and returns a
+`RequestDraft` that knows every input's name, datatype and shape and how many
+bytes its numbers will pack into, before any is read; `RequestDraft.encode` then
+packs them a slice at a time. The door checks and pays for the draft in between.
 
 Errors are the door's `RestError`s: 400 for the request's mistakes, 413 for a
-request too large as gRPC, 500 for a worker's answer that makes no sense. They
-name the tensor and say what is wrong, in Triton's words where Triton has some.
+request too large as gRPC. They name the tensor and say what is wrong, in Triton's
+words where Triton has some.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
+from rsgw._body import Body, Gathered
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.rest import _tensors
 from rsgw.rest._errors import RestError
-from rsgw.rest._tensors import NotUtf8Error, TensorError, show
+from rsgw.rest._json_data import (
+    NumbersError,
+    Skeleton,
+    cut_data,
+    pack_numbers,
+    span_of,
+)
+from rsgw.rest._tensors import TensorError, show
 
-_SHM_REGION = "shared_memory_region"
+SHM_REGION = "shared_memory_region"
 _SHM_NUMBERS = ("shared_memory_byte_size", "shared_memory_offset")
 _INT64 = 1 << 63
 _RAW_INPUT_TAG = b"\x3a"  # raw_input_contents: field 7, length-delimited
+#: A request this large goes to the gateway in its pieces, never joined (one copy less).
+GATHER_FROM_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +63,127 @@ class EncodedRequest:
     `shm_outputs`: requested outputs the worker writes to shared memory.
     """
 
-    message: bytes
+    message: Body
     binary_outputs: Mapping[str, bool]
     binary_default: bool = False
     shm_outputs: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftInput:
+    """An input of a read request, as the model's metadata can check it."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class RequestDraft:
+    """A REST inference request read and checked, its large numeric arrays not yet
+    packed (see the module docstring); `encode` finishes it."""
+
+    model: str
+    message: pb.ModelInferRequest
+    #: Each raw input's bytes, or (for a large JSON array) how to pack them.
+    chunks: list[bytes | memoryview | _LargeData]
+    binary_outputs: dict[str, bool]
+    binary_default: bool
+    shm_outputs: frozenset[str]
+    inputs: list[DraftInput]
+
+    @property
+    def expansion(self) -> int:
+        """Bytes the large JSON arrays pack into: what `encode` makes beside the body."""
+        return sum(chunk.size for chunk in self.chunks if isinstance(chunk, _LargeData))
+
+    def encode(self, max_bytes: int) -> EncodedRequest:
+        """The gRPC request, large arrays packed (a slice of their text at a time).
+
+        Raises:
+            RestError: 400 for data that does not fit its input, 413 when the gRPC
+                request would be larger than `max_bytes`.
+        """
+        # Each raw entry's tag and length go with what comes before them, so the first
+        # piece holds the whole head and where the tensors start (routing reads a
+        # `Gathered` body's head from its first piece, and joins it all if it cannot).
+        parts: list[bytes | bytearray | memoryview] = []
+        framing = self.message.SerializeToString()
+        for chunk in self.chunks:
+            data = chunk.pack() if isinstance(chunk, _LargeData) else chunk
+            parts += (framing + _RAW_INPUT_TAG + _varint(len(data)), data)
+            framing = b""
+        if framing:
+            parts.append(framing)
+        size = sum(map(len, parts))
+        if size > max_bytes:
+            raise RestError(
+                413,
+                f"the inference request for model '{self.model}' is {size} bytes as gRPC, "
+                f"more than the {max_bytes} bytes allowed",
+            )
+        if size < GATHER_FROM_BYTES:
+            message: Body = b"".join(parts)
+        else:
+            message = Gathered([memoryview(part) for part in parts], size)
+        return EncodedRequest(message, self.binary_outputs, self.binary_default, self.shm_outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class _LargeData:
+    """A large JSON array of numbers, still text: packed by `pack`."""
+
+    text: memoryview
+    name: str
+    datatype: str
+    count: int
+
+    @property
+    def size(self) -> int:
+        return self.count * _tensors.ITEM_SIZES[self.datatype]
+
+    def pack(self) -> bytes | bytearray:
+        datatype = self.datatype
+        try:
+            return pack_numbers(
+                self.text,
+                self.count,
+                _tensors.kinds(datatype),
+                lambda values: _tensors.pack(datatype, values),  # type: ignore[arg-type]
+            )
+        except (NumbersError, TensorError) as exc:
+            raise _bad(f"unable to parse 'data' for input '{self.name}': {exc}") from None
+
+
+def shape_problem(draft: RequestDraft, metadata: pb.ModelMetadataResponse) -> str | None:
+    """Why the draft's inputs cannot be the model's (as its metadata says), worded as
+    Triton words it; None when they fit, or the metadata does not say."""
+    known = {tensor.name: tensor for tensor in metadata.inputs}
+    if not known:
+        return None
+    for given in draft.inputs:
+        tensor = known.get(given.name)
+        if tensor is None:
+            return f"unexpected inference input '{given.name}' for model '{draft.model}'"
+        if tensor.datatype and tensor.datatype != given.datatype:
+            return (
+                f"inference input '{given.name}' data-type is '{given.datatype}', but model "
+                f"'{draft.model}' expects '{tensor.datatype}'"
+            )
+        expected = list(tensor.shape)
+        if expected and (
+            len(expected) != len(given.shape)
+            or any(e >= 0 and e != g for e, g in zip(expected, given.shape, strict=True))
+        ):
+            return (
+                f"unexpected shape for input '{given.name}' for model '{draft.model}'. "
+                f"Expected {_dims(expected)}, got {_dims(given.shape)}"
+            )
+    return None
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def encode_request(
@@ -69,18 +194,29 @@ def encode_request(
     *,
     max_bytes: int,
 ) -> EncodedRequest:
-    """A REST inference body (JSON header, then binary section) as a ModelInferRequest.
+    """`read_request`, then `RequestDraft.encode`: a REST inference body as a
+    ModelInferRequest.
+
+    Raises:
+        RestError: as those two.
+    """
+    return read_request(model, version, body, header_length).encode(max_bytes)
+
+
+def read_request(
+    model: str, version: str, body: bytes | bytearray | memoryview, header_length: int | None
+) -> RequestDraft:
+    """A REST inference body (JSON header, then binary section), read and checked.
 
     `header_length` is the Inference-Header-Content-Length header (None when absent:
     the whole body is JSON).
 
     Raises:
-        RestError: 400 for a body that is not a valid inference request, 413 when
-            the gRPC request would be larger than `max_bytes`.
+        RestError: 400 for a body that is not a valid inference request.
     """
     view = memoryview(body).cast("B")
     if header_length is None:
-        header, binary = body, view[len(view) :]
+        header, binary = view, view[len(view) :]
     elif header_length <= 0:
         raise _bad(
             "Inference-Header-Content-Length must be greater than 0 (a request that is "
@@ -93,7 +229,9 @@ def encode_request(
         )
     else:
         header, binary = view[:header_length], view[header_length:]
-    document = _parse(header)
+    # The whole body when it is all JSON: a view of it would be copied to parse.
+    skeleton = cut_data(body if header_length is None else header)
+    document = _parse(skeleton.text)
 
     message = pb.ModelInferRequest(model_name=model, model_version=version)
     request_id = document.get("id", "")
@@ -111,10 +249,11 @@ def encode_request(
     inputs = document.get("inputs")
     if type(inputs) is not list:
         raise _bad("unable to parse 'inputs': expected an array of input objects")
-    chunks: list[bytes | memoryview] = []
+    chunks: list[bytes | memoryview | _LargeData] = []
     taken = 0
+    found = _Found(header, skeleton, binary, header_length, model)
     for index, item in enumerate(inputs):
-        chunk, taken = _input(message, item, index, binary, taken, header_length, model)
+        chunk, taken = _input(message, item, index, found, taken)
         if chunk is not None:
             chunks.append(chunk)
     if taken != len(binary):
@@ -135,19 +274,28 @@ def encode_request(
                 shm_outputs.add(name)
             else:
                 binary_outputs[name] = binary_output
+    described = [DraftInput(t.name, t.datatype, tuple(t.shape)) for t in message.inputs]
+    return RequestDraft(
+        model,
+        message,
+        chunks,
+        binary_outputs,
+        binary_default,
+        frozenset(shm_outputs),
+        described,
+    )
 
-    head = message.SerializeToString()
-    parts: list[bytes | memoryview] = [head]
-    for chunk in chunks:
-        parts += (_RAW_INPUT_TAG, _varint(len(chunk)), chunk)
-    size = sum(map(len, parts))
-    if size > max_bytes:
-        raise RestError(
-            413,
-            f"the inference request for model '{model}' is {size} bytes as gRPC, "
-            f"more than the {max_bytes} bytes allowed",
-        )
-    return EncodedRequest(b"".join(parts), binary_outputs, binary_default, frozenset(shm_outputs))
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """Where a request's tensor data is: its JSON header (and the arrays cut out of
+    it), and its binary section."""
+
+    header: memoryview
+    skeleton: Skeleton
+    binary: memoryview
+    header_length: int | None
+    model: str
 
 
 def _bad(message: str) -> RestError:
@@ -201,8 +349,8 @@ def _set(target: pb.InferParameter, value: object, what: str) -> None:
 
 
 def _shm_parameters(parameters: Mapping[str, Any], what: str) -> None:
-    if type(parameters.get(_SHM_REGION, "")) is not str:
-        raise _bad(f"unable to parse '{_SHM_REGION}' for {what}: expected a string")
+    if type(parameters.get(SHM_REGION, "")) is not str:
+        raise _bad(f"unable to parse '{SHM_REGION}' for {what}: expected a string")
     for key in _SHM_NUMBERS:
         _count(parameters.get(key, 0), f"'{key}' for {what}")
 
@@ -214,16 +362,12 @@ def _count(value: object, what: str) -> int:
 
 
 def _input(
-    message: pb.ModelInferRequest,
-    item: object,
-    index: int,
-    binary: memoryview,
-    taken: int,
-    header_length: int | None,
-    model: str,
-) -> tuple[bytes | memoryview | None, int]:
-    """Adds input `index` to `message`: its raw bytes (None in shared memory), and
-    how far the binary section has been taken once its own bytes are."""
+    message: pb.ModelInferRequest, item: object, index: int, found: _Found, taken: int
+) -> tuple[bytes | memoryview | _LargeData | None, int]:
+    """Adds input `index` to `message`: its raw bytes (None in shared memory; a large
+    JSON array still to pack), and how far the binary section has been taken once
+    its own bytes are."""
+    binary, header_length, model = found.binary, found.header_length, found.model
     item, name, parameters = _named(item, index, "input")
     datatype = item.get("datatype")
     if type(datatype) is not str:
@@ -240,11 +384,11 @@ def _input(
             f"got {show(shape)}",
         )
     sources = ["'data'"] if "data" in item else []
-    sources += [f"'{key}'" for key in ("binary_data_size", _SHM_REGION) if key in parameters]
+    sources += [f"'{key}'" for key in ("binary_data_size", SHM_REGION) if key in parameters]
     if len(sources) != 1:
         raise _bad(
             f"input '{name}' must set exactly one of 'data', 'binary_data_size' in "
-            f"'parameters' and '{_SHM_REGION}' in 'parameters', but sets "
+            f"'parameters' and '{SHM_REGION}' in 'parameters', but sets "
             + (" and ".join(sources) if sources else "none"),
         )
     _shm_parameters(parameters, f"input '{name}'")
@@ -254,9 +398,15 @@ def _input(
             _set(tensor.parameters[key], value, f"parameter '{key}' of input '{name}'")
     count = _tensors.element_count(shape)
 
-    if _SHM_REGION in parameters:
+    if SHM_REGION in parameters:
         return None, taken
     if "data" in item:
+        span = span_of(item["data"], found.skeleton)
+        if span is not None:
+            if datatype == "BYTES":  # the cut arrays hold numbers and booleans only
+                raise _bad(f"unable to parse 'data' for input '{name}': expected strings")
+            text = found.header[span[0] : span[1]]
+            return _LargeData(text, name, datatype, count), taken
         try:
             return _tensors.json_to_raw(datatype, item["data"], count), taken
         except TensorError as exc:
@@ -289,9 +439,9 @@ def _output(message: pb.ModelInferRequest, item: object, index: int) -> tuple[st
     binary = parameters.get("binary_data", False)
     if type(binary) is not bool:
         raise _bad(f"unable to parse 'binary_data' for output '{name}': expected a bool")
-    shm = _SHM_REGION in parameters
+    shm = SHM_REGION in parameters
     if shm and binary:
-        raise _bad(f"output '{name}' can't set both '{_SHM_REGION}' and 'binary_data'")
+        raise _bad(f"output '{name}' can't set both '{SHM_REGION}' and 'binary_data'")
     _shm_parameters(parameters, f"output '{name}'")
     if "classification" in parameters:
         _count(parameters["classification"], f"'classification' for output '{name}'")
@@ -311,142 +461,12 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def decode_response(reply: bytes, request: EncodedRequest) -> tuple[bytes, int | None]:
-    """A worker's ModelInferResponse as Triton's REST response body.
-
-    Returns the body and, when binary tensors follow the JSON, the JSON's length
-    (the Inference-Header-Content-Length header); None when the body is all JSON.
-
-    Raises:
-        RestError: 500 for an answer that does not parse or whose tensors do not
-            match their shapes; 400 for a BYTES output asked for in JSON that
-            holds bytes JSON cannot carry.
-    """
-    try:
-        response = pb.ModelInferResponse.FromString(reply)
-    except DecodeError:
-        raise RestError(500, "the worker's ModelInferResponse does not parse") from None
-    document: dict[str, Any] = {}
-    if response.id:
-        document["id"] = response.id
-    document["model_name"] = response.model_name
-    document["model_version"] = response.model_version
-    if response.parameters:
-        document["parameters"] = _parameters_json(response.parameters)
-
-    outputs = response.outputs
-    in_shm = [o.name in request.shm_outputs or _SHM_REGION in o.parameters for o in outputs]
-    raw_index = _raw_index(len(outputs), len(response.raw_output_contents), in_shm)
-    # The JSON is written in pieces, each output's after the document's other fields and
-    # each "data" after its output's: an 8-bit tensor's data then goes from a table of
-    # its 256 numbers' text, several times faster than json.dumps of its values.
-    written: list[str] = []
-    tail: list[bytes] = []
-    for i, output in enumerate(outputs):
-        entry: dict[str, Any] = {
-            "name": output.name,
-            "datatype": output.datatype,
-            "shape": list(output.shape),
-        }
-        at = raw_index[i]
-        raw = response.raw_output_contents[at] if at is not None else None
-        binary = not in_shm[i] and request.binary_outputs.get(output.name, request.binary_default)
-        # As Triton writes outputs: parameters only on a binary one, and only its size
-        # (Triton's C++ client, perf_analyzer's, insists on `binary_data_size` in any
-        # output parameters it is given); an output in shared memory has no data.
-        if binary:
-            data = _output_bytes(output, raw)
-            entry["parameters"] = {"binary_data_size": len(data)}
-            tail += [data] if data else []
-            written.append(_dumps(entry))
-        elif not in_shm[i]:
-            written.append(f'{_dumps(entry)[:-1]},"data":{_output_json(output, raw)}}}')
-        else:
-            written.append(_dumps(entry))
-    head = f'{_dumps(document)[:-1]},"outputs":[{",".join(written)}]}}'.encode()
-    if not tail:
-        return head, None
-    return b"".join([head, *tail]), len(head)
-
-
-def _dumps(document: object) -> str:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-
-
-def _parameters_json(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in parameters.items():
-        choice = value.WhichOneof("parameter_choice")
-        if choice is not None:
-            out[key] = getattr(value, choice)
-    return out
-
-
-def _raw_index(outputs: int, raws: int, in_shm: list[bool]) -> list[int | None]:
-    """Which `raw_output_contents` entry holds each output's bytes (None: none does).
-
-    Triton gives every output an entry, empty for one in shared memory; a worker
-    that leaves those out gives one per other output; typed contents, none.
-    """
-    if raws == outputs:
-        return list(range(outputs))
-    if raws == 0:
-        return [None] * outputs
-    if raws == in_shm.count(False):
-        index: list[int | None] = []
-        for shm in in_shm:
-            index.append(None if shm else len(index) - index.count(None))
-        return index
-    raise RestError(500, f"the worker answered {outputs} outputs with {raws} raw_output_contents")
-
-
-def _shape_count(output: pb.ModelInferResponse.InferOutputTensor) -> int:
-    if any(dim < 0 for dim in output.shape):
-        raise RestError(500, f"the worker's output '{output.name}' has shape {list(output.shape)}")
-    return _tensors.element_count(output.shape)
-
-
-def _typed(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -> bool:
-    """Whether the output's data is in its typed contents rather than raw bytes."""
-    return output.HasField("contents") and not raw
-
-
-def _output_json(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -> str:
-    """The output's data as a JSON array's text."""
-    count = _shape_count(output)
-    try:
-        if _typed(output, raw):
-            return _dumps(_tensors.contents_values(output.datatype, output.contents, count))
-        text = _tensors.raw_json_text(output.datatype, raw or b"", count)
-        if text is not None:
-            return text
-        return _dumps(_tensors.raw_to_json(output.datatype, raw or b"", count))
-    except NotUtf8Error as exc:
-        raise _bad(f"unable to write 'data' for output '{output.name}': {exc}") from None
-    except TensorError as exc:
-        raise RestError(
-            500, f"unable to write 'data' for the worker's output '{output.name}': {exc}"
-        ) from None
-
-
-def _output_bytes(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes | None) -> bytes:
-    count = _shape_count(output)
-    try:
-        if _typed(output, raw):
-            return _tensors.contents_to_raw(output.datatype, output.contents, count)
-    except TensorError as exc:
-        raise RestError(
-            500, f"unable to write the worker's output '{output.name}' in binary: {exc}"
-        ) from None
-    data = raw or b""
-    item_size = _tensors.ITEM_SIZES.get(output.datatype)
-    if item_size is not None and len(data) != count * item_size:
-        raise RestError(
-            500,
-            f"the worker's output '{output.name}' has {len(data)} bytes, but shape "
-            f"{list(output.shape)} of {output.datatype} takes {count * item_size}",
-        )
-    return data
-
-
-__all__ = ["EncodedRequest", "RestError", "decode_response", "encode_request"]
+__all__ = [
+    "DraftInput",
+    "EncodedRequest",
+    "RequestDraft",
+    "RestError",
+    "encode_request",
+    "read_request",
+    "shape_problem",
+]

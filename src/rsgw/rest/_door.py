@@ -11,6 +11,16 @@ Triton's REST server writes it. Inference goes through the tensor codec
 answer becomes JSON and binary tensors; the gateway's ModelInfer path in between is
 the gRPC one, byte for byte.
 
+What a JSON body costs. Its large numeric arrays are packed without a Python object
+per number (`rsgw.rest._codec.read_request`), and before they are: the inputs are
+checked against the model's metadata (a wrong shape is answered 400 without reading
+a number), and the bytes they will pack into are paid for from the upload budget
+(`rsgw._uploads`) beyond what the listener reserved for the body
+(`body_reservation`): granted at once, or refused 429 (413 when no budget could
+ever hold them), in words that point to the binary tensor extension. Packing and
+writing a large JSON reply run in a thread, so the event loop keeps serving the
+other clients meanwhile.
+
 rsgw's own HTTP/1.1 listener (`rsgw.rest._listener`) serves it on `listen.http`,
 calling `RestDoor.respond` with each whole request; HTTP/2 there (h2c, or h2 over
 TLS) goes to hypercorn, which serves the door as an ASGI app.
@@ -26,15 +36,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from google.protobuf.message import DecodeError
 
 from rsgw._admin import Receive, Scope, Send, header, lifespan
+from rsgw._body import Body
 from rsgw._call import CallContext, PassThrough, TimeLimits, UnaryHandler
 from rsgw._methods import Method
 from rsgw._peer import LOOPBACK, REMOTE, Peer, is_loopback
+from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._status import StatusCode
+from rsgw._uploads import Share, Ticket, UploadBudget
 from rsgw.grpc._compression import plain
-from rsgw.rest._codec import decode_response, encode_request
+from rsgw.rest._codec import RequestDraft, read_request, shape_problem
 from rsgw.rest._errors import RestError, error_body, http_status
+from rsgw.rest._reply import decode_response
 from rsgw.rest._routes import INFER, match
 
 logger = logging.getLogger(__name__)
@@ -61,6 +76,13 @@ _BINARY_LENGTH = b"inference-header-content-length"
 _ENCODINGS = {b"gzip": 31, b"deflate": 15}
 #: Replies shorter than this go uncompressed whatever the client accepts (not worth it).
 COMPRESS_FROM_BYTES = 256
+#: Work on a body or reply this large runs in a thread (the event loop serves on).
+THREAD_FROM_BYTES = 1024 * 1024
+#: How to send tensors without JSON's cost, for the messages that refuse it.
+BINARY_ADVICE = (
+    "send the tensors in binary (the binary tensor data extension: "
+    "Inference-Header-Content-Length and binary_data_size), or smaller requests"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +108,7 @@ class RestDoor:
         pass_through: ModelInfer's handler by path, guarded.
         time_limits: the methods' own time limits, by path (as the gRPC door's).
         max_body_bytes: the largest request body, inflated (`grpc.max_recv_msg_bytes`).
+        upload_budget: what large JSON bodies' numbers are paid from (None: no bound).
     """
 
     def __init__(
@@ -95,37 +118,50 @@ class RestDoor:
         *,
         time_limits: TimeLimits,
         max_body_bytes: int,
+        upload_budget: UploadBudget | None = None,
     ) -> None:
         self._handlers = dict(handlers)
         self._infer = pass_through[Method.MODEL_INFER.path]
         self._time_limits = time_limits
         self.max_body_bytes = max_body_bytes
+        self._uploads = upload_budget
+
+    def body_reservation(self, path: str, headers: list[tuple[bytes, bytes]], size: int) -> int:
+        """What a listener should reserve from the upload budget for a body of `size`
+        bytes before reading it: the body, and for an inference body that is all JSON as
+        much again for the numbers it packs into (FP32 written `1.5,` packs into as many
+        bytes); `respond` pays for any more itself."""
+        if header(headers, _BINARY_LENGTH) is None and path.endswith("/infer"):
+            return 2 * size
+        return size
 
     async def respond(
         self,
         method: str,
         path: str,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | bytearray,
         peer: Peer,
+        reserved: int = 0,
     ) -> Response:
         """The answer to one request whose whole body (as it came, maybe compressed) is
-        `body`; `headers` have lower-case names. Never raises but for cancellation."""
+        `body`; `headers` have lower-case names. `reserved` is what the listener holds
+        from the upload budget beyond the body (`body_reservation`). Never raises but
+        for cancellation."""
         try:
             route, target = match(method, path)
             body = self._inflated(headers, body)
             call = _call(headers, route.method.path, peer)
             if route is INFER:
-                reply, extra = await self._inference(
-                    target.model, target.version, body, headers, call
-                )
+                draft = self._read(target.model, target.version, body, headers)
+                reply, extra = await self._inference(draft, target.version, call, peer, reserved)
                 # Triton compresses inference replies only (not errors, not the other
                 # endpoints): tritonclient.http.aio reads those undecoded.
                 accept = header(headers, b"accept-encoding")
                 if accept is not None:
                     reply, extra = _compressed(reply, extra, accept)
                 return _response(200, reply, extra)
-            request = route.build(target, body)
+            request = route.build(target, bytes(body))
             handler = self._handlers.get(route.method.path)
             if handler is None:
                 raise RestError(501, f"{route.method.rpc} is not served here")
@@ -164,32 +200,105 @@ class RestDoor:
         body = b"" if scope["method"] == "HEAD" else response.body
         await send({"type": "http.response.body", "body": body})
 
-    async def _inference(
-        self,
-        model: str,
-        version: str,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]],
-        call: CallContext,
-    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        length = header(headers, b"inference-header-content-length")
+    def _read(
+        self, model: str, version: str, body: bytes | bytearray, headers: list[tuple[bytes, bytes]]
+    ) -> RequestDraft:
+        length = header(headers, _BINARY_LENGTH)
         header_length = None
         if length is not None:
             try:
                 header_length = int(length)
             except ValueError:
                 raise RestError(400, "Inference-Header-Content-Length must be an integer") from None
-        encoded = encode_request(model, version, body, header_length, max_bytes=self.max_body_bytes)
-        answer = await self._run(self._infer, encoded.message, call)
-        reply, json_length = decode_response(plain(answer, self.max_body_bytes), encoded)
+        return read_request(model, version, body, header_length)
+
+    async def _inference(
+        self, draft: RequestDraft, version: str, call: CallContext, peer: Peer, reserved: int
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The REST answer to an inference request; see the module docstring for the
+        cost of a large JSON body."""
+        ticket: Ticket | None = None
+        try:
+            if draft.expansion:
+                await self._check_shapes(draft, version, call, peer)
+                ticket = self._afford(draft, draft.expansion - reserved)
+                encoded = await trio.to_thread.run_sync(draft.encode, self.max_body_bytes)
+            else:
+                encoded = draft.encode(self.max_body_bytes)
+            answer = plain(await self._run(self._infer, encoded.message, call), self.max_body_bytes)
+            if len(answer) >= THREAD_FROM_BYTES:
+                reply, json_length = await trio.to_thread.run_sync(decode_response, answer, encoded)
+            else:
+                reply, json_length = decode_response(answer, encoded)
+        finally:
+            if ticket is not None:
+                ticket.release()
         if json_length is None:
             return reply, []
         return reply, [(b"inference-header-content-length", str(json_length).encode())]
 
+    async def _check_shapes(
+        self, draft: RequestDraft, version: str, call: CallContext, peer: Peer
+    ) -> None:
+        """Refuse (400) inputs the model's metadata says cannot be its own, before their
+        numbers are read; a model whose metadata cannot be had is left to its worker."""
+        handler = self._handlers.get(Method.MODEL_METADATA.path)
+        if handler is None:
+            return
+        request = pb.ModelMetadataRequest(name=draft.model, version=version).SerializeToString()
+        asking = CallContext(
+            Method.MODEL_METADATA.path,
+            call.deadline,
+            call.metadata,
+            peer.address,
+            client=peer,
+            protocol="rest",
+        )
+        try:
+            reply = await self._run(handler, request, asking)
+            metadata = pb.ModelMetadataResponse.FromString(reply)
+        except (RestError, DecodeError):
+            return
+        problem = shape_problem(draft, metadata)
+        if problem is not None:
+            raise RestError(400, problem)
+
+    def _afford(self, draft: RequestDraft, extra: int) -> Ticket | None:
+        """Pay `extra` bytes of packed numbers from the upload budget, now or never.
+
+        Never waits: the listener already holds this request's body from the same
+        budget, and requests that wait while holding could wait for each other.
+
+        Raises:
+            RestError: 413 past the whole budget, 429 past what is free now.
+        """
+        budget = self._uploads
+        if budget is None or extra <= 0:
+            return None
+        packed = draft.expansion
+        if extra > budget.limit:
+            raise RestError(
+                413,
+                f"the JSON numbers of this request to model '{draft.model}' pack into "
+                f"{packed} bytes, more than the gateway's upload budget of {budget.limit} "
+                f"bytes can hold; {BINARY_ADVICE}",
+            )
+        ticket = budget.request(extra, Share(extra), _never_woken)
+        if ticket is not None and ticket.granted:
+            return ticket
+        if ticket is not None:
+            ticket.release()
+        raise RestError(
+            429,
+            f"the gateway cannot take the {packed} bytes the JSON numbers of this request "
+            f"to model '{draft.model}' pack into now ({budget.describe()}); retry later, "
+            f"or {BINARY_ADVICE}",
+        )
+
     async def _run(
         self,
         handler: Callable[[Any, CallContext], Awaitable[Any]],
-        request: bytes,
+        request: Body,
         call: CallContext,
     ) -> Any:
         """The handler's reply, run as the gRPC door runs it (deadline, time limit)."""
@@ -230,7 +339,9 @@ class RestDoor:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _inflated(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    def _inflated(
+        self, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
+    ) -> bytes | bytearray:
         """`body` inflated if it came compressed, held to the limit.
 
         Raises:
@@ -262,6 +373,10 @@ class RestDoor:
                 413, f"request body larger than {self.max_body_bytes} bytes when decompressed"
             )
         return inflated
+
+
+def _never_woken(_: Ticket) -> None:
+    """`RestDoor._afford` releases a ticket it was not granted at once."""
 
 
 def too_large(limit: int) -> str:

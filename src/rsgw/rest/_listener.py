@@ -2,13 +2,16 @@
 
 Theory of operation. One task per connection, and nothing else: the request head
 and body are parsed on that task, the door (`RestDoor.respond`) runs inline on it,
-and the reply goes out in one send, head and body together. The usual request is
-read by `rsgw.rest._http1` (a few regular expressions); from the first request that
-is anything else, the connection is h11's (sans-IO), which serves the rest of it or
-answers the error. Keep-alive connections are served request after request;
+and the reply goes out in one send, head and body together. Every HTTP/1.x request is
+read by rsgw's own strict, sans-IO reader: `rsgw.rest._http1` for the head (the usual
+request by a few regular expressions), `rsgw.rest._chunked` for a chunked body. What
+it refuses (framing a proxy could read otherwise, RFC 9112's rules) is answered with
+the refusal's status and `Connection: close`, and the connection ends: after a framing
+error, where the next request would start is not known. Keep-alive connections are
+served request after request (HTTP/1.0 ones only if they asked for keep-alive);
 pipelined requests are answered in order (the next is parsed only once the last is
-answered). `Expect: 100-continue` is answered when the body is first waited for,
-chunked request bodies are read as h11 delivers them, and HEAD gets the head only.
+answered). `Expect: 100-continue` is answered when the body is first waited for, and
+HEAD gets the head only.
 
 Why not hypercorn, which served this port at first: its HTTP/1.1 costs about 0.9 ms
 of CPU per call (a task and a memory channel per request, a keep-alive timer started
@@ -34,23 +37,19 @@ still running when the grace is up is answered 503, "server shutting down".
 Limits come from the gRPC port's `connections:` block (`ConnectionLimits`): the head
 is held to `max_header_list_bytes`, connections served at once to `max_connections`
 (the same `rsgw._net.Acceptor` as the gRPC listener's), and a request body to the
-door's `max_body_bytes` (`grpc.max_recv_msg_bytes`). A body of known length that does
-not arrive with its head waits for a grant of the upload budget the gRPC port uses
-too (`rsgw._uploads`) before more of it is read: meanwhile the client waits in TCP's
-flow control, and a budget that cannot take it answers 429.
+door's `max_body_bytes` (`grpc.max_recv_msg_bytes`). A body that does not arrive
+with its head waits for a grant of the upload budget the gRPC port uses too
+(`rsgw._uploads`; a chunked body asks for `max_body_bytes`, see `_body`) before more
+of it is read: the client waits in TCP's flow control; a full budget answers 429.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import sys
-from http import HTTPStatus
-from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import h11
 import trio
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -62,24 +61,24 @@ from rsgw._peer import Peer, peer_of
 from rsgw._tls import ServerTls, peer_identity
 from rsgw._uploads import Share, Ticket, UploadBudget, unfinished_refusal
 from rsgw.grpc._limits import ConnectionLimits
+from rsgw.rest._chunked import ChunkedBody
+from rsgw.rest._connections import LINGER_SECONDS, RECEIVE_BYTES, Replayed, close_with
 from rsgw.rest._door import Response, RestDoor, error_response, too_large
-from rsgw.rest._http1 import NEED_DATA, TOO_LARGE, Head, parse_head, response_bytes
+from rsgw.rest._http1 import (
+    CONTINUE,
+    NEED_DATA,
+    Head,
+    Refusal,
+    parse_head,
+    response_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
-#: What one receive asks the kernel for.
-RECEIVE_BYTES = 64 * 1024
 #: Replies longer than this are sent in pieces this long, each with its own deadline.
 SEND_PIECE_BYTES = 1024 * 1024
-#: How long a connection closed after an error lingers to read what its client still
-#: sends (so the kernel does not reset the connection before the answer is read).
-LINGER_SECONDS = 1.0
 #: What an HTTP/2 connection opens with (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-_CLOSE = (b"connection", b"close")
-_CONTINUE = h11.InformationalResponse(status_code=100, headers=[])
 
 
 class RestListener:
@@ -224,12 +223,12 @@ class RestListener:
                 if first.startswith(H2_PREFACE) and self._tls is None:
                     self._waiting.pop(timer, None)
                     timer.deadline = math.inf
-                    await self._serve_h2(_Replayed(stream, bytes(first)), timer)
+                    await self._serve_h2(Replayed(stream, bytes(first)), timer)
                     return
                 if first:
                     await self._serve_http1(stream, bytes(first), timer)
             if timer in self._cut:  # the drain's grace ran out while it was in the door
-                await _close_with(stream, _SHUTTING_DOWN)
+                await close_with(stream, _SHUTTING_DOWN)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went
         finally:
@@ -259,12 +258,11 @@ class RestListener:
     async def _serve_http1(
         self, stream: trio.abc.Stream, buffer: bytes, timer: trio.CancelScope
     ) -> None:
-        """HTTP/1.1 requests on `stream` (whose first bytes were `buffer`) until the client
-        or a timer ends the connection: read by `rsgw.rest._http1` while they are the
-        usual kind, by h11 from the first one that is not."""
+        """HTTP/1.x requests on `stream` (whose first bytes were `buffer`), read by
+        `rsgw.rest._http1` and `rsgw.rest._chunked`, until the client, a timer or a
+        refused request ends the connection."""
         limits = self._limits
-        door = self._door
-        max_body = door.max_body_bytes
+        max_body = self._door.max_body_bytes
         max_head = limits.max_header_list_bytes
         peer = peer_of(stream, peer_identity(stream))
         idle = False
@@ -280,41 +278,40 @@ class RestListener:
                     idle = False
                     timer.deadline = trio.current_time() + limits.header_seconds
             if not isinstance(head, Head):
-                if head is TOO_LARGE:
-                    error = error_response(431, f"request head larger than {max_head} bytes")
-                    await _close_with(stream, response_bytes(431, error.headers, error.body, True))
-                else:
-                    await self._serve_h11(stream, buffer, timer, peer)
+                if not isinstance(head, Refusal):  # TOO_LARGE
+                    head = Refusal(431, f"request head larger than {max_head} bytes")
+                await close_with(stream, _refused(head))
                 return
             idle = False
             self._waiting.pop(timer, None)
             timer.deadline = math.inf
-            if head.body_length > max_body:
-                too_long = error_response(413, too_large(max_body))
-                await _close_with(
-                    stream, response_bytes(413, too_long.headers, too_long.body, True)
-                )
-                return
-            end = head.body_start + head.body_length
-            if len(buffer) >= end:
-                body, buffer = buffer[head.body_start : end], buffer[end:]
+            start, end = head.body_start, head.body_start + head.body_length
+            ticket: Ticket | None = None
+            body: bytes | bytearray
+            if not head.chunked and head.body_length <= max_body and len(buffer) >= end:
+                body, buffer = buffer[start:end], buffer[end:]  # the usual: all here
             else:
-                ticket = await self._reserve(stream, head.body_length)
-                if ticket is None:
+                read = await self._body(stream, buffer, head, timer)
+                if read is None:
                     return
-                try:
-                    body, buffer = await self._rest_of_body(stream, buffer, head, timer)
-                finally:
+                body, buffer, ticket = read
+                del read  # `del body` below frees it
+            try:  # the body's ticket is held until its answer has gone
+                method = head.method.decode("ascii")
+                reserved = ticket.size - len(body) if ticket is not None else 0
+                response = await self._call(method, head, body, peer, timer, reserved)
+                del body
+                close = head.close or self._closing
+                reply = b"" if method == "HEAD" else response.body
+                out = response_bytes(
+                    response.status, response.headers, reply, close, head.version == b"1.0"
+                )
+                del response, reply
+                await self._write(stream, out, timer)
+                del out
+            finally:
+                if ticket is not None:
                     ticket.release()
-                if not body and head.body_length:
-                    return  # the client went before its body ended
-            method = head.method.decode("ascii")
-            response = await self._call(method, head.target, head.headers, body, peer, timer)
-            close = head.close or self._closing
-            reply = b"" if method == "HEAD" else response.body
-            await self._write(
-                stream, response_bytes(response.status, response.headers, reply, close), timer
-            )
             if close:
                 return
             idle = True
@@ -323,19 +320,77 @@ class RestListener:
     async def _call(
         self,
         method: str,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        head: Head,
+        body: bytes | bytearray,
         peer: Peer,
         timer: trio.CancelScope,
+        reserved: int,
     ) -> Response:
         """The door's answer, the connection (by its timer) counted as in a call: a
-        graceful stop's cut ends it, and `_serve_connection` answers 503."""
+        graceful stop's cut ends it, and `_serve_connection` answers 503. `reserved`
+        is what the body's ticket holds beyond the body (`RestDoor.body_reservation`)."""
         self._calls.add(timer)
         try:
-            return await self._door.respond(method, _path(target), headers, body, peer)
+            path = _path(head.target)
+            return await self._door.respond(method, path, head.headers, body, peer, reserved)
         finally:
             self._calls.discard(timer)
+
+    async def _body(
+        self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
+    ) -> tuple[bytes | bytearray, bytes, Ticket | None] | None:
+        """The body of `head` (`buffer` may hold its start), the bytes after it, and
+        the upload budget ticket that holds it (the caller releases it once the answer
+        has gone); None if it was refused (answered, the connection closing) or the
+        client went first.
+
+        A body not all here waits for an upload budget ticket before more is read: a
+        Content-Length body asks for what the door says it will cost
+        (`RestDoor.body_reservation`: an all-JSON infer body twice its length). A
+        chunked body declares no size, and tickets asked for as chunks announce sizes
+        would break the budget's rule that a granted body can always finish (two
+        half-sent bodies could each wait for the other's grant): it asks for
+        `max_body_bytes`, the most it can be, so it waits longer on a busy budget."""
+        max_body = self._door.max_body_bytes
+        decoder = None
+        if head.chunked:
+            decoder = ChunkedBody(max_body, self._limits.max_header_list_bytes)
+            refusal = decoder.feed(buffer[head.body_start :])
+            if decoder.done:
+                return decoder.body(), decoder.rest, None
+            size = max_body
+        else:
+            refusal = Refusal(413, too_large(max_body)) if head.body_length > max_body else None
+            path = _path(head.target)
+            size = self._door.body_reservation(path, head.headers, head.body_length)
+        if refusal is not None:
+            await close_with(stream, _refused(refusal))
+            return None
+        ticket = await self._reserve(stream, size)
+        if ticket is None:
+            return None
+        read: tuple[bytes | bytearray, bytes] | None = None
+        try:
+            if head.expect_continue and len(buffer) == head.body_start:
+                await stream.send_all(CONTINUE)  # the client waits for it to send the body
+            if decoder is None:
+                read = await self._rest_of_body(stream, buffer, head, timer)
+                return None if read is None else (*read, ticket)
+            while not decoder.done:  # a body that stalls for header_seconds ends it all
+                timer.deadline = trio.current_time() + self._limits.header_seconds
+                data = await stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    return None
+                refusal = decoder.feed(bytes(data))
+                if refusal is not None:
+                    await close_with(stream, _refused(refusal))
+                    return None
+            timer.deadline = math.inf
+            read = decoder.body(), decoder.rest
+            return (*read, ticket)
+        finally:
+            if read is None:
+                ticket.release()
 
     async def _reserve(self, stream: trio.abc.Stream, size: int) -> Ticket | None:
         """A granted ticket for a body of `size` bytes still arriving, waited for while
@@ -346,8 +401,7 @@ class RestListener:
         share = Share(self._limits.max_buffered_bytes)
         ticket = budget.request(size, share, lambda _: granted.set())
         if ticket is None:
-            error = error_response(429, unfinished_refusal(size, budget))
-            await _close_with(stream, response_bytes(429, error.headers, error.body, True))
+            await close_with(stream, _refused(Refusal(429, unfinished_refusal(size, budget))))
             return None
         if not ticket.granted:
             try:
@@ -359,115 +413,27 @@ class RestListener:
 
     async def _rest_of_body(
         self, stream: trio.abc.Stream, buffer: bytes, head: Head, timer: trio.CancelScope
-    ) -> tuple[bytes, bytes]:
-        """The body that `buffer` holds the start of, and the bytes after it; (b"", b"")
-        if the client closes first. A body that stalls for `header_seconds` ends its
-        connection."""
-        chunks = [buffer[head.body_start :]]
-        have, need = len(chunks[0]), head.body_length
+    ) -> tuple[bytearray, bytes] | None:
+        """The body that `buffer` holds the start of, and the bytes after it; None if
+        the client closes first. A body that stalls for `header_seconds` ends its
+        connection. Read into one buffer of its length: no pieces joined (a copy)."""
+        need = head.body_length
+        body = bytearray(need)
+        first = buffer[head.body_start : head.body_start + need]
+        body[: len(first)] = first
+        have = len(first)
+        rest = b""
         while have < need:
             timer.deadline = trio.current_time() + self._limits.header_seconds
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
-                return b"", b""
-            chunks.append(bytes(data))
-            have += len(data)
+                return None
+            taken = min(len(data), need - have)
+            body[have : have + taken] = data[:taken]
+            have += taken
+            rest = bytes(data[taken:])
         timer.deadline = math.inf
-        whole = b"".join(chunks)
-        if have == need:
-            return whole, b""
-        return whole[:need], whole[need:]
-
-    async def _serve_h11(
-        self, stream: trio.abc.Stream, data: bytes, timer: trio.CancelScope, peer: Peer
-    ) -> None:
-        """The rest of the connection, from the request at the front of `data`, read and
-        answered through h11."""
-        limits = self._limits
-        door = self._door
-        max_body = door.max_body_bytes
-        connection = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=limits.max_header_list_bytes
-        )
-        connection.receive_data(data)
-        idle = False
-        try:
-            while True:
-                event = connection.next_event()
-                while event is h11.NEED_DATA:  # the head is not all here yet
-                    data = bytes(await stream.receive_some(RECEIVE_BYTES))
-                    if idle and data:  # a new request's first bytes: its head has a while
-                        idle = False
-                        timer.deadline = trio.current_time() + limits.header_seconds
-                    connection.receive_data(data)
-                    event = connection.next_event()
-                if type(event) is not h11.Request:
-                    return  # the client closed the connection
-                self._waiting.pop(timer, None)
-                timer.deadline = math.inf
-                request: h11.Request = event
-                headers = [(name, value) for _, name, value in request.headers._full_items]
-                length = _content_length(headers)
-                body = None
-                if length is None or length <= max_body:
-                    ticket = None
-                    if length is not None and length > RECEIVE_BYTES:
-                        ticket = await self._reserve(stream, length)
-                        if ticket is None:
-                            return
-                    try:
-                        body = await self._body(stream, connection, timer, max_body)
-                    finally:
-                        if ticket is not None:
-                            ticket.release()
-                if body is None:
-                    too_long = error_response(413, too_large(max_body))
-                    await _close_with(stream, _h11_reply(connection, too_long, False, True))
-                    return
-                method = request.method.decode("ascii")
-                response = await self._call(method, request.target, headers, body, peer, timer)
-                reply = _h11_reply(connection, response, method == "HEAD", self._closing)
-                await self._write(stream, reply, timer)
-                if connection.our_state is h11.MUST_CLOSE or self._closing:
-                    return
-                connection.start_next_cycle()
-                idle = True
-                self._waiting[timer] = None
-        except h11.RemoteProtocolError as exc:
-            error = error_response(exc.error_status_hint, f"bad request: {exc}")
-            await _close_with(stream, _h11_reply(connection, error, False, True))
-
-    async def _body(
-        self,
-        stream: trio.abc.Stream,
-        connection: h11.Connection,
-        timer: trio.CancelScope,
-        max_body: int,
-    ) -> bytes | None:
-        """The request's whole body as it came (None past `max_body`)."""
-        chunks: list[bytes] = []
-        size = 0
-        waited = False
-        while True:
-            event = connection.next_event()
-            kind = type(event)
-            if kind is h11.Data:
-                chunk = event.data  # type: ignore[union-attr]  # a Data event
-                size += len(chunk)
-                if size > max_body:
-                    return None
-                chunks.append(chunk)
-            elif kind is h11.EndOfMessage:
-                break
-            else:  # NEED_DATA: a body that stalls for header_seconds ends its connection
-                if connection.they_are_waiting_for_100_continue:
-                    await stream.send_all(connection.send(_CONTINUE) or b"")
-                waited = True
-                timer.deadline = trio.current_time() + self._limits.header_seconds
-                connection.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
-        if waited:
-            timer.deadline = math.inf
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return body, rest
 
     async def _write(self, stream: trio.abc.Stream, out: bytes, timer: trio.CancelScope) -> None:
         """Send `out` in one send (in pieces past `SEND_PIECE_BYTES`, each given
@@ -483,87 +449,15 @@ class RestListener:
         timer.deadline = trio.current_time() + self._keep_alive
 
 
-async def _close_with(stream: trio.abc.Stream, out: bytes) -> None:
-    """Send `out` (an answer, or nothing) and end the connection, reading for a while
-    what the client still sends so that the answer arrives (closing with unread input
-    makes the kernel reset the connection, which can destroy what was sent)."""
-    with trio.move_on_after(LINGER_SECONDS) as linger:
-        linger.shield = True  # the connection's timer may have just run out
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            if out:
-                await stream.send_all(out)
-            if isinstance(stream, trio.SocketStream):
-                await stream.send_eof()
-            while await stream.receive_some(RECEIVE_BYTES):
-                pass
+def _refused(refusal: Refusal) -> bytes:
+    """The answer to `refusal`, with `Connection: close`."""
+    error = error_response(refusal.status, refusal.message)
+    return response_bytes(refusal.status, error.headers, error.body, True)
 
 
-def _h11_reply(connection: h11.Connection, response: Response, head: bool, close: bool) -> bytes:
-    """`response` as h11 writes it on `connection`; b"" if an answer can no longer be
-    sent there."""
-    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-        return b""
-    headers = [*response.headers, _CLOSE] if close else response.headers
-    status = response.status
-    try:
-        out = connection.send(
-            h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
-        )
-        body = b"" if head else response.body
-        if body:
-            out = (out or b"") + (connection.send(h11.Data(data=body)) or b"")
-        return (out or b"") + (connection.send(h11.EndOfMessage()) or b"")
-    except h11.LocalProtocolError:
-        return b""
-
-
-def _shutting_down() -> bytes:
-    error = error_response(503, "server shutting down: the call did not finish within the drain")
-    return response_bytes(503, error.headers, error.body, True)
-
-
-_SHUTTING_DOWN = _shutting_down()
-
-
-class _Replayed(trio.abc.Stream):
-    """A socket stream whose first bytes, already read, are received again (what
-    hypercorn is handed for an h2c connection: it reads the preface itself)."""
-
-    def __init__(self, stream: trio.abc.Stream, first: bytes) -> None:
-        self._stream = stream
-        self._first = first
-
-    @property
-    def socket(self) -> Any:
-        """The socket under it (hypercorn asks it for the peer's address)."""
-        return getattr(self._stream, "socket", None)
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._first:
-            first, self._first = self._first, b""
-            return first
-        return bytes(await self._stream.receive_some(max_bytes))
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def send_eof(self) -> None:
-        if isinstance(self._stream, trio.SocketStream):
-            await self._stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The declared body length (h11 has checked it is a number), or None."""
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)
-    return None
+_SHUTTING_DOWN = _refused(
+    Refusal(503, "server shutting down: the call did not finish within the drain")
+)
 
 
 def _path(target: bytes) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.rest._json_data import numbers_json
 
 #: Bytes per element of the fixed-size datatypes; BYTES has no fixed size.
 ITEM_SIZES: dict[str, int] = {
@@ -121,6 +122,11 @@ def show(value: object) -> str:
     except (TypeError, ValueError):
         text = type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def kinds(datatype: str) -> frozenset[type]:
+    """The JSON element types `datatype` takes (as `json.loads` types them)."""
+    return _KINDS[datatype]
 
 
 def element_count(shape: Sequence[int]) -> int:
@@ -291,6 +297,22 @@ def raw_json_text(datatype: str, raw: bytes | memoryview, count: int) -> str | N
     if table is None or len(raw) != count:
         return None
     return f"[{','.join(map(table.__getitem__, raw))}]"
+
+
+def numbers_json_pieces(datatype: str, raw: bytes | memoryview, count: int) -> list[bytes] | None:
+    """A large numeric tensor's raw bytes as a JSON array's text, in encoded pieces of
+    a slice of elements each (`rsgw.rest._json_data.numbers_json`): what `raw_to_json`
+    and json.dumps would write, without a Python object per element at once. None
+    for datatypes this does not write (BYTES, BOOL, FP16, BF16), or bytes that do not
+    hold `count` elements."""
+    code = _CODES.get(datatype)
+    if code is None or len(raw) != count * ITEM_SIZES[datatype]:
+        return None
+    elements = array(code)
+    elements.frombytes(raw)
+    if _BIG_ENDIAN:
+        elements.byteswap()
+    return [piece.encode() for piece in numbers_json(elements)]
 
 
 def split_bytes(raw: bytes | memoryview, count: int) -> list[bytes]:
