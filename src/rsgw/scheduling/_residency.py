@@ -1,0 +1,274 @@
+"""Which models stay in GPU memory, and where a cold one is loaded: residency by value.
+
+Pure: no Trio, no I/O, no clock (the caller passes `now`). Issue 49: with more
+handed models than the workers' budgets hold, a model called while it is loaded
+nowhere is loaded on demand, and room is made first by unloading the least
+valuable resident models. Never over budget: a plan's loads fit once its
+evictions are done, and the shell unloads before it loads.
+
+What a resident copy is worth is what evicting it would cost: the cold starts it
+would cause, each as long as the model's load. So a model's value is its demand
+(calls per second) times its reload time (seconds): the seconds of waiting per
+second that keeping it saves. Evictions free bytes, so copies are chosen for
+eviction by value per byte, the least first, and only those that may go:
+
+- none with calls in flight (a running call is never cut);
+- none loaded less than `min_residency_seconds` ago (no thrash: a model is not
+  evicted right after the load that made room for it);
+- none whose model would fall below its `min_copies` (an operator's floor).
+
+A cold load goes to the worker where it costs least to make room (free room costs
+nothing), ties to the worker the packer prefers, then to the one with most room.
+When no worker can make room now (every copy is busy, young or at its floor) the
+plan says so and why: the caller waits for a copy to become evictable, or refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: A load time learned from this many loads weighs the newest as 1 / this.
+LOAD_TIME_MEMORY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentCopy:
+    """One model's weights on one worker."""
+
+    model: str
+    size: int
+    #: When its load finished (the caller's clock).
+    loaded_at: float
+    #: Calls on this worker for this model not yet answered.
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMemory:
+    """One worker's budget and what it holds of the handed models."""
+
+    url: str
+    budget: int
+    copies: Mapping[str, ResidentCopy] = field(default_factory=dict)
+
+    @property
+    def used(self) -> int:
+        return sum(copy.size for copy in self.copies.values())
+
+    @property
+    def free(self) -> int:
+        return self.budget - self.used
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTerms:
+    """What residency knows of one model: its demand and its operator's floor."""
+
+    #: Calls per second (the scheduler's smoothed arrival rate).
+    demand: float = 0.0
+    #: Expected seconds one load takes (`LoadTimes.expected`).
+    reload_seconds: float = 1.0
+    #: Copies never evicted below (always resident).
+    min_copies: int = 0
+    #: Copies never loaded above (None: no bound).
+    max_copies: int | None = None
+
+    @property
+    def value(self) -> float:
+        """Seconds of cold-start waiting per second a resident copy saves."""
+        return self.demand * self.reload_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ColdLoad:
+    """Load `model` on `url` once `evict` (models there) are unloaded."""
+
+    model: str
+    url: str
+    evict: tuple[str, ...]
+    #: The value given up by the evictions (0 when the room was free).
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoom:
+    """No worker can take the model now; `reason` says why, for the caller's message."""
+
+    model: str
+    reason: str
+    #: Whether room may come without anything else changing (copies busy or young):
+    #: wait; False: never, as things stand (too large, or every copy at its floor).
+    may_wait: bool
+
+
+def copies_of(workers: Iterable[WorkerMemory]) -> dict[str, int]:
+    """How many workers hold each model."""
+    counts: dict[str, int] = {}
+    for worker in workers:
+        for model in worker.copies:
+            counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
+def evictable(
+    copy: ResidentCopy,
+    terms: ModelTerms,
+    copies: int,
+    now: float,
+    min_residency_seconds: float,
+) -> bool:
+    """Whether `copy` may be unloaded now to make room (see the module docstring)."""
+    return (
+        copy.in_flight == 0
+        and now - copy.loaded_at >= min_residency_seconds
+        and copies - 1 >= terms.min_copies
+    )
+
+
+def plan_cold_load(
+    model: str,
+    size: int,
+    workers: Sequence[WorkerMemory],
+    terms: Mapping[str, ModelTerms],
+    now: float,
+    min_residency_seconds: float,
+    preferred: Sequence[str] = (),
+) -> ColdLoad | NoRoom:
+    """Where to load `model` (`size` bytes), and what to evict there first.
+
+    `preferred`: workers in the packer's order of preference, for ties.
+    """
+    counts = copies_of(workers)
+    rank = {url: i for i, url in enumerate(preferred)}
+    best: tuple[float, int, int, ColdLoad] | None = None
+    blocked_by_wait = False
+    for worker in workers:
+        if model in worker.copies:
+            continue
+        if size > worker.budget:
+            continue
+        plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds)
+        if plan is None:
+            blocked_by_wait |= _room_if_waiting(size, worker, terms, counts)
+            continue
+        key = (plan.cost, rank.get(worker.url, len(rank)), -worker.free, plan)
+        if best is None or key[:3] < best[:3]:
+            best = key
+    if best is not None:
+        return best[3]
+    return _no_room(model, size, workers, blocked_by_wait)
+
+
+def _room_on(
+    model: str,
+    size: int,
+    worker: WorkerMemory,
+    terms: Mapping[str, ModelTerms],
+    counts: Mapping[str, int],
+    now: float,
+    min_residency_seconds: float,
+) -> ColdLoad | None:
+    """The cheapest evictions that fit `size` on `worker` (greedy by value per byte,
+    then the ones not needed given back), or None if its evictable copies cannot."""
+    need = size - worker.free
+    if need <= 0:
+        return ColdLoad(model, worker.url, (), 0.0)
+    candidates = [
+        copy
+        for copy in worker.copies.values()
+        if evictable(
+            copy,
+            terms.get(copy.model, ModelTerms()),
+            counts.get(copy.model, 1),
+            now,
+            min_residency_seconds,
+        )
+    ]
+    candidates.sort(key=lambda c: (_density(c, terms), c.model))
+    chosen: list[ResidentCopy] = []
+    freed = 0
+    for copy in candidates:
+        if freed >= need:
+            break
+        chosen.append(copy)
+        freed += copy.size
+    if freed < need:
+        return None
+    # Give back the most valuable ones the others already cover (no needless eviction).
+    for copy in sorted(chosen, key=lambda c: -_value(c, terms)):
+        if freed - copy.size >= need:
+            chosen.remove(copy)
+            freed -= copy.size
+    evicted = tuple(sorted(c.model for c in chosen))
+    return ColdLoad(model, worker.url, evicted, sum(_value(c, terms) for c in chosen))
+
+
+def _room_if_waiting(
+    size: int, worker: WorkerMemory, terms: Mapping[str, ModelTerms], counts: Mapping[str, int]
+) -> bool:
+    """Whether `worker` would have room once busy and young copies may go."""
+    may_go = sum(
+        copy.size
+        for copy in worker.copies.values()
+        if counts.get(copy.model, 1) - 1 >= terms.get(copy.model, ModelTerms()).min_copies
+    )
+    return worker.free + may_go >= size
+
+
+def _no_room(model: str, size: int, workers: Sequence[WorkerMemory], may_wait: bool) -> NoRoom:
+    if not workers:
+        return NoRoom(model, "no worker can load models", False)
+    largest = max(worker.budget for worker in workers)
+    if size > largest:
+        return NoRoom(
+            model, f"its {size} bytes are more than any worker's budget ({largest} bytes)", False
+        )
+    if may_wait:
+        return NoRoom(
+            model,
+            "every copy that could make room has calls in flight or was loaded within the "
+            "minimum residency",
+            True,
+        )
+    return NoRoom(model, "the models that would make room are at their min_copies", False)
+
+
+def _value(copy: ResidentCopy, terms: Mapping[str, ModelTerms]) -> float:
+    return terms.get(copy.model, ModelTerms()).value
+
+
+def _density(copy: ResidentCopy, terms: Mapping[str, ModelTerms]) -> float:
+    return _value(copy, terms) / max(copy.size, 1)
+
+
+def over_budget(workers: Iterable[WorkerMemory]) -> list[str]:
+    """The workers holding more than their budget (the invariant says: none)."""
+    return [worker.url for worker in workers if worker.used > worker.budget]
+
+
+class LoadTimes:
+    """Each model's load time, learned from its loads (a moving average), for the
+    cold path's promise: a call whose deadline cannot cover it is refused at once."""
+
+    __slots__ = ("_default", "_seconds")
+
+    def __init__(self, default_seconds: float) -> None:
+        self._default = default_seconds
+        self._seconds: dict[str, float] = {}
+
+    def observe(self, model: str, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        known = self._seconds.get(model)
+        if known is None:
+            self._seconds[model] = seconds
+        else:
+            self._seconds[model] = known + (seconds - known) / LOAD_TIME_MEMORY
+
+    def expected(self, model: str) -> float:
+        return self._seconds.get(model, self._default)
+
+    def known(self, model: str) -> bool:
+        return model in self._seconds
