@@ -37,8 +37,8 @@ from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw.worker._catalogue import builtin_catalogue, parse_catalogue
-from rsgw.worker._specs import Catalogue
+from rsgw.worker.models._catalogue import builtin_catalogue, parse_catalogue
+from rsgw.worker.models._specs import Catalogue
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -22,7 +22,7 @@ import math
 import trio
 import trio.testing
 
-from rsgw._errors import ListenError
+from rsgw.base._errors import ListenError
 
 #: The key under which the client ends of a target's connections are frozen.
 _CLIENTS = "clients of "

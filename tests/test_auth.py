@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._auth import (
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._auth import (
     Authorizer,
     Principal,
     Role,
@@ -17,10 +18,9 @@ from rsgw._auth import (
     parse_tokens,
     role_of,
 )
-from rsgw._errors import ConfigError, GrpcError
-from rsgw._methods import Method
-from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._errors import ConfigError, GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 
 OPEN = {Method.SERVER_LIVE, Method.SERVER_READY}
 SHM = {

@@ -1,4 +1,5 @@
-"""The gateway configuration (rsgw._config, building rsgw._schema): keys, defaults, env, files.
+"""The gateway configuration (rsgw.config._config, building rsgw.config._schema): keys,
+defaults, env, files.
 
 The scheduling knobs' own checks are tested one by one in tests/scheduling/test_knobs.py.
 """
@@ -18,8 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rsgw
-from rsgw import _config
-from rsgw._config import (
+from rsgw.base._errors import ConfigError
+from rsgw.config import _config
+from rsgw.config._config import (
     ENV_VARIABLES,
     CompactionMode,
     FillMode,
@@ -34,8 +36,7 @@ from rsgw._config import (
     load_config,
     parse_config,
 )
-from rsgw._endpoints import ConfiguredWorker, Pairing
-from rsgw._errors import ConfigError
+from rsgw.config._endpoints import ConfiguredWorker, Pairing
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 W = "REACTANT_GATEWAY_"

@@ -23,7 +23,7 @@ from trio.testing import MockClock
 
 from rsgw._cli import main as rsgw_main
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._values import human_bytes
+from rsgw.base._values import human_bytes
 from rsgw.ctl import main
 from rsgw.ctl._args import parse_args
 from rsgw.ctl._commands import (
@@ -50,7 +50,7 @@ from rsgw.ctl._render import (
     render_reply,
     render_status,
 )
-from rsgw.scheduling._knobs import RUNTIME_KNOBS
+from rsgw.scheduling.knobs._knobs import RUNTIME_KNOBS
 from tests.helpers import WorkerProcess
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gateway_ctl.py"

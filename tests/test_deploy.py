@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rsgw._cli import build_parser
-from rsgw._config import parse_config
+from rsgw._flags import build_parser
+from rsgw.config._config import parse_config
 from rsgw.node._node import parse_node
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from rsgw._exposition import escape_label_value, merge_expositions, relabel_exposition
+from rsgw.runtime._exposition import escape_label_value, merge_expositions, relabel_exposition
 
 GATEWAY = """# HELP gateway_requests_total Count.
 # TYPE gateway_requests_total counter

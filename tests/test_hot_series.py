@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from rsgw._exposition import LATENCY_BUCKETS, render_registry
-from rsgw._hot_series import CounterFamily, HistogramFamily
+from rsgw.runtime._exposition import LATENCY_BUCKETS, render_registry
+from rsgw.runtime._hot_series import CounterFamily, HistogramFamily
 
 #: Observations at, around and beyond the bucket bounds.
 seconds = st.one_of(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._log_budget import MAX_KINDS, LogBudget
+from rsgw.runtime._log_budget import MAX_KINDS, LogBudget
 
 
 def test_a_storm_is_cut_to_the_burst_and_the_next_line_counts_the_rest() -> None:

@@ -18,7 +18,7 @@ from typing import TextIO
 
 import pytest
 
-from rsgw._logging import (
+from rsgw.runtime._logging import (
     FORMATS,
     JsonFormatter,
     TextFormatter,

@@ -7,10 +7,18 @@ import socket
 
 import pytest
 
-from rsgw._errors import GrpcError
-from rsgw._peer import IN_PROCESS, LOOPBACK, REMOTE, Peer, is_loopback, owner_in_row, socket_owner
-from rsgw._shm_access import check_access, may_see
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._peer import (
+    IN_PROCESS,
+    LOOPBACK,
+    REMOTE,
+    Peer,
+    is_loopback,
+    owner_in_row,
+    socket_owner,
+)
+from rsgw.base._shm_access import check_access, may_see
+from rsgw.base._status import StatusCode
 
 
 def test_remote_clients_are_refused_unless_allowed() -> None:

@@ -1,11 +1,11 @@
-"""The upload budget (`rsgw._uploads`): who may keep sending a large message, pure."""
+"""The upload budget (`rsgw.base._uploads`): who may keep sending a large message, pure."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw._uploads import Share, Ticket, UploadBudget, unfinished_refusal
+from rsgw.base._uploads import Share, Ticket, UploadBudget, unfinished_refusal
 
 MIB = 1024 * 1024
 

@@ -1,10 +1,10 @@
-"""`rsgw._usage`: command lines that say which option was meant (issue 40)."""
+"""`rsgw.base._usage`: command lines that say which option was meant (issue 40)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rsgw._usage import StrictParser, nearest, unrecognized
+from rsgw.base._usage import StrictParser, nearest, unrecognized
 
 
 def test_nearest_names_a_close_choice_and_nothing_else() -> None:

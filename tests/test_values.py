@@ -1,4 +1,4 @@
-"""The shared value checks and the strict YAML reader (rsgw._values).
+"""The shared value checks and the strict YAML reader (rsgw.base._values).
 
 Each file format's own tests (test_config, test_node, worker/test_catalogue) check the
 messages their keys produce; here we pin the building blocks they share.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from rsgw._errors import ConfigError
-from rsgw._values import (
+from rsgw.base._errors import ConfigError
+from rsgw.base._values import (
     check_bool,
     check_float,
     check_int,

@@ -36,13 +36,13 @@ import hpack
 with atheris.instrument_imports():
     from google.protobuf.message import DecodeError as ProtobufDecodeError
 
-    from rsgw._errors import DecodeError, GrpcError
     from rsgw._proto import grpc_predict_v2_pb2 as pb
-    from rsgw.grpc import _http2 as http2
-    from rsgw.grpc._hpack import HeaderDecoder, HpackError
-    from rsgw.grpc._http2_state import PREFACE
-    from rsgw.grpc._metadata import parse_request_headers
-    from rsgw.scheduling._wire import head_length, peek_batch_size, peek_header, peek_routing
+    from rsgw.base._errors import DecodeError, GrpcError
+    from rsgw.grpc.protocol._metadata import parse_request_headers
+    from rsgw.http2 import _http2 as http2
+    from rsgw.http2._hpack import HeaderDecoder, HpackError
+    from rsgw.http2._http2_state import PREFACE
+    from rsgw.scheduling.calls._wire import head_length, peek_batch_size, peek_header, peek_routing
 
 
 def decoder(data: bytes) -> None:

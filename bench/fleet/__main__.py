@@ -211,7 +211,7 @@ def repack_times(gateway: Any, started_wall: float) -> list[tuple[float, str]]:
     """
     import _fleet
 
-    from rsgw._logging import timestamp
+    from rsgw.runtime._logging import timestamp
 
     times = []
     for record in _fleet.log_events(gateway, "lpt_packing: repack"):

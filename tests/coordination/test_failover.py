@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import trio
 
-from rsgw._config import GatewayConfig
-from rsgw._errors import RsgwError
-from rsgw._methods import Method
-from rsgw._net import TCP
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.base._errors import RsgwError
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
+from rsgw.runtime._net import TCP
 from tests.coordination.test_two_gateways import KNOBS, coordination, one_placement, placements
 from tests.etcd import EtcdProcess
 from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import trio
 
-from rsgw._blocks import RepositoryConfig
-from rsgw._config import CoordinationConfig
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
-from rsgw._net import TCP
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import CoordinationConfig
+from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.coordination._etcd import Etcd
 from rsgw.coordination._records import Keys
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from rsgw.scheduling._knobs import SchedulingMode
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.runtime._net import TCP
+from rsgw.scheduling.knobs._knobs import SchedulingMode
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.worker._worker import WorkerApi, WorkerConfig
 from tests.etcd import EtcdProcess
 from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway, start_worker

@@ -21,17 +21,17 @@ from typing import Any
 
 import trio
 
-from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import ListenError
-from rsgw._methods import Method
-from rsgw._net import TCP, Network
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._errors import ListenError
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from rsgw.worker._catalogue import builtin_catalogue
-from rsgw.worker._specs import Catalogue
+from rsgw.runtime._net import TCP, Network
 from rsgw.worker._worker import RunningWorker, WorkerConfig, serve_worker
+from rsgw.worker.models._catalogue import builtin_catalogue
+from rsgw.worker.models._specs import Catalogue
 from tests.memory import MemoryNetwork
 
 #: Message limits of the test client: as large as the gateway's own default.

@@ -8,9 +8,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw.gateway import _admission
-from rsgw.gateway._admission import MAX_QUEUE_FACTOR, AdmissionQueue
-from rsgw.scheduling._forecast import wait_for_slot
+from rsgw.gateway.calls import _admission
+from rsgw.gateway.calls._admission import MAX_QUEUE_FACTOR, AdmissionQueue
+from rsgw.scheduling.calls._forecast import wait_for_slot
 
 
 def test_the_wait_for_a_slot_is_the_queue_times_how_often_a_slot_frees() -> None:

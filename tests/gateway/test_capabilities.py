@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 from trio.testing import MockClock
 
-from rsgw._blocks import DiscoveryConfig
-from rsgw._config import SchedulingConfig, SchedulingMode
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw.gateway._preconditions import NO_CONTROL_PLANE
-from rsgw.scheduling._capabilities import Capability
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import SchedulingConfig, SchedulingMode
+from rsgw.config._fleet_blocks import DiscoveryConfig
+from rsgw.gateway.placement._preconditions import NO_CONTROL_PLANE
+from rsgw.scheduling.fleet._capabilities import Capability
 from rsgw.worker._worker import WorkerApi
 from tests.gateway.fleet import open_fleet
 from tests.helpers import infer_request, simple_inputs

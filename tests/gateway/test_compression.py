@@ -17,10 +17,10 @@ import trio
 import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.grpc._compression import Compressed, Gzipped, compress, decompress
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.base._methods import Method
+from rsgw.grpc.protocol._compression import Compressed, Gzipped, compress, decompress
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import open_fleet
 from tests.helpers import catalogue_from_yaml, infer_request, output_array, simple_inputs
 from tests.memory import MemoryNetwork

@@ -26,13 +26,13 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._errors import RsgwError
-from rsgw._status import StatusCode
+from rsgw.base._errors import RsgwError
+from rsgw.base._status import StatusCode
 from rsgw.ctl._args import parse_args
 from rsgw.ctl._commands import Invocation, call_for
 from rsgw.ctl._render import format_error, render_reply
-from rsgw.scheduling._knobs import SchedulingMode
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.knobs._knobs import SchedulingMode
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.gateway.test_lpt_packing import NAMES, catalogue, exposition, lpt, samples, send
 from tests.helpers import catalogue_from_yaml, infer_request

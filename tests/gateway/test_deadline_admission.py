@@ -16,10 +16,10 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._config import GrpcLimits
-from rsgw._errors import GrpcError
-from rsgw._status import StatusCode
-from rsgw.scheduling._forecast import AdmissionRule, Forecast
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
+from rsgw.config._config import GrpcLimits
+from rsgw.scheduling.calls._forecast import AdmissionRule, Forecast
 from tests.gateway.fleet import open_fleet
 from tests.gateway.test_gateway_limits import SLOW, simple_body
 from tests.helpers import catalogue_from_yaml

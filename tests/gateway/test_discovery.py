@@ -25,12 +25,12 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._net import TCP, Network
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._running import RunningGateway
-from rsgw.scheduling._capabilities import CapabilityTable
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.runtime._net import TCP, Network
+from rsgw.scheduling.fleet._capabilities import CapabilityTable
 from rsgw.worker._worker import RunningWorker, WorkerConfig
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import Fleet, start_gateway, start_worker
 from tests.gateway.test_failover import check_simple, served
 from tests.gateway.test_membership import load

@@ -24,9 +24,9 @@ import trio
 from trio.testing import MockClock
 
 import rsgw
-from rsgw._errors import WorkerUnavailable
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._errors import WorkerUnavailable
+from rsgw.base._methods import Method
 from rsgw.gateway._gateway import open_gateway, serve_gateway
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel

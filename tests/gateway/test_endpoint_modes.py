@@ -15,8 +15,8 @@ import pytest
 import trio
 import tritonclient.grpc as grpcclient
 
-from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.knobs._knobs import SchedulingMode, WorkBasis
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 from tests.gateway.fleet import open_fleet
 from tests.gateway.test_lpt_packing import lpt
 

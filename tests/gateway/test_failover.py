@@ -33,14 +33,14 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import GrpcError, RsgwError
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError, RsgwError
+from rsgw.base._status import StatusCode
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import Fleet, open_fleet, start_worker
 from tests.helpers import (
     WorkerProcess,

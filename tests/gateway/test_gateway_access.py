@@ -8,10 +8,10 @@ import logging
 import pytest
 from trio.testing import MockClock
 
-from rsgw._config import LoggingConfig
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import LoggingConfig
 from tests.gateway.fleet import open_fleet
 from tests.helpers import infer_request, simple_inputs
 

@@ -20,12 +20,12 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from rsgw._auth import digest
-from rsgw._config import AuthConfig, TlsConfig
-from rsgw._errors import ConfigError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.base._auth import digest
+from rsgw.base._errors import ConfigError
+from rsgw.base._methods import Method
+from rsgw.config._config import AuthConfig, TlsConfig
 from tests.gateway.fleet import leaf, open_fleet
 from tests.helpers import in_thread, infer_request, simple_inputs, wait_until
 from tests.pki import Pki

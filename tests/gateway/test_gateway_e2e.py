@@ -8,7 +8,7 @@ import trio
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from rsgw.worker._catalogue import builtin_catalogue, parse_catalogue
+from rsgw.worker.models._catalogue import builtin_catalogue, parse_catalogue
 from tests.gateway.fleet import open_fleet
 
 

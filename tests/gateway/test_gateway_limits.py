@@ -28,17 +28,17 @@ import trio.testing
 import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 
-from rsgw._call import CallContext
-from rsgw._config import ConnectionsConfig, GatewayConfig, GrpcLimits, ListenConfig
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._call import CallContext
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import ConnectionsConfig, GatewayConfig, GrpcLimits, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._running import RunningGateway
 from rsgw.grpc._client import Channel
-from rsgw.grpc._metadata import format_timeout, parse_timeout
 from rsgw.grpc._server import GrpcServer
+from rsgw.grpc.protocol._metadata import format_timeout, parse_timeout
 from rsgw.worker._worker import RunningWorker
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import (
@@ -159,7 +159,7 @@ async def test_gateway_admission_cap_queues_what_can_wait_and_sheds_what_cannot(
     One slow call per worker fills the cap (2). A third with a 5 s deadline waits in the
     gateway's queue and is served. The gateway reads on up to twice the cap, so a
     fourth with 0.1 s left is read and refused at once, RESOURCE_EXHAUSTED, rather than
-    left to time out (docs: gateway/_admission.py).
+    left to time out (docs: gateway/calls/_admission.py).
     """
     catalogue = catalogue_from_yaml(SLOW)
     limits = GrpcLimits(max_concurrent_requests_per_worker=1)

@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
-from rsgw._config import MetricsConfig
-from rsgw._errors import GrpcError
-from rsgw._exposition import merge_expositions
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import MetricsConfig
 from rsgw.gateway._admin_routes import scrape_budget
+from rsgw.runtime._exposition import merge_expositions
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import check_simple, infer_request, simple_inputs
 

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import yaml
 
-from rsgw._config import AuthConfig, ShmConfig
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._methods import Method
+from rsgw.config._config import AuthConfig, ShmConfig
 from tests.gateway.fleet import open_fleet
 from tests.helpers import in_thread
 

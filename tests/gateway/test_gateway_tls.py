@@ -26,10 +26,10 @@ import pytest
 import trio
 import tritonclient.grpc as grpcclient
 
-from rsgw._config import TlsConfig, WorkerClientConfig
-from rsgw._errors import ConfigError, RsgwError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._errors import ConfigError, RsgwError
+from rsgw.base._status import StatusCode
+from rsgw.config._config import TlsConfig, WorkerClientConfig
 from tests.gateway.fleet import leaf, open_fleet
 from tests.helpers import (
     MODEL_INFER,

@@ -21,13 +21,13 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError, RsgwError
-from rsgw._methods import Method
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError, RsgwError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
-from rsgw.scheduling._schedulers import LeastOutstandingScheduler
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.calls._schedulers import LeastOutstandingScheduler
+from rsgw.scheduling.knobs._knobs import SchedulingMode, WorkBasis
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
 

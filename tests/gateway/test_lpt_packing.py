@@ -25,19 +25,19 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import GatewayWedged, RsgwError, StartupError
-from rsgw._methods import Method
+from rsgw.base._errors import GatewayWedged, RsgwError, StartupError
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
-from rsgw.gateway._packing import Packing
-from rsgw.gateway._preconditions import RETRY_INTERVAL
 from rsgw.gateway._running import RunningGateway
-from rsgw.scheduling._knobs import CompactionMode, SchedulingMode
-from rsgw.scheduling._reports import DRIFT_WARNING
-from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
-from rsgw.worker._batching import Discipline
-from rsgw.worker._specs import Catalogue
+from rsgw.gateway.placement._packing import Packing
+from rsgw.gateway.placement._preconditions import RETRY_INTERVAL
+from rsgw.scheduling.knobs._knobs import CompactionMode, SchedulingMode
+from rsgw.scheduling.knobs._settings import ModelOverride, SchedulingConfig
+from rsgw.scheduling.placement._reports import DRIFT_WARNING
 from rsgw.worker._worker import RunningWorker, WorkerConfig
+from rsgw.worker.device._batching import Discipline
+from rsgw.worker.models._specs import Catalogue
 from tests.gateway.fleet import Fleet, leaf, open_fleet, start_worker
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
 from tests.memory import MemoryNetwork

@@ -18,15 +18,15 @@ import trio
 import yaml
 from trio.testing import MockClock
 
-from rsgw._config import GatewayConfig, GrpcLimits, load_config
-from rsgw._errors import ConfigError, RsgwError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._errors import ConfigError, RsgwError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import GatewayConfig, GrpcLimits, load_config
 from rsgw.gateway._members import is_own_address
 from rsgw.grpc._client import Channel
-from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import Fleet, open_fleet, start_worker
 from tests.gateway.test_control import CtlFailed
 from tests.gateway.test_control import ctl_in_memory as ctl

@@ -18,7 +18,7 @@ import trio
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import open_fleet
 from tests.helpers import catalogue_from_yaml
 

@@ -13,13 +13,13 @@ import tritonclient.grpc as grpcclient
 from trio.testing import MockClock
 from tritonclient.utils import InferenceServerException
 
-from rsgw._config import ServerMetadataConfig
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.scheduling._merge import merge_indexes, merge_statistics
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.config._config import ServerMetadataConfig
+from rsgw.scheduling.calls._merge import merge_indexes, merge_statistics
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import catalogue_from_yaml, in_thread, infer_request, simple_inputs
 

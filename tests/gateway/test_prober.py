@@ -18,19 +18,19 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._call import CallContext, UnaryHandler
-from rsgw._config import GatewayConfig, ListenConfig
-from rsgw._errors import GatewayWedged
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._call import CallContext, UnaryHandler
+from rsgw.base._errors import GatewayWedged
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
-from rsgw.gateway._model_discovery import MIN_REFRESH_INTERVAL
 from rsgw.gateway._running import RunningGateway
+from rsgw.gateway.fleet._model_discovery import MIN_REFRESH_INTERVAL
 from rsgw.grpc._server import GrpcServer
-from rsgw.scheduling._knobs import SchedulingMode
-from rsgw.scheduling._settings import SchedulingConfig
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.scheduling.knobs._knobs import SchedulingMode
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.worker._worker import RunningWorker, WorkerConfig
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import start_worker
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork

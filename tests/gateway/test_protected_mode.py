@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import trio
 
-from rsgw._config import AuthConfig, ListenConfig
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.base._methods import Method
+from rsgw.config._config import AuthConfig, ListenConfig
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.gateway.test_gateway_auth import ALICE, OPS, code_of, standard_tokens
 from tests.helpers import in_thread, infer_request, simple_inputs

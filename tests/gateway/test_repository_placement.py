@@ -14,11 +14,11 @@ import numpy as np
 import trio
 from trio.testing import MockClock
 
-from rsgw._blocks import RepositoryConfig
-from rsgw._config import SchedulingConfig, SchedulingMode
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.base._methods import Method
+from rsgw.config._config import SchedulingConfig, SchedulingMode
+from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.grpc._client import Channel
 from rsgw.worker._worker import WorkerApi
 from tests.gateway.fleet import Fleet, open_fleet

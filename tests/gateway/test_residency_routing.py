@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.worker._weights import ResidencyMode
+from rsgw.worker.device._weights import ResidencyMode
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import infer_request, output_array, simple_inputs, wait_until_async
 

@@ -91,7 +91,7 @@ def test_a_prefix_of_an_option_is_not_taken_for_it(capsys: pytest.CaptureFixture
     unknown option, usage, exit 2 (issue 40); the same in `rsgw ctl` and `rsgw simulate`."""
     import pytest
 
-    from rsgw._cli import build_parser
+    from rsgw._flags import build_parser
     from rsgw.ctl._args import parse_args
     from rsgw.ctl._commands import UsageError
     from rsgw.simulate._cli import build_parser as simulate_parser
@@ -119,7 +119,8 @@ def test_mode_is_a_flag_of_node_and_run() -> None:
     knowing its variable; a mode that does not exist is usage, exit 2."""
     import pytest
 
-    from rsgw._cli import _RUN_FLAG_ENV, build_parser
+    from rsgw._cli import _RUN_FLAG_ENV
+    from rsgw._flags import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["node", "--mode", "lpt_packing"]).mode == "lpt_packing"

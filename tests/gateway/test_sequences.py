@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from tests.gateway.fleet import Fleet, open_fleet
 from tests.helpers import infer_request, simple_inputs, wait_until_async
 

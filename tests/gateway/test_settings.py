@@ -12,13 +12,13 @@ import trio
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from rsgw._errors import GrpcError
-from rsgw._logging import resolve_format
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.gateway._metrics import GatewayMetrics
-from rsgw.gateway._settings import ServerSettings
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.gateway.observe._log_settings import ServerSettings
+from rsgw.gateway.observe._metrics import GatewayMetrics
+from rsgw.runtime._logging import resolve_format
 from tests.gateway.fleet import open_fleet
 
 

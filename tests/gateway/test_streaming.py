@@ -11,11 +11,11 @@ from functools import partial
 import pytest
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.worker._catalogue import builtin_catalogue
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.gateway.fleet import open_fleet
 from tests.helpers import (
     catalogue_from_yaml,

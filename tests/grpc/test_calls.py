@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import GrpcError, ResponseInterrupted, WorkerUnavailable
-from rsgw._status import StatusCode
-from rsgw.grpc._calls import (
+from rsgw.base._errors import GrpcError, ResponseInterrupted, WorkerUnavailable
+from rsgw.base._status import StatusCode
+from rsgw.grpc.protocol._calls import (
     CANCEL,
     FINISHED,
     REFUSED_STREAM,
@@ -22,7 +22,7 @@ from rsgw.grpc._calls import (
     lost,
     reset_by_peer,
 )
-from rsgw.grpc._framing import MessageDecoder
+from rsgw.grpc.protocol._framing import MessageDecoder
 
 HALVES = ("inbound", "outbound")
 

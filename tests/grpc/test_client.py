@@ -15,9 +15,9 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._call import CallContext, UnaryHandler
-from rsgw._errors import GrpcError, WorkerUnavailable
-from rsgw._status import StatusCode
+from rsgw.base._call import CallContext, UnaryHandler
+from rsgw.base._errors import GrpcError, WorkerUnavailable
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from tests.memory import MemoryNetwork

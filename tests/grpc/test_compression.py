@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw._errors import DecodeError, GrpcError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.grpc._compression import (
+from rsgw.base._errors import DecodeError, GrpcError
+from rsgw.base._status import StatusCode
+from rsgw.grpc.protocol._compression import (
     Compressed,
     Deflated,
     Gzipped,
@@ -22,8 +22,8 @@ from rsgw.grpc._compression import (
     inflate_prefix,
     parse_accept,
 )
-from rsgw.grpc._framing import MessageDecoder, frame_message
-from rsgw.scheduling._wire import head_length, peek_batch_size, peek_routing
+from rsgw.grpc.protocol._framing import MessageDecoder, frame_message
+from rsgw.scheduling.calls._wire import head_length, peek_batch_size, peek_routing
 from tests.scheduling.test_wire import infer_requests
 
 CODECS = [Gzipped, Deflated]

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw._body import Body
-from rsgw._errors import GrpcError, WorkerUnavailable
-from rsgw._status import StatusCode
-from rsgw.grpc._calls import (
+from rsgw.base._body import Body
+from rsgw.base._errors import GrpcError, WorkerUnavailable
+from rsgw.base._status import StatusCode
+from rsgw.grpc.protocol._calls import (
     CallEnded,
     CallStarted,
     ConnectionTerminated,
@@ -31,9 +31,9 @@ from rsgw.grpc._calls import (
     PeerSettled,
     ResponseStarted,
 )
-from rsgw.grpc._client_connection import ClientConnection
-from rsgw.grpc._connection import ConnectionState
-from rsgw.grpc._server_connection import ServerConnection
+from rsgw.grpc.protocol._client_connection import ClientConnection
+from rsgw.grpc.protocol._connection import ConnectionState
+from rsgw.grpc.protocol._server_connection import ServerConnection
 
 PATH = b"/t.T/Echo"
 HEADERS = [

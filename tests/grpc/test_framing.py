@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._body import Body, Gathered, joined
-from rsgw._errors import GrpcError
-from rsgw._status import StatusCode
-from rsgw.grpc._framing import (
+from rsgw.base._body import Body, Gathered, joined
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
+from rsgw.grpc.protocol._framing import (
     SMALL_PIECE_BYTES,
     MessageDecoder,
     frame_message,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw.grpc._hpack import (
+from rsgw.http2._hpack import (
     HeaderDecoder,
     HeaderEncoder,
     HpackError,
@@ -135,7 +135,7 @@ def test_a_header_list_over_the_limit_is_refused_with_enhance_your_calm() -> Non
 
 @given(st.integers(0, 2**28), st.integers(1, 8))
 def test_integers_round_trip(value: int, prefix: int) -> None:
-    from rsgw.grpc._hpack import _integer
+    from rsgw.http2._hpack import _integer
 
     assert _integer(encode_integer(value, prefix, 0), 0, prefix) == (
         value,

@@ -23,8 +23,8 @@ import h2.settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rsgw.grpc import _http2 as http2
-from rsgw.grpc._http2_state import PREFACE
+from rsgw.http2 import _http2 as http2
+from rsgw.http2._http2_state import PREFACE
 from tests.grpc.test_metadata import GOOD
 
 REQUEST = GOOD  # a gRPC request's headers

@@ -19,11 +19,11 @@ import grpc
 import pytest
 import trio
 
-from rsgw._errors import GrpcError, ListenError
-from rsgw._net import bind_tcp, bound_port
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError, ListenError
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
+from rsgw.runtime._net import bind_tcp, bound_port
 from tests.grpc.test_server import Handlers
 
 LIMIT = 1024 * 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.grpc._limits import ACKNOWLEDGMENTS_PER_MESSAGE, PREFIX_BYTES, FloodGuard, StreamShare
+from rsgw.base._limits import ACKNOWLEDGMENTS_PER_MESSAGE, PREFIX_BYTES, FloodGuard, StreamShare
 
 
 def test_the_cap_is_shared_among_busy_connections() -> None:

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import GrpcError
-from rsgw._status import StatusCode, status_from_wire
-from rsgw.grpc._compression import Compressed, Deflated, Gzipped
-from rsgw.grpc._metadata import (
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode, status_from_wire
+from rsgw.grpc.protocol._compression import Compressed, Deflated, Gzipped
+from rsgw.grpc.protocol._metadata import (
     OK_TRAILERS,
     decode_message,
     encode_message,

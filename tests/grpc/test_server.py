@@ -19,9 +19,9 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._call import CallContext
-from rsgw._errors import GrpcError, ListenError, NotFound, WorkerUnavailable
-from rsgw._status import StatusCode
+from rsgw.base._call import CallContext
+from rsgw.base._errors import GrpcError, ListenError, NotFound, WorkerUnavailable
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from tests.helpers import wait_until_async
@@ -215,7 +215,9 @@ async def test_deadline_reaches_the_handler(served: Served, autojump_clock: Mock
 async def test_handler_exception_is_internal(served: Served, autojump_clock: MockClock) -> None:
     error = await failure(served, "Boom")
     assert error.code is StatusCode.INTERNAL
-    assert "kaboom" in error.message
+    assert (
+        "kaboom" not in error.message and "RuntimeError" in error.message
+    )  # text stays in the log
 
 
 async def test_grpc_error_and_rsgw_error_keep_their_status(

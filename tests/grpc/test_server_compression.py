@@ -15,14 +15,14 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._body import Body, Gathered
-from rsgw._call import CallContext
-from rsgw._errors import GrpcError
-from rsgw._status import StatusCode
+from rsgw.base._body import Body, Gathered
+from rsgw.base._call import CallContext
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.grpc._compression import Compressed, Deflated, Gzipped, compress, decompress
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._streams import ServerStream
+from rsgw.grpc.protocol._compression import Compressed, Deflated, Gzipped, compress, decompress
 from tests.helpers import raw_h2_unary
 from tests.memory import MemoryNetwork
 

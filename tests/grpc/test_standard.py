@@ -22,10 +22,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError
 from rsgw._proto import grpc_health_v1_pb2 as hpb
 from rsgw._proto import grpc_reflection_v1_pb2 as rpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import HEALTH, REFLECTION_V1, standard_services

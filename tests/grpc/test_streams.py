@@ -10,8 +10,8 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError, WorkerUnavailable
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError, WorkerUnavailable
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._streams import ServerStream

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import ConfigError
+from rsgw.base._errors import ConfigError
 from rsgw.node._node import (
     DEFAULT_NODE_TEMPLATE,
     NodeConfig,

@@ -17,13 +17,13 @@ import trio
 import yaml
 
 import rsgw
-from rsgw._call import CallContext
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._call import CallContext
 from rsgw.grpc._server import GrpcServer
 from rsgw.node._node import load_node
 from rsgw.node._probe import PROBE_DEADLINE_SECONDS, probe_address, server_ready
-from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._worker import WorkerConfig, open_worker
+from rsgw.worker.models._catalogue import builtin_catalogue
 
 SERVER_READY = "/inference.GRPCInferenceService/ServerReady"
 

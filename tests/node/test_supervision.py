@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import rsgw
-from rsgw._config import parse_config
-from rsgw._errors import ConfigError
+from rsgw.base._errors import ConfigError
+from rsgw.config._config import parse_config
 from rsgw.node._node import NodeConfig, parse_node
 from rsgw.node._supervision import (
     Backoff,

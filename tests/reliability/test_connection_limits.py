@@ -15,10 +15,10 @@ import h2.settings
 import trio
 from trio.testing import MockClock
 
-from rsgw._call import CallContext
-from rsgw._status import StatusCode
+from rsgw.base._call import CallContext
+from rsgw.base._limits import ENHANCE_YOUR_CALM, ConnectionLimits
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.grpc._limits import ENHANCE_YOUR_CALM, ConnectionLimits
 from rsgw.grpc._server import GrpcServer
 from tests.memory import MemoryNetwork
 from tests.reliability.hostile import HostileConnection, Outcome, framed, grpc_headers

@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from rsgw._call import CallContext
-from rsgw._status import StatusCode
+from rsgw.base._call import CallContext
+from rsgw.base._status import StatusCode
 from rsgw.grpc._server import GrpcServer
 from tests.reliability.hostile import Header, HostileConnection, grpc_headers
 

@@ -21,7 +21,7 @@ import grpc
 import pytest
 import trio
 
-from rsgw._config import GatewayConfig, ListenConfig
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.gateway._gateway import serve_gateway
 from rsgw.gateway._running import RunningGateway
 from tests.helpers import (

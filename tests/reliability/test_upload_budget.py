@@ -1,4 +1,5 @@
-"""Unfinished request bodies under the upload budget (`rsgw._uploads`): flow control, not refusals.
+"""Unfinished request bodies under the upload budget (`rsgw.base._uploads`): flow control,
+not refusals.
 
 A server with a budget gives a call's stream window back only once its unfinished
 message is granted: a client over its share waits in its own flow control and is
@@ -16,11 +17,11 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from rsgw._call import CallContext
-from rsgw._status import StatusCode
-from rsgw._uploads import UploadBudget
+from rsgw.base._call import CallContext
+from rsgw.base._limits import ConnectionLimits
+from rsgw.base._status import StatusCode
+from rsgw.base._uploads import UploadBudget
 from rsgw.grpc._client import Channel
-from rsgw.grpc._limits import ConnectionLimits
 from rsgw.grpc._server import GrpcServer
 from tests.helpers import wait_until_async
 from tests.memory import MemoryNetwork

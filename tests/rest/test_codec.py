@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from rsgw._body import joined
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._body import joined
 from rsgw.rest import _tensors
 from rsgw.rest._codec import EncodedRequest, RestError, encode_request
 from rsgw.rest._reply import decode_response

@@ -23,8 +23,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._uploads import UploadBudget
-from rsgw.grpc._limits import ConnectionLimits
+from rsgw.base._limits import ConnectionLimits
+from rsgw.base._uploads import UploadBudget
 from rsgw.rest._chunked import MAX_LINE_BYTES, ChunkedBody
 from rsgw.rest._door import too_large
 from rsgw.rest._http1 import NEED_DATA, TOO_LARGE, Head, Refusal, parse_head

@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import trio
 
-from rsgw._call import CallContext
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._uploads import UploadBudget
-from rsgw.grpc._limits import ConnectionLimits
+from rsgw.base._call import CallContext
+from rsgw.base._limits import ConnectionLimits
+from rsgw.base._methods import Method
+from rsgw.base._uploads import UploadBudget
 from rsgw.rest._door import RestDoor
 from rsgw.rest._listener import RestListener
 from tests.helpers import wait_until_async

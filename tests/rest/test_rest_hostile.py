@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from rsgw._blocks import GrpcLimits
+from rsgw.config._blocks import GrpcLimits
 from tests.gateway.fleet import Fleet, open_fleet
 
 BODY_LIMIT = 64 * 1024

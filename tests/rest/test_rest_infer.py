@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from rsgw._config import SchedulingConfig, SchedulingMode
+from rsgw.config._config import SchedulingConfig, SchedulingMode
 from tests.gateway.fleet import open_fleet
 from tests.helpers import in_thread
 

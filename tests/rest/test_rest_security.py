@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from rsgw._config import AuthConfig, TlsConfig
+from rsgw.config._config import AuthConfig, TlsConfig
 from tests.gateway.fleet import open_fleet
 from tests.gateway.test_gateway_auth import ALICE, OPS, standard_tokens
 from tests.pki import Pki

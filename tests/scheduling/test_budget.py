@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._budget import RetryBudget
+from rsgw.scheduling.calls._budget import RetryBudget
 
 
 def test_a_quiet_gateway_can_still_fail_over_a_burst() -> None:

@@ -1,4 +1,4 @@
-"""What workers implement, as routing reads it (rsgw.scheduling._capabilities)."""
+"""What workers implement, as routing reads it (rsgw.scheduling.fleet._capabilities)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._methods import Method
-from rsgw._status import StatusCode
-from rsgw.scheduling._capabilities import (
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.scheduling.fleet._capabilities import (
     NEEDS,
     Capability,
     CapabilityTable,

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._fill import (
+from rsgw.scheduling.calls._fill import (
     DEFAULT_FILL_PLAN,
     FillPlan,
     FillReservation,
     FillRouter,
     resolve_fill_plan,
 )
-from rsgw.scheduling._knobs import FillMode, RoutingPolicy
+from rsgw.scheduling.knobs._knobs import FillMode, RoutingPolicy
 
 A, B, C, D = "http://a", "http://b", "http://c", "http://d"
 LEAST, RR = RoutingPolicy.FILL_LEAST, RoutingPolicy.FILL_RR

@@ -33,8 +33,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw.scheduling._fill import FillPlan, FillReservation, FillRouter
-from rsgw.scheduling._knobs import FillMode, RoutingPolicy
+from rsgw.scheduling.calls._fill import FillPlan, FillReservation, FillRouter
+from rsgw.scheduling.knobs._knobs import FillMode, RoutingPolicy
 
 A, B, C, D = "http://a", "http://b", "http://c", "http://d"
 URLS = [A, B, C, D]

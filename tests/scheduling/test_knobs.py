@@ -1,4 +1,4 @@
-"""The scheduling knobs (rsgw.scheduling._knobs): the table, `validate_knob`, the checks.
+"""The scheduling knobs (rsgw.scheduling.knobs._knobs): the table, `validate_knob`, the checks.
 
 gateway.yml reaches these checks through `SchedulingConfig` (tests/test_config.py covers
 that path, key by key); here they are called directly, as the runtime control plane
@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
-from rsgw._errors import ConfigError
-from rsgw.scheduling._knobs import (
+from rsgw.base._errors import ConfigError
+from rsgw.scheduling.knobs._knobs import (
     RUNTIME_KNOBS,
     SCHEDULING_KNOBS,
     CompactionMode,
@@ -23,7 +23,7 @@ from rsgw.scheduling._knobs import (
     check_routing_policy,
     validate_knob,
 )
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.knobs._settings import SchedulingConfig
 
 
 def test_validate_knob_uses_the_yaml_checks() -> None:

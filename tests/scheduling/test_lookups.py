@@ -1,11 +1,11 @@
-"""Which models to look for on workers without an index (rsgw.scheduling._lookups)."""
+"""Which models to look for on workers without an index (rsgw.scheduling.fleet._lookups)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._lookups import ModelLookups
+from rsgw.scheduling.fleet._lookups import ModelLookups
 
 
 def test_configured_models_are_always_candidates_and_found_ones_join_them() -> None:

@@ -6,13 +6,13 @@ from types import MappingProxyType
 
 import numpy as np
 
-from rsgw.scheduling._fill import FillReservation
-from rsgw.scheduling._knobs import FillMode, SchedulingMode, WorkBasis
-from rsgw.scheduling._lpt import LptScheduler
-from rsgw.scheduling._packer import Packer
-from rsgw.scheduling._reports import PollSummary
-from rsgw.scheduling._routing import build_routing_table
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.calls._fill import FillReservation
+from rsgw.scheduling.calls._routing import build_routing_table
+from rsgw.scheduling.knobs._knobs import FillMode, SchedulingMode, WorkBasis
+from rsgw.scheduling.knobs._settings import SchedulingConfig
+from rsgw.scheduling.placement._lpt import LptScheduler
+from rsgw.scheduling.placement._packer import Packer
+from rsgw.scheduling.placement._reports import PollSummary
 from tests.helpers import infer_request
 
 A, B = "127.0.0.1:1", "127.0.0.1:2"

@@ -1,4 +1,4 @@
-"""The membership core (`rsgw.scheduling._membership`): sources, ordinals, names."""
+"""The membership core (`rsgw.scheduling.fleet._membership`): sources, ordinals, names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw.scheduling._membership import DnsTarget, Membership, MembershipError
+from rsgw.scheduling.fleet._membership import DnsTarget, Membership, MembershipError
 
 ADDRESSES = [f"10.0.0.{i}:8001" for i in range(1, 9)]
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.scheduling._meta import (
+from rsgw.scheduling.calls._meta import (
     DEFAULT_ITEM_COST,
     ModelCounters,
     ModelMeta,

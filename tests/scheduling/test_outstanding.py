@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._knobs import WorkBasis
-from rsgw.scheduling._outstanding import (
+from rsgw.scheduling.calls._outstanding import (
     LeastOutstanding,
     Reservation,
     charge_for,
     load_key,
     settle,
 )
+from rsgw.scheduling.knobs._knobs import WorkBasis
 
 W = ("w0:1", "w1:1", "w2:1")
 

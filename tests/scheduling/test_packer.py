@@ -9,12 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._knobs import CompactionMode, Replicas, SchedulingMode
-from rsgw.scheduling._meta import ModelCounters, WorkerCounters, ewma
-from rsgw.scheduling._packer import MAX_DEFERRED_TICKS, Packer, _moves
-from rsgw.scheduling._placement import Placement
-from rsgw.scheduling._reports import CompactionPlan, PollSummary, TickOutcome, summarize_poll
-from rsgw.scheduling._settings import ModelOverride, SchedulingConfig
+from rsgw.scheduling.calls._meta import ModelCounters, WorkerCounters, ewma
+from rsgw.scheduling.knobs._knobs import CompactionMode, Replicas, SchedulingMode
+from rsgw.scheduling.knobs._settings import ModelOverride, SchedulingConfig
+from rsgw.scheduling.placement._packer import MAX_DEFERRED_TICKS, Packer, _moves
+from rsgw.scheduling.placement._placement import Placement
+from rsgw.scheduling.placement._reports import (
+    CompactionPlan,
+    PollSummary,
+    TickOutcome,
+    summarize_poll,
+)
 
 W = ("http://w0", "http://w1")
 W3 = ("http://w0", "http://w1", "http://w2")

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsgw.scheduling._assignment import (
+from rsgw.scheduling.knobs._knobs import ALL, Replicas
+from rsgw.scheduling.placement._assignment import (
     PLAN_GAIN_FLOOR,
     AssignmentResult,
     compute_assignment,
     replica_count,
 )
-from rsgw.scheduling._knobs import ALL, Replicas
-from rsgw.scheduling._placement import Placement
-from rsgw.scheduling._replicas import auto_replicas
+from rsgw.scheduling.placement._placement import Placement
+from rsgw.scheduling.placement._replicas import auto_replicas
 
 W = ["http://w0", "http://w1", "http://w2", "http://w3"]
 W4 = W

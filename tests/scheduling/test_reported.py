@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.scheduling._reported import MeasuredCounters, from_statistics
+from rsgw.scheduling.calls._reported import MeasuredCounters, from_statistics
 
 
 def test_triton_statistics_count_a_batch_once_and_read_the_batch_axis() -> None:

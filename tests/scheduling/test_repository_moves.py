@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._placement import Placement
-from rsgw.scheduling._repository_moves import plan_moves, settle, uniform
+from rsgw.scheduling.placement._placement import Placement
+from rsgw.scheduling.placement._repository_moves import plan_moves, settle, uniform
 
 WORKERS = ("a", "b", "c", "d")
 MODELS = ("m1", "m2", "m3")

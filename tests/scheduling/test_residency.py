@@ -1,4 +1,4 @@
-"""Residency by value (`rsgw.scheduling._residency`): where a cold model is loaded and
+"""Residency by value (`rsgw.scheduling.placement._residency`): where a cold model is loaded and
 what is evicted first. Properties over random fleets: never over budget, never a
 copy with calls in flight, within its minimum residency or at its model's floor,
 no needless eviction, free room before any eviction, the least valuable first."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._residency import (
+from rsgw.scheduling.placement._residency import (
     ColdLoad,
     LoadTimes,
     ModelTerms,

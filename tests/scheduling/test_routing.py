@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._routing import RoundRobin, RoutingTable, build_routing_table, is_ready_state
+from rsgw.scheduling.calls._routing import (
+    RoundRobin,
+    RoutingTable,
+    build_routing_table,
+    is_ready_state,
+)
 
 W = ["w0:1", "w1:1", "w2:1"]
 

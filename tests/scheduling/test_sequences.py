@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import DecodeError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.scheduling._sequences import SequenceTable, holder_lost
-from rsgw.scheduling._wire import SequenceFlags, peek_routing
+from rsgw.base._errors import DecodeError
+from rsgw.base._status import StatusCode
+from rsgw.scheduling.calls._sequences import SequenceTable, holder_lost
+from rsgw.scheduling.calls._wire import SequenceFlags, peek_routing
 from tests.scheduling.test_wire import walk_limit
 
 

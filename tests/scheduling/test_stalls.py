@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.scheduling._stalls import StallWatch, Verdict
+from rsgw.scheduling.fleet._stalls import StallWatch, Verdict
 
 W = "w0:1"
 

@@ -11,10 +11,10 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import DecodeError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.scheduling import _wire
-from rsgw.scheduling._wire import head_length, peek_batch_size, peek_header, peek_routing
+from rsgw.base._errors import DecodeError
+from rsgw.scheduling.calls import _wire
+from rsgw.scheduling.calls._wire import head_length, peek_batch_size, peek_header, peek_routing
 
 names = st.text(max_size=12)
 dims = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5)

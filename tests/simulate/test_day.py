@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rsgw._config import parse_config
-from rsgw.scheduling._meta import ModelCounters, WorkerCounters
-from rsgw.scheduling._packer import Packer
-from rsgw.scheduling._reports import summarize_poll
+from rsgw.config._config import parse_config
+from rsgw.scheduling.calls._meta import ModelCounters, WorkerCounters
+from rsgw.scheduling.placement._packer import Packer
+from rsgw.scheduling.placement._reports import summarize_poll
 from rsgw.simulate import _day, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._engine import packer_knobs

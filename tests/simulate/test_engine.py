@@ -13,8 +13,8 @@ from rsgw.simulate import _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import RunResult
-from rsgw.worker._batching import Discipline
-from rsgw.worker._catalogue import parse_catalogue
+from rsgw.worker.device._batching import Discipline
+from rsgw.worker.models._catalogue import parse_catalogue
 from tests.simulate.cli import SCENARIOS
 
 #: bench/fleet's warm-up (lpt_packing repacks in its first seconds), a shorter window.

@@ -13,7 +13,7 @@ from rsgw.simulate._fluid import (
     batches_per_cycle,
     serve_round,
 )
-from rsgw.worker._specs import ModelSpec
+from rsgw.worker.models._specs import ModelSpec
 
 parts_strategy = st.lists(
     st.tuples(

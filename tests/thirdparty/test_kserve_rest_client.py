@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from rsgw._config import SchedulingConfig, SchedulingMode
+from rsgw.config._config import SchedulingConfig, SchedulingMode
 from tests.gateway.fleet import open_fleet
 from tests.thirdparty.servers import HERE, KSERVE_PYTHON, available, missing
 

@@ -18,13 +18,13 @@ import pytest
 import tritonclient.grpc as triton
 
 from rsgw import open_gateway
-from rsgw._blocks import RepositoryConfig
-from rsgw._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
+from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.gateway._running import RunningGateway
-from rsgw.scheduling._routing import is_ready_state
+from rsgw.scheduling.calls._routing import is_ready_state
 from tests.helpers import in_thread, unary_call
 from tests.thirdparty.servers import ServerProcess, available, missing, start_server
 from tests.thirdparty.test_third_party_workers import infer

@@ -39,7 +39,7 @@ import pytest
 import trio
 
 from rsgw import open_gateway
-from rsgw._config import GatewayConfig, ListenConfig
+from rsgw.config._config import GatewayConfig, ListenConfig
 from rsgw.worker._worker import WorkerConfig, open_worker
 from tests.helpers import in_thread
 from tests.thirdparty import triton

@@ -27,12 +27,12 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from rsgw import open_gateway
-from rsgw._blocks import DiscoveryConfig
-from rsgw._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
-from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw.gateway._preconditions import NO_CONTROL_PLANE
+from rsgw.base._methods import Method
+from rsgw.config._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
+from rsgw.config._fleet_blocks import DiscoveryConfig
 from rsgw.gateway._running import RunningGateway
+from rsgw.gateway.placement._preconditions import NO_CONTROL_PLANE
 from tests.helpers import in_thread, unary_call, wait_until_async
 from tests.thirdparty.servers import ServerProcess, available, missing, start_server
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.scheduling._routing import is_ready_state
+from rsgw.base._methods import Method
+from rsgw.scheduling.calls._routing import is_ready_state
 from tests.helpers import unary_call, wait_until
 from tests.netns import other_host
 from tests.thirdparty.servers import MLSERVER, available, missing

@@ -31,15 +31,16 @@ import trio
 from google.protobuf.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
-from rsgw._cli import build_parser, worker_config
-from rsgw._errors import GrpcError
-from rsgw._methods import Method
+from rsgw._cli import worker_config
+from rsgw._flags import build_parser
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
-from rsgw.worker._device import Device
 from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker
+from rsgw.worker.device._device import Device
 from tests.helpers import infer_request, output_array, simple_inputs
 from tests.memory import MemoryNetwork
 

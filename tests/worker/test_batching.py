@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.worker._batching import BatchPolicy, Discipline, Pending, RequestQueues
+from rsgw.worker.device._batching import BatchPolicy, Discipline, Pending, RequestQueues
 
 
 def req(

@@ -1,4 +1,4 @@
-"""Tests for the simulated worker's model catalogue (rsgw.worker._catalogue and _entries)."""
+"""Tests for the simulated worker's model catalogue (rsgw.worker.models._catalogue and _entries)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import ConfigError
-from rsgw.worker._catalogue import (
+from rsgw.base._errors import ConfigError
+from rsgw.worker.models._catalogue import (
     builtin_catalogue,
     load_catalogue,
     named_catalogue,
     parse_catalogue,
 )
-from rsgw.worker._specs import Catalogue, ModelSpec, TensorSpec
+from rsgw.worker.models._specs import Catalogue, ModelSpec, TensorSpec
 from tests.worker.client import cli_worker_config
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md"

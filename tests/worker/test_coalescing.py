@@ -19,8 +19,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._errors import ConfigError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._errors import ConfigError
 from rsgw.worker._triton import model_config
 from rsgw.worker._worker import WorkerConfig
 from tests.helpers import catalogue_from_yaml, infer_request, output_array

@@ -1,4 +1,4 @@
-"""Tests for what simulated models compute (rsgw.worker._compute)."""
+"""Tests for what simulated models compute (rsgw.worker.models._compute)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rsgw._errors import InvalidRequest
-from rsgw.worker._catalogue import builtin_catalogue
-from rsgw.worker._compute import run_model
-from rsgw.worker._specs import ModelSpec, TensorSpec
-from rsgw.worker._tensors import (
+from rsgw.base._errors import InvalidRequest
+from rsgw.worker.models._catalogue import builtin_catalogue
+from rsgw.worker.models._compute import run_model
+from rsgw.worker.models._specs import ModelSpec, TensorSpec
+from rsgw.worker.models._tensors import (
     Tensor,
     decode_bytes_elements,
     encode_bytes_elements,

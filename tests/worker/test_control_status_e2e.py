@@ -23,11 +23,11 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._errors import ConfigError, GrpcError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw.worker._catalogue import builtin_catalogue
-from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
+from rsgw.base._errors import ConfigError, GrpcError
+from rsgw.base._status import StatusCode
+from rsgw.worker.device._memory import DEFAULT_LOAD_BANDWIDTH
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.helpers import infer_request, output_array, wait_until_async
 from tests.worker.client import cli_worker_config, grpc_error, open_memory_worker, scrape
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.worker._costs import DEFAULT_COST_SECONDS, LearnedCosts
+from rsgw.worker.device._costs import DEFAULT_COST_SECONDS, LearnedCosts
 
 
 def test_first_measurement_is_adopted() -> None:

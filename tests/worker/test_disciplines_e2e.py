@@ -23,10 +23,10 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._errors import RsgwError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._batching import Discipline
+from rsgw.base._errors import RsgwError
 from rsgw.worker._worker import WorkerConfig
+from rsgw.worker.device._batching import Discipline
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
 from tests.worker.client import WorkerClient, open_memory_worker
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import InvalidRequest
-from rsgw.worker._fair import DEFAULT_WEIGHT, FairShare
+from rsgw.base._errors import InvalidRequest
+from rsgw.worker.device._fair import DEFAULT_WEIGHT, FairShare
 
 
 def test_weights_default_to_one_and_must_be_positive() -> None:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from trio.testing import MockClock
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw.worker._catalogue import builtin_catalogue
-from rsgw.worker._classification import classify
-from rsgw.worker._tensors import Tensor, array_to_le, decode_bytes_elements
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.worker._worker import WorkerConfig
+from rsgw.worker.models._catalogue import builtin_catalogue
+from rsgw.worker.models._classification import classify
+from rsgw.worker.models._tensors import Tensor, array_to_le, decode_bytes_elements
 from tests.helpers import infer_request, output_array
 from tests.worker.client import WorkerClient, grpc_error, open_memory_worker
 

@@ -20,12 +20,12 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._errors import GrpcError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
-from rsgw.worker._weights import ResidencyMode
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
 from rsgw.worker._worker import WorkerConfig
+from rsgw.worker.device._memory import DEFAULT_LOAD_BANDWIDTH
+from rsgw.worker.device._weights import ResidencyMode
 from tests.helpers import catalogue_from_yaml, infer_request, wait_until_async
 from tests.worker.client import grpc_error, open_memory_worker
 

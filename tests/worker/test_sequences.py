@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import InvalidRequest
+from rsgw.base._errors import InvalidRequest
 from rsgw.worker._sequences import SWEEP_EVERY, SequenceBook
 
 IDLE = 1.0

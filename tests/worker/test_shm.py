@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as triton_shm
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
-from rsgw._status import StatusCode
+from rsgw.base._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw.base._status import StatusCode
 from rsgw.worker._shm import SHM_ROOT, RegionStatus, ShmRegistry, same_ipc_namespace
 
 PAGE = 4096

@@ -1,4 +1,5 @@
-"""Metas, load_ms and the GPU-shaped built-in models in the catalogue (rsgw.worker._specs)."""
+"""Metas, load_ms and the GPU-shaped built-in models in the catalogue
+(rsgw.worker.models._specs)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rsgw._errors import ConfigError
-from rsgw.worker._catalogue import builtin_catalogue, parse_catalogue
-from rsgw.worker._specs import Catalogue, ModelKind, TensorSpec
+from rsgw.base._errors import ConfigError
+from rsgw.worker.models._catalogue import builtin_catalogue, parse_catalogue
+from rsgw.worker.models._specs import Catalogue, ModelKind, TensorSpec
 
 
 def model(name: str, **overrides: Any) -> dict[str, Any]:

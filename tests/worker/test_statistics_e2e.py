@@ -12,9 +12,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.worker._worker import WorkerConfig
 from tests.helpers import infer_request, simple_inputs
 from tests.worker.client import WorkerClient, grpc_error, open_memory_worker, scrape_models

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 from trio.testing import MockClock
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._methods import Method
 from rsgw.worker._worker import WorkerConfig, open_worker
 from tests.helpers import in_thread, infer_request, output_array, simple_inputs, stream_simple
 from tests.worker.client import open_memory_worker

@@ -1,4 +1,4 @@
-"""Tests for the pure tensor codec of the simulated worker (rsgw.worker._tensors)."""
+"""Tests for the pure tensor codec of the simulated worker (rsgw.worker.models._tensors)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._specs import TensorSpec
-from rsgw.worker._tensors import (
+from rsgw.base._errors import InvalidRequest
+from rsgw.worker.models._specs import TensorSpec
+from rsgw.worker.models._tensors import (
     DATATYPE_SIZES,
     DATATYPES,
     check_input,

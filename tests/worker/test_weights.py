@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rsgw.worker._weights import Load, Residency, WeightCache
+from rsgw.worker.device._weights import Load, Residency, WeightCache
 
 MIB = 1 << 20
 

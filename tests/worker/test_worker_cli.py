@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rsgw._cli import build_parser
+from rsgw._flags import build_parser
 
 
 def parse(*argv: str) -> dict[str, object]:

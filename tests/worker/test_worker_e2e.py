@@ -22,8 +22,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from rsgw.worker._catalogue import builtin_catalogue
 from rsgw.worker._shm import SHM_ROOT
+from rsgw.worker.models._catalogue import builtin_catalogue
 from tests.helpers import model_status, simple_inputs
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rsgw.worker._specs import Catalogue
 from rsgw.worker._worker import RunningWorker, WorkerConfig, open_worker
+from rsgw.worker.models._specs import Catalogue
 from tests.helpers import (
     check_simple,
     in_thread,

@@ -22,12 +22,12 @@ from typing import TypeVar
 import trio
 from google.protobuf.message import DecodeError, Message
 
-from rsgw._errors import GrpcError, RsgwError, WorkerUnavailable
-from rsgw._net import TCP, Network
 from rsgw._proto import etcd_v3_pb2 as epb
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError, RsgwError, WorkerUnavailable
+from rsgw.base._status import StatusCode
 from rsgw.grpc._client import Channel
 from rsgw.grpc._streams import ClientStream
+from rsgw.runtime._net import TCP, Network
 
 logger = logging.getLogger(__name__)
 

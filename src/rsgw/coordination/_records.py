@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from rsgw.scheduling._placement import Placement
+from rsgw.scheduling.placement._placement import Placement
 
 #: How the coordination of one gateway stands, as `rsgw ctl status` and the metrics say.
 OFF = "off"  # no etcd configured

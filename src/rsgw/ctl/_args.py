@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from rsgw._usage import StrictParser, nearest
-from rsgw._values import split_host_port
+from rsgw.base._usage import StrictParser, nearest
+from rsgw.base._values import split_host_port
 from rsgw.ctl._commands import (
     DEFAULT_GATEWAY,
     DEFAULT_REPACK_WAIT_SECONDS,

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeAlias
 
-from rsgw._methods import GATEWAY_CONTROL
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw.scheduling._policy import STARTUP_ONLY
+from rsgw.base._methods import GATEWAY_CONTROL
+from rsgw.scheduling.knobs._policy import STARTUP_ONLY
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message

@@ -23,14 +23,14 @@ import trio
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError, Message
 
-from rsgw._errors import RsgwError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw._tls import client_context
+from rsgw.base._errors import RsgwError
+from rsgw.base._status import StatusCode
 from rsgw.ctl._args import DEFAULT_PROG, parse_args
 from rsgw.ctl._commands import Access, Call, Command, Repack, ShowHelp, UsageError, call_for
 from rsgw.ctl._render import format_error, render_reply
 from rsgw.grpc._client import Channel
+from rsgw.runtime._tls import client_context
 
 #: Exit statuses.
 EXIT_OK = 0

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._values import human_bytes
+from rsgw.base._values import human_bytes
 from rsgw.ctl._commands import Command, SetPolicy
 
 if TYPE_CHECKING:

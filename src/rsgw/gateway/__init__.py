@@ -1,25 +1,23 @@
 """The gateway: one KServe V2 endpoint routing raw requests to N workers.
 
-The Trio shell around the pure cores of `rsgw.scheduling`. Where to find what:
+The Trio shell around the pure cores of `rsgw.scheduling`, in four rooms and the
+wiring that builds them. A room imports the rooms listed before it, never one after:
 
-- Starting and holding it: `_gateway` (`serve_gateway`, the nursery tree, in
-  dependency order), `_running` (`RunningGateway`, the status snapshot, reload,
-  graceful stop), `_admin_routes` (`/metrics` for the whole node, `/healthz`,
-  `/readyz`).
-- The data plane, one handler table (`_service`) for whichever door serves it:
-  `_infer` (ModelInfer's pass-through, the hot path), `_streaming`
-  (ModelStreamInfer), `_models` (health, metadata, config, statistics, the
-  repository index), `_shm_calls` (shared memory), `_fleet_calls` (model control,
-  IPC namespace, compaction). They share `_resolve` (which replicas may take a call
-  for a model), `_admission` (the inbound cap and its queue) and `_fanout` (which
-  workers a fan-out asks, and the rules that merge their answers).
-- The workers: `_pool` (a channel each, labels, the SHM register gate), `_members`
-  (workers joining and leaving), `_discovery` (`dns:///` endpoints), `_prober`
-  (readiness, model discovery, the routing-table swap), `_watchdog` (stalled
-  connections), `_regions` (shared memory replayed to a worker that comes back).
-- Scheduling's shell: `_packing` (lpt_packing's repack loop), `_preconditions`
-  (its start-up checks), `_meta_poll` (routing metadata from the workers),
-  `_control` and `_scheduling_status` (GatewayControlService).
-- Around every call: `_guard` (authentication, roles, audit), `_metrics`, `_access`
-  (the sampled access log), `_settings` (LogSettings, TraceSetting).
+- `observe/` what the gateway says about itself: metrics, the access log, log settings.
+- `fleet/` the workers it watches: a channel each, probes, model discovery, DNS
+  targets, capabilities, routing metadata, the stall watchdog.
+- `calls/` the path of one call, for whichever door serves it: the handler table,
+  ModelInfer, streaming, admission, the guard, fan-outs, shared memory, model control.
+- `placement/` lpt_packing's shell: startup checks, the repack loop, the repository
+  placer, coordination with other gateways, the scheduling status.
+
+The wiring, here, may import every room, and `rsgw.rest` for its second door:
+
+- `_gateway` `serve_gateway` and `open_gateway`: the nursery tree, started in order.
+- `_parts` the builders of the parts, each given what it needs when it is built.
+- `_doors` the admin HTTP server, the gRPC listener and the REST listener.
+- `_members` workers joining and leaving a running gateway.
+- `_control` GatewayControlService: membership and scheduling changes from an operator.
+- `_admin_routes` `/metrics` for the whole node, `/healthz`, `/readyz`.
+- `_running` `RunningGateway`: status, reload, graceful stop.
 """

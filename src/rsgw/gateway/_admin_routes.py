@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from rsgw._admin import AdminApp, Headers, Reply, header
-from rsgw._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
-from rsgw.gateway._pool import fan_out
+from rsgw.gateway.fleet._pool import fan_out
+from rsgw.runtime._admin import AdminApp, Headers, Reply, header
+from rsgw.runtime._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
 
 if TYPE_CHECKING:
-    from rsgw._config import GatewayConfig
-    from rsgw.gateway._metrics import GatewayMetrics
-    from rsgw.gateway._pool import WorkerPool
-    from rsgw.gateway._prober import Prober
+    from rsgw.config._config import GatewayConfig
+    from rsgw.gateway.fleet._pool import WorkerPool
+    from rsgw.gateway.fleet._prober import Prober
+    from rsgw.gateway.observe._metrics import GatewayMetrics
 
 
 def admin_app(

@@ -4,7 +4,7 @@ Served on the inference port next to the data plane (docs/original.md §2.8). St
 in every mode; the three scheduler mutators need lpt_packing and answer
 FAILED_PRECONDITION otherwise. AddWorker and RemoveWorker (rsgw's own, issue 24) change
 the workers (`rsgw.gateway._members`). Every change is validated with the gateway.yml validators
-(`rsgw.scheduling._policy`), all-or-nothing, swapped in by reference, bumps the
+(`rsgw.scheduling.knobs._policy`), all-or-nothing, swapped in by reference, bumps the
 generation, and lives in memory only: every mutator's answer says `persisted=false`,
 and a restart reverts to gateway.yml.
 
@@ -27,19 +27,19 @@ from typing import TypeVar
 import trio
 from google.protobuf.message import Message
 
-from rsgw._call import CallContext, UnaryHandler
-from rsgw._errors import ConfigError, GrpcError, RsgwError
-from rsgw._methods import Method
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw._usage import nearest
-from rsgw.gateway._coordinator import Coordinator, coordination_message
+from rsgw.base._call import CallContext, UnaryHandler
+from rsgw.base._errors import ConfigError, GrpcError, InvalidRequest, RsgwError
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
+from rsgw.base._usage import nearest
 from rsgw.gateway._members import Members, MembershipRefused
-from rsgw.gateway._metrics import GatewayMetrics
-from rsgw.gateway._packing import Packing
-from rsgw.gateway._preconditions import NO_CONTROL_PLANE
-from rsgw.gateway._prober import Prober
-from rsgw.gateway._scheduling_status import (
+from rsgw.gateway.fleet._prober import Prober
+from rsgw.gateway.observe._metrics import GatewayMetrics
+from rsgw.gateway.placement._coordinator import Coordinator, coordination_message
+from rsgw.gateway.placement._packing import Packing
+from rsgw.gateway.placement._preconditions import NO_CONTROL_PLANE
+from rsgw.gateway.placement._scheduling_status import (
     policy_message,
     policy_values,
     projection,
@@ -49,8 +49,9 @@ from rsgw.gateway._scheduling_status import (
 )
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
-from rsgw.scheduling._knobs import ALL, FillMode, SchedulingMode
-from rsgw.scheduling._policy import (
+from rsgw.scheduling.calls._reported import CounterSource
+from rsgw.scheduling.knobs._knobs import ALL, FillMode, SchedulingMode
+from rsgw.scheduling.knobs._policy import (
     NEXT_REPACK,
     PARKING_WARNING,
     effective_replicas,
@@ -59,7 +60,6 @@ from rsgw.scheduling._policy import (
     update_override,
     update_policy,
 )
-from rsgw.scheduling._reported import CounterSource
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class GatewayControl:
         metrics: GatewayMetrics,
         members: Members,
         counter_sources: Mapping[str, CounterSource] | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.mode = mode
         self._packing = packing
@@ -89,14 +90,32 @@ class GatewayControl:
         self._members = members
         #: Where each worker's work counters come from (the metadata poller's, live).
         self._counter_sources = counter_sources or {}
-        #: Several gateways, one placement (None: this gateway alone).
-        self.coordination: Coordinator | None = None
+        #: Several gateways, one placement (None: this gateway alone): this gateway's
+        #: scheduling changes are shared through it, the others' applied here
+        #: (`serve_changes`).
+        self.coordination = coordinator
 
-    def coordinate(self, coordination: Coordinator) -> None:
-        """Share this gateway's scheduling changes through `coordination`, and apply the
-        other gateways' here."""
-        self.coordination = coordination
-        coordination.apply_change = self.apply_change
+    async def serve_changes(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Apply the other gateways' scheduling changes as the coordinator hands them on,
+        in etcd's order, until cancelled (nothing to do without coordination)."""
+        task_status.started()
+        if self.coordination is None:
+            return
+        async for change in self.coordination.changes:
+            try:
+                await self.apply_change(change.method, change.request)
+            except RsgwError as exc:  # one that does not apply must not stop the others
+                logger.error(
+                    "coordination: another gateway's change does not apply here",
+                    extra={"origin": change.origin, "method": change.method, "why": str(exc)},
+                )
+            except Exception:  # a bug: said with its traceback; the next ones still apply
+                logger.exception(
+                    "coordination: applying another gateway's change failed",
+                    extra={"origin": change.origin, "method": change.method},
+                )
 
     async def apply_change(self, method: str, body: bytes) -> None:
         """Apply a scheduling change another gateway's operator made (already checked
@@ -112,7 +131,7 @@ class GatewayControl:
         elif method == Method.REMOVE_WORKER.rpc:
             await self.remove_worker(cpb.RemoveWorkerRequest.FromString(body), share=False)
         else:
-            raise ValueError(f"no such shared change: {method}")
+            raise InvalidRequest(f"no such shared change: {method}")
 
     async def _share_quietly(self, rpc: Method, request: Message) -> None:
         """`_share`, for answers without warnings: a failure is logged instead."""
@@ -163,10 +182,12 @@ class GatewayControl:
                     return await method(request)
                 except RsgwError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # a bug: logged here, its text kept from the client
                     logger.exception("gateway control call failed", extra={"rpc": rpc.rpc})
                     raise GrpcError(
-                        StatusCode.INTERNAL, f"gateway control call failed: {exc}"
+                        StatusCode.INTERNAL,
+                        f"gateway control call failed: {rpc.rpc} hit an internal error "
+                        "(the gateway's log has its traceback)",
                     ) from exc
 
         return typed_unary(request_type, handler)

@@ -1,6 +1,6 @@
 """Workers that join and leave a running gateway (issue 24).
 
-Who the workers are is one immutable `Membership` (`rsgw.scheduling._membership`) over
+Who the workers are is one immutable `Membership` (`rsgw.scheduling.fleet._membership`) over
 three sources: gateway.yml's `endpoints` (the `config` source, re-read on SIGHUP), the
 operator (AddWorker / RemoveWorker) and each `dns:///NAME:PORT` target (`Discovery`).
 `Members` is its shell: every change goes through the membership first (all or
@@ -24,19 +24,19 @@ from collections.abc import Iterable, Mapping
 
 import trio
 
-from rsgw._config import GatewayConfig
-from rsgw._endpoints import check_target
-from rsgw._errors import ConfigError
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
-from rsgw.gateway._admission import intake_limit
-from rsgw.gateway._packing import Packing
-from rsgw.gateway._service import GatewayService
-from rsgw.gateway._watchdog import Watchdog
-from rsgw.grpc._server import GrpcServer
-from rsgw.scheduling._capabilities import CapabilityTable
-from rsgw.scheduling._membership import Change, Member, Membership, MembershipError
-from rsgw.scheduling._reported import CounterSource
+from rsgw.base._errors import ConfigError
+from rsgw.base._status import StatusCode
+from rsgw.config._config import GatewayConfig
+from rsgw.config._endpoints import check_target
+from rsgw.gateway.calls._admission import intake_limit
+from rsgw.gateway.calls._service import GatewayService
+from rsgw.gateway.placement._packing import Packing
+from rsgw.grpc._intake import Intake
+from rsgw.scheduling.calls._reported import CounterSource
+from rsgw.scheduling.fleet._capabilities import CapabilityTable
+from rsgw.scheduling.fleet._membership import Change, Member, Membership, MembershipError
+from rsgw.scheduling.fleet._stalls import StallWatch
 
 logger = logging.getLogger(__name__)
 
@@ -63,39 +63,37 @@ class MembershipRefused(ConfigError):
 class Members:
     """Adds and removes the gateway's workers at run time (see the module docstring).
 
-    Departing workers drain in `nursery`. The watchdog, the repack loop and the
-    listener are attached once they exist (`attach`): the configured workers join
-    before they are built.
+    gateway.yml's fixed workers join at once. What follows the workers is given here:
+    the call path (`service`: pool, prober, admission), the repack loop (`packing`,
+    under lpt_packing), the stall watch (`stalls`), and the listener's running-call
+    cap (`intake`, built before the listener, which takes it). Departing workers
+    drain in `nursery`.
     """
 
     def __init__(
-        self, config: GatewayConfig, service: GatewayService, nursery: trio.Nursery
+        self,
+        config: GatewayConfig,
+        service: GatewayService,
+        nursery: trio.Nursery,
+        *,
+        packing: Packing | None = None,
+        stalls: StallWatch | None = None,
+        intake: Intake | None = None,
     ) -> None:
         self._config = config
         self._nursery = nursery
         self._service = service
+        self._packing = packing
+        self._stalls = stalls
+        self._intake = intake
         self._per_worker_cap = config.grpc.max_concurrent_requests_per_worker
         self.membership = Membership()
-        self._watchdog: Watchdog | None = None
-        self._packing: Packing | None = None
-        self._server: GrpcServer | None = None
         #: The gateway's own gRPC port once it listens: a worker there would be itself.
+        #: A fact learned when the listener binds, not a part: set then.
         self.own_port: int | None = None
         urls, names, metrics = config_workers(config)
         if urls:  # none when every endpoint is a dns:/// target
             self.sync(CONFIG, urls, names, metrics)
-
-    def attach(
-        self,
-        watchdog: Watchdog | None = None,
-        packing: Packing | None = None,
-        server: GrpcServer | None = None,
-    ) -> None:
-        """The parts built after the configured workers joined."""
-        self._watchdog = watchdog or self._watchdog
-        self._packing = packing or self._packing
-        self._server = server or self._server
-        self._resize()
 
     @property
     def count(self) -> int:
@@ -259,13 +257,14 @@ class Members:
     # -- the steps ----------------------------------------------------------------------
 
     def _joined(self, added: Iterable[Member], metrics: Mapping[str, str]) -> None:
-        """`added` are members now: connect, probe, and (lpt_packing) place them."""
+        """`added` are members now: connect, probe, and (lpt_packing) place them: by a
+        repack once they are ready, unless the startup repack is still to come."""
         service = self._service
         for member in added:
             service.pool.add(member, metrics.get(member.url, ""))
             service.metrics.worker_joined(member.label)
             logger.info("worker added", extra={"worker": member.label, "workers": self.count})
-            if self._packing is not None:
+            if self._packing is not None and self._packing.started:
                 self._nursery.start_soon(self._place_when_ready, member.url)
         self._resize()
         service.prober.wake()
@@ -277,8 +276,8 @@ class Members:
         service.prober.forget(member.url)
         if service.infer.measured is not None:
             service.infer.measured.forget(member.url)
-        if self._watchdog is not None:
-            self._watchdog.watch.forget(member.url)
+        if self._stalls is not None:
+            self._stalls.forget(member.url)
         if self._packing is not None:
             self._packing.request_repack_now()
         self._resize()
@@ -330,8 +329,8 @@ class Members:
             return
         cap = self.inbound_cap
         self._service.resize(cap)
-        if self._server is not None:
-            self._server.resize(intake_limit(cap))
+        if self._intake is not None:
+            self._intake.resize(intake_limit(cap))
 
 
 def config_workers(

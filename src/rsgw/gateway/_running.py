@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from rsgw._errors import ConfigError
+from rsgw.base._errors import ConfigError
 
 if TYPE_CHECKING:
-    from rsgw._config import GatewayConfig
-    from rsgw.gateway._coordinator import Coordinator
-    from rsgw.gateway._discovery import Discovery
+    from rsgw.config._config import GatewayConfig
     from rsgw.gateway._members import Members
-    from rsgw.gateway._packing import Packing
-    from rsgw.gateway._service import GatewayService
+    from rsgw.gateway.calls._service import GatewayService
+    from rsgw.gateway.fleet._dns_targets import Discovery
+    from rsgw.gateway.placement._coordinator import Coordinator
+    from rsgw.gateway.placement._packing import Packing
     from rsgw.grpc._server import GrpcServer
     from rsgw.rest._listener import RestListener
 

@@ -1,7 +1,7 @@
 """One connection of a channel: the core, its transport, and the callers waiting.
 
 A `ChannelConnection` runs its `Transport` (reader and writer) over one HTTP/2
-connection's sans-IO core (`rsgw.grpc._client_connection.ClientConnection`) and
+connection's sans-IO core (`rsgw.grpc.protocol._client_connection.ClientConnection`) and
 hands each caller what the core says of its call: a unary caller parks on a
 `_Waiter` until its `CallEnded`, a streaming caller reads a `ClientStream`. A call
 the peer's stream limit does not let open yet waits for one to end. Closed on
@@ -19,10 +19,12 @@ from typing import Protocol
 
 import trio
 
-from rsgw._body import Body
-from rsgw._errors import GrpcError, RsgwError
-from rsgw._status import StatusCode
-from rsgw.grpc._calls import (
+from rsgw.base._body import Body
+from rsgw.base._errors import GrpcError, RsgwError
+from rsgw.base._status import StatusCode
+from rsgw.grpc._streams import ClientStream
+from rsgw.grpc._transport import Transport
+from rsgw.grpc.protocol._calls import (
     CallEnded,
     ConnectionTerminated,
     Event,
@@ -30,10 +32,8 @@ from rsgw.grpc._calls import (
     OutboxDrained,
     PeerSettled,
 )
-from rsgw.grpc._client_connection import ClientConnection, StreamLimitReached
-from rsgw.grpc._connection import ConnectionState
-from rsgw.grpc._streams import ClientStream
-from rsgw.grpc._transport import Transport
+from rsgw.grpc.protocol._client_connection import ClientConnection, StreamLimitReached
+from rsgw.grpc.protocol._connection import ConnectionState
 
 
 @dataclass(slots=True, eq=False)

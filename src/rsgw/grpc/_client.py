@@ -8,7 +8,7 @@ connection runs its `Transport` (reader and writer) in the nursery the channel
 was given. A call holds one of `max_concurrent_streams`
 slots, starts its stream on the connection core, and waits for its `CallEnded`.
 
-How calls fail is decided by the core (`rsgw.grpc._connection`), which the
+How calls fail is decided by the core (`rsgw.grpc.protocol._connection`), which the
 gateway's failover rule relies on:
 - the peer answered with a status: `GrpcError` with its code, message and extra
   trailers, unchanged;
@@ -35,17 +35,17 @@ from typing import Literal, overload
 
 import trio
 
-from rsgw._body import Body
-from rsgw._errors import GrpcError, WorkerUnavailable
-from rsgw._net import TCP, Network
-from rsgw._status import StatusCode
-from rsgw._tls import connect as tls_connect
+from rsgw.base._body import Body
+from rsgw.base._errors import GrpcError, WorkerUnavailable
+from rsgw.base._status import StatusCode
 from rsgw.grpc._channel_connection import ChannelConnection
-from rsgw.grpc._compression import ACCEPT_ENCODING, Compressed, decompress, plain
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
-from rsgw.grpc._hpack import encode_headers
-from rsgw.grpc._metadata import CONTENT_TYPE, HeaderBlock, format_timeout
 from rsgw.grpc._streams import ClientStream
+from rsgw.grpc.protocol._compression import ACCEPT_ENCODING, Compressed, decompress, plain
+from rsgw.grpc.protocol._framing import DEFAULT_MAX_MESSAGE_BYTES, too_large
+from rsgw.grpc.protocol._metadata import CONTENT_TYPE, HeaderBlock, format_timeout
+from rsgw.http2._hpack import encode_headers
+from rsgw.runtime._net import TCP, Network
+from rsgw.runtime._tls import connect as tls_connect
 
 #: How `on_connect` calls the peer: `send(path, request) -> reply`.
 Send = Callable[[bytes, bytes], Awaitable[bytes]]
@@ -73,7 +73,7 @@ class Channel:
         on_connect: run on every new connection before any call may use it, with a
             way to make calls on it (`send(path, request) -> reply`): what a peer
             must be told first (the gateway registers shared memory again).
-        ssl_context: speak TLS (`rsgw._tls.client_context`), checking the peer's
+        ssl_context: speak TLS (`rsgw.runtime._tls.client_context`), checking the peer's
             certificate against the target's host name.
     """
 

@@ -10,7 +10,7 @@ or by the server's drain, is answered with the status that says which.
 
 Compression (gzip, deflate): a handler sees its request decompressed, unless it
 is a pass-through (`GrpcServer(pass_through=)`), which gets the request as it came
-(a `rsgw._body.Body`: compressed, or `Gathered` in the pieces it arrived in if
+(a `rsgw.base._body.Body`: compressed, or `Gathered` in the pieces it arrived in if
 large) and may answer likewise. A reply goes out
 compressed only in an encoding the client accepts: a compressed reply it does not
 accept is decompressed, and with `response_encoding` set, a plain reply is
@@ -31,19 +31,19 @@ from typing import Protocol
 
 import trio
 
-from rsgw._body import Body, joined
-from rsgw._call import CallContext, PassThrough, UnaryHandler
-from rsgw._peer import peer_of
-from rsgw._status import StatusCode
-from rsgw._tls import peer_identity
-from rsgw._uploads import UploadBudget
-from rsgw.grpc._compression import Compressed, compress, decompress, plain
-from rsgw.grpc._connection import ConnectionState
+from rsgw.base._body import Body, joined
+from rsgw.base._call import CallContext, PassThrough, UnaryHandler
+from rsgw.base._limits import ConnectionLimits
+from rsgw.base._peer import peer_of
+from rsgw.base._status import StatusCode
+from rsgw.base._uploads import UploadBudget
 from rsgw.grpc._intake import Intake
-from rsgw.grpc._limits import ConnectionLimits
-from rsgw.grpc._server_connection import ServerConnection
 from rsgw.grpc._streams import ServerStream, StreamHandler
 from rsgw.grpc._transport import Transport
+from rsgw.grpc.protocol._compression import Compressed, compress, decompress, plain
+from rsgw.grpc.protocol._connection import ConnectionState
+from rsgw.grpc.protocol._server_connection import ServerConnection
+from rsgw.runtime._tls import peer_identity
 
 logger = logging.getLogger(__name__)
 

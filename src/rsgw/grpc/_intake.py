@@ -1,7 +1,10 @@
 """`Intake`: whether the server's connections may read more requests now.
 
 Shared by the server (which counts running calls) and each connection's transport
-(which stops reading while the intake is closed).
+(which stops reading while the intake is closed). An embedding application (the
+gateway) may build it first and give it to the server, as it does the upload budget,
+so that what changes the cap (workers joining and leaving) needs only the intake, not
+the server.
 """
 
 from __future__ import annotations
@@ -20,21 +23,32 @@ class Intake:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        #: An intake built without a limit stays without one (`resize` leaves it be).
+        self.capped = limit > 0
         #: Told when the intake closes (the server's `StreamShare`).
         self.on_full: Callable[[], None] | None = None
+        #: Told of a new limit (the server's `StreamShare` follows it).
+        self.on_resize: Callable[[int], None] | None = None
         self._reopen_at = max(0, limit - max(1, limit // 10))
         self.running = 0
         self.open = True
         self._reopened = trio.Event()
 
     def resize(self, limit: int) -> None:
-        """A new limit (the gateway's workers changed); reopens at once if now below it."""
+        """A new limit (the gateway's workers changed); reopens at once if now below it.
+
+        An intake built without a limit stays without one.
+        """
+        if not self.capped:
+            return
         self.limit = limit
         self._reopen_at = max(0, limit - max(1, limit // 10))
         if not self.open and self.running <= self._reopen_at:
             self.open = True
             self._reopened.set()
             self._reopened = trio.Event()
+        if self.on_resize is not None:
+            self.on_resize(limit)
 
     def started(self) -> None:
         self.running += 1

@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from rsgw._status import StatusCode
+from rsgw.base._status import StatusCode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-    from rsgw._call import CallContext
+    from rsgw.base._call import CallContext
 
 
 class Meter:

@@ -17,20 +17,20 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from rsgw._call import PassThrough, TimeLimits, UnaryHandler
-from rsgw._net import TCP, Acceptor, Network
-from rsgw._process import give_back_memory
-from rsgw._status import StatusCode
-from rsgw._tls import ServerTls
-from rsgw._uploads import UploadBudget
-from rsgw.grpc._compression import Compressed
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
-from rsgw.grpc._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
+from rsgw.base._call import PassThrough, TimeLimits, UnaryHandler
+from rsgw.base._limits import ConnectionLimits, StreamShare
+from rsgw.base._status import StatusCode
+from rsgw.base._uploads import UploadBudget
 from rsgw.grpc._intake import Intake
-from rsgw.grpc._limits import ConnectionLimits, StreamShare
 from rsgw.grpc._serving import LINGER_SECONDS, ServedConnection
 from rsgw.grpc._streams import StreamHandler
 from rsgw.grpc._transport import RECEIVE_BYTES
+from rsgw.grpc.protocol._compression import Compressed
+from rsgw.grpc.protocol._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.http2._h2 import DEFAULT_MAX_FRAME_BYTES, DEFAULT_WINDOW_BYTES
+from rsgw.runtime._net import TCP, Acceptor, Network
+from rsgw.runtime._process import give_back_memory
+from rsgw.runtime._tls import ServerTls
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class GrpcServer:
             size, buffered bytes, flood budget, idle and slow-header timeouts, and
             the number of connections served at once.
         upload_budget: the unfinished request bytes every connection shares
-            (`rsgw._uploads`): a large message waits for its grant in the client's
+            (`rsgw.base._uploads`): a large message waits for its grant in the client's
             flow control. None: each connection bounded alone (`limits`).
         window_bytes / connection_window_bytes: HTTP/2 receive windows, each stream's
             and the connection's (default: the stream's size). With an upload
@@ -73,6 +73,9 @@ class GrpcServer:
             connection until some finish (0: never stop). Work the server cannot do
             now then waits in the clients, where a deadline that passes costs the
             server nothing, instead of being read, parsed and refused.
+        intake: the running-call cap as an object built beforehand (its limit is then
+            `max_running_calls`'s), for an owner that resizes it before the server
+            exists: the gateway, whose cap follows its workers.
 
     Serve with `await nursery.start(server.serve, host, port)`, which returns the
     bound port once the socket listens, or `serve_listener` on any Trio listener.
@@ -99,6 +102,7 @@ class GrpcServer:
         tls: ServerTls | None = None,
         upload_budget: UploadBudget | None = None,
         connection_window_bytes: int | None = None,
+        intake: Intake | None = None,
     ) -> None:
         self._handlers = {path.encode(): handler for path, handler in handlers.items()}
         self._pass_through = {
@@ -129,12 +133,13 @@ class GrpcServer:
         self.limits = ConnectionLimits() if limits is None else limits
         self._acceptor = Acceptor(self.limits.max_connections, lambda: len(self._connections))
         self._sweeping = False
-        self.intake = Intake(max_running_calls)
+        self.intake = Intake(max_running_calls) if intake is None else intake
         self.tls = tls
         self._share: StreamShare | None = None
-        if max_running_calls:
-            self._share = StreamShare(max_running_calls, max_concurrent_streams)
+        if self.intake.limit:
+            self._share = StreamShare(self.intake.limit, max_concurrent_streams)
             self.intake.on_full = self._saturated
+            self.intake.on_resize = self._share.resize
 
     async def serve(
         self,
@@ -263,8 +268,7 @@ class GrpcServer:
         without one stays without one."""
         if self._share is None:
             return
-        self.intake.resize(max_running_calls)
-        self._share.resize(max_running_calls)
+        self.intake.resize(max_running_calls)  # the share follows (`on_resize`)
 
     async def aclose(self, grace: float = DEFAULT_GRACE_SECONDS) -> int:
         """Stop accepting, send GOAWAY, let calls in flight finish within `grace`.

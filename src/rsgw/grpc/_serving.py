@@ -1,7 +1,7 @@
 """One client connection a server serves: its calls dispatched, its life kept.
 
 Each accepted stream gets a `ServedConnection`: the sans-IO core
-(`rsgw.grpc._server_connection.ServerConnection`, which owns every call's state)
+(`rsgw.grpc.protocol._server_connection.ServerConnection`, which owns every call's state)
 and a `Transport` (which reads into it and writes out of it), and the core's
 events in: a call whose path has no handler is answered UNIMPLEMENTED; a unary
 call's handler starts once the client has sent its one message and half-closed,
@@ -20,10 +20,12 @@ from functools import partial
 import outcome
 import trio
 
-from rsgw._call import CallContext
-from rsgw._errors import GrpcError, shown
-from rsgw._status import StatusCode
-from rsgw.grpc._calls import (
+from rsgw.base._call import CallContext
+from rsgw.base._errors import GrpcError, shown
+from rsgw.base._status import StatusCode
+from rsgw.grpc._handling import HandlerRunner, Pending
+from rsgw.grpc._streams import ServerStream
+from rsgw.grpc.protocol._calls import (
     CallEnded,
     CallStarted,
     ConnectionTerminated,
@@ -33,8 +35,6 @@ from rsgw.grpc._calls import (
     MessageReceived,
     OutboxDrained,
 )
-from rsgw.grpc._handling import HandlerRunner, Pending
-from rsgw.grpc._streams import ServerStream
 
 logger = logging.getLogger(__name__)
 

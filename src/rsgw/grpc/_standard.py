@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import GrpcError
 from rsgw._proto import grpc_health_v1_pb2 as health_pb
 from rsgw._proto import grpc_reflection_v1_pb2 as reflection_v1
 from rsgw._proto import grpc_reflection_v1alpha_pb2 as reflection_v1alpha
 from rsgw._proto._pool import POOL
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
 from rsgw.grpc._typed import typed_unary
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import FileDescriptor
 
-    from rsgw._call import CallContext, UnaryHandler
+    from rsgw.base._call import CallContext, UnaryHandler
     from rsgw.grpc._streams import ServerStream, StreamHandler
 
 HEALTH = "grpc.health.v1.Health"

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._body import Body
-from rsgw.grpc._compression import plain
-from rsgw.grpc._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.base._body import Body
+from rsgw.grpc.protocol._compression import plain
+from rsgw.grpc.protocol._framing import DEFAULT_MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
-    from rsgw._call import CallContext
-    from rsgw._errors import RsgwError
+    from rsgw.base._call import CallContext
+    from rsgw.base._errors import RsgwError
 
 
 class _Inbox:

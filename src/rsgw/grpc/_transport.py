@@ -28,9 +28,9 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rsgw.grpc._calls import Event
-    from rsgw.grpc._connection import GrpcConnection
     from rsgw.grpc._intake import Intake
+    from rsgw.grpc.protocol._calls import Event
+    from rsgw.grpc.protocol._connection import GrpcConnection
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from rsgw._errors import GrpcError
-from rsgw._status import StatusCode
+from rsgw.base._errors import GrpcError
+from rsgw.base._status import StatusCode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from rsgw._call import CallContext, UnaryHandler
+    from rsgw.base._call import CallContext, UnaryHandler
 
 Req = TypeVar("Req", bound=Message)
 

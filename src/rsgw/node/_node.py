@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from rsgw._blocks import MAX_MESSAGE_BYTES
-from rsgw._errors import ConfigError
-from rsgw._values import read_yaml, show
-from rsgw.worker._catalogue import BUILTIN_SETS
+from rsgw.base._errors import ConfigError
+from rsgw.base._values import read_yaml, show
+from rsgw.config._blocks import MAX_MESSAGE_BYTES
+from rsgw.worker.models._catalogue import BUILTIN_SETS
 
 # The default node (docs/original.md §8.5's template): what `rsgw node` runs without a file.
 DEFAULT_BASE_PORT = 8080

@@ -19,15 +19,16 @@ import os
 from collections.abc import Mapping
 
 import trio
+from google.protobuf.message import DecodeError
 
-from rsgw._errors import ConfigError
-from rsgw._methods import Method
-from rsgw._net import split_host_port
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._errors import ConfigError
+from rsgw.base._methods import Method
 from rsgw.grpc._client import Channel
 from rsgw.node._gpus import visible_gpu_count
 from rsgw.node._node import LOOPBACK, NodeConfig, load_node, probe_target
 from rsgw.node._supervision import public_addresses
+from rsgw.runtime._net import split_host_port
 
 # docs/original.md §8.5: the probe's deadline.
 PROBE_DEADLINE_SECONDS = 5.0
@@ -78,7 +79,7 @@ async def server_ready(host: str, port: int) -> bool:
         return False
     try:
         return bool(pb.ServerReadyResponse.FromString(reply).ready)
-    except Exception:
+    except DecodeError:  # an answer that is not a ServerReadyResponse: not ready
         return False
 
 

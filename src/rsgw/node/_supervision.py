@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from rsgw._blocks import (
+from rsgw.base._errors import ConfigError
+from rsgw.base._values import split_host_port
+from rsgw.config._blocks import (
     DEFAULT_LISTEN_GRPC,
     DEFAULT_LISTEN_METRICS,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     ShutdownConfig,
     check_listen,
 )
-from rsgw._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
-from rsgw._errors import ConfigError
-from rsgw._values import split_host_port
+from rsgw.config._config import ENV_PREFIX, ENV_STARTUP_WAIT, env_name
 from rsgw.node._node import BUILTIN_MODEL_REPO, MIRRORED_LIMITS, NodeConfig, WorkerSpec
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def gateway_environment(
         node: the node.
         env: the supervisor's own environment.
         gateway_yml: the root of the gateway.yml the gateway will read
-            (`rsgw._config.find_config_file`), or None.
+            (`rsgw.config._config.find_config_file`), or None.
         workers: the workers with their bound ports, when the node file said port 0;
             default `node.workers`.
         logging: the node's log level and format (`auto` resolved against the node's

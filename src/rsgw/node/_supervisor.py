@@ -60,13 +60,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from rsgw._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
-from rsgw._config import config_file_root, env_name, find_config_file
-from rsgw._errors import ListenError
-from rsgw._logging import resolve_format
-from rsgw._net import bind_tcp, split_host_port
+from rsgw.base._errors import ListenError
+from rsgw.config._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
+from rsgw.config._config import config_file_root, env_name, find_config_file
 from rsgw.node._children import DEFAULT_STOP_GRACE, GATEWAY, Child, GatewayChild, WorkerChild
-from rsgw.node._node import NodeConfig
+from rsgw.node._node import NodeConfig, WorkerSpec
 from rsgw.node._supervision import (
     Backoff,
     drain_grace,
@@ -74,6 +72,8 @@ from rsgw.node._supervision import (
     public_addresses,
     sole_worker,
 )
+from rsgw.runtime._logging import resolve_format
+from rsgw.runtime._net import bind_tcp, split_host_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -226,26 +226,7 @@ async def serve_node(
         logger.warning(note)
     log_format = resolve_format(log_format)
     logging_flags = ["--log-level", log_level, "--log-format", log_format]
-    grpc, metrics = public_addresses(env)
-    gateway_yml: Mapping[Any, Any] | None = None
-    public_ports: list[tuple[str, int]] = []
-    if len(node.workers) == 1:
-        specs = [sole_worker(node, env)]
-        if split_host_port(grpc)[0] != split_host_port(metrics)[0]:
-            logger.warning(
-                "single worker binds its metrics on the public gRPC host",
-                extra={"grpc": grpc, "metrics": metrics},
-            )
-    else:
-        specs = list(node.workers)
-        yml_path = find_config_file(env)
-        # Read now so a bad file is one line before any process starts.
-        gateway_yml = None if yml_path is None else config_file_root(yml_path)
-        if gateway_yml is None:  # with a gateway.yml its listen addresses are its own
-            http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
-            http = check_listen(http, env_name("listen.http"))
-            public_ports = [split_host_port(a) for a in (grpc, metrics, http)]
-    _check_free(public_ports + [(s.host, p) for s in specs for p in (s.port, s.metrics_port) if p])
+    specs, gateway_yml = _plan(node, env)
     workers = [WorkerChild(s, node, env, logging_flags, sink, stop_grace) for s in specs]
     children: dict[str, Child] = {w.name: w for w in workers}
     stopped = trio.Event()
@@ -285,6 +266,38 @@ async def serve_node(
     finally:
         stopped.set()
         logger.info("node stopped")
+
+
+def _plan(
+    node: NodeConfig, env: Mapping[str, str]
+) -> tuple[list[WorkerSpec], Mapping[Any, Any] | None]:
+    """The workers to start and the gateway.yml to hand the gateway (read now, so a bad
+    file is one line before any process starts), once every fixed port is free.
+
+    Raises:
+        ConfigError: a bad public address, or `REACTANT_GATEWAY_FILE` names no file.
+        ListenError: a fixed port is already taken.
+    """
+    grpc, metrics = public_addresses(env)
+    gateway_yml: Mapping[Any, Any] | None = None
+    public_ports: list[tuple[str, int]] = []
+    if len(node.workers) == 1:
+        specs = [sole_worker(node, env)]
+        if split_host_port(grpc)[0] != split_host_port(metrics)[0]:
+            logger.warning(
+                "single worker binds its metrics on the public gRPC host",
+                extra={"grpc": grpc, "metrics": metrics},
+            )
+    else:
+        specs = list(node.workers)
+        yml_path = find_config_file(env)
+        gateway_yml = None if yml_path is None else config_file_root(yml_path)
+        if gateway_yml is None:  # with a gateway.yml its listen addresses are its own
+            http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
+            http = check_listen(http, env_name("listen.http"))
+            public_ports = [split_host_port(a) for a in (grpc, metrics, http)]
+    _check_free(public_ports + [(s.host, p) for s in specs for p in (s.port, s.metrics_port) if p])
+    return specs, gateway_yml
 
 
 def _log_serving(running: RunningNode, workers: list[WorkerChild]) -> None:

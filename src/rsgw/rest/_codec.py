@@ -32,10 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rsgw._body import Body, Gathered
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._body import Body, Gathered
 from rsgw.rest import _tensors
-from rsgw.rest._errors import RestError
 from rsgw.rest._json_data import (
     NumbersError,
     Skeleton,
@@ -43,6 +42,7 @@ from rsgw.rest._json_data import (
     pack_numbers,
     span_of,
 )
+from rsgw.rest._rest_errors import RestError
 from rsgw.rest._tensors import TensorError, show
 
 SHM_REGION = "shared_memory_region"

@@ -15,7 +15,7 @@ What a JSON body costs. Its large numeric arrays are packed without a Python obj
 per number (`rsgw.rest._codec.read_request`), and before they are: the inputs are
 checked against the model's metadata (a wrong shape is answered 400 without reading
 a number), and the bytes they will pack into are paid for from the upload budget
-(`rsgw._uploads`) beyond what the listener reserved for the body
+(`rsgw.base._uploads`) beyond what the listener reserved for the body
 (`body_reservation`): granted at once, or refused 429 (413 when no budget could
 ever hold them), in words that point to the binary tensor extension. Packing and
 writing a large JSON reply run in a thread, so the event loop keeps serving the
@@ -38,19 +38,19 @@ from typing import Any
 import trio
 from google.protobuf.message import DecodeError
 
-from rsgw._admin import Receive, Scope, Send, header, lifespan
-from rsgw._body import Body
-from rsgw._call import CallContext, PassThrough, TimeLimits, UnaryHandler
-from rsgw._methods import Method
-from rsgw._peer import LOOPBACK, REMOTE, Peer, is_loopback
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._status import StatusCode
-from rsgw._uploads import Share, Ticket, UploadBudget
-from rsgw.grpc._compression import plain
+from rsgw.base._body import Body
+from rsgw.base._call import CallContext, PassThrough, TimeLimits, UnaryHandler
+from rsgw.base._methods import Method
+from rsgw.base._peer import LOOPBACK, REMOTE, Peer, is_loopback
+from rsgw.base._status import StatusCode
+from rsgw.base._uploads import Share, Ticket, UploadBudget
+from rsgw.grpc.protocol._compression import plain
 from rsgw.rest._codec import RequestDraft, read_request, shape_problem
-from rsgw.rest._errors import RestError, error_body, http_status
 from rsgw.rest._reply import decode_response
+from rsgw.rest._rest_errors import RestError, error_body, http_status
 from rsgw.rest._routes import INFER, match
+from rsgw.runtime._admin import Receive, Scope, Send, header, lifespan
 
 logger = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ def _call(headers: list[tuple[bytes, bytes]], path: str, peer: Peer) -> CallCont
 
 
 def _scope_peer(scope: Scope) -> Peer:
-    """An ASGI request's client, as `rsgw._peer.peer_of` sees a socket's."""
+    """An ASGI request's client, as `rsgw.base._peer.peer_of` sees a socket's."""
     client = scope.get("client") or ("", 0)
     server = scope.get("server") or ("", 0)
     host, port = str(client[0]), int(client[1] or 0)

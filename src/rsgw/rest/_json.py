@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from rsgw.rest._errors import RestError
+from rsgw.rest._rest_errors import RestError
 
 M = TypeVar("M", bound=Message)
 

@@ -36,10 +36,10 @@ still running when the grace is up is answered 503, "server shutting down".
 
 Limits come from the gRPC port's `connections:` block (`ConnectionLimits`): the head
 is held to `max_header_list_bytes`, connections served at once to `max_connections`
-(the same `rsgw._net.Acceptor` as the gRPC listener's), and a request body to the
+(the same `rsgw.runtime._net.Acceptor` as the gRPC listener's), and a request body to the
 door's `max_body_bytes` (`grpc.max_recv_msg_bytes`). A body that does not arrive
 with its head waits for a grant of the upload budget the gRPC port uses too
-(`rsgw._uploads`; a chunked body asks for `max_body_bytes`, see `_body`) before more
+(`rsgw.base._uploads`; a chunked body asks for `max_body_bytes`, see `_body`) before more
 of it is read: the client waits in TCP's flow control; a full budget answers 429.
 """
 
@@ -55,12 +55,9 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from rsgw._admin import REST_KEEP_ALIVE_SECONDS, hypercorn_config, wrap_asgi
-from rsgw._net import Acceptor, bind_tcp, bound_port
-from rsgw._peer import Peer, peer_of
-from rsgw._tls import ServerTls, peer_identity
-from rsgw._uploads import Share, Ticket, UploadBudget, unfinished_refusal
-from rsgw.grpc._limits import ConnectionLimits
+from rsgw.base._limits import ConnectionLimits
+from rsgw.base._peer import Peer, peer_of
+from rsgw.base._uploads import Share, Ticket, UploadBudget, unfinished_refusal
 from rsgw.rest._chunked import ChunkedBody
 from rsgw.rest._connections import LINGER_SECONDS, RECEIVE_BYTES, Replayed, close_with
 from rsgw.rest._door import Response, RestDoor, error_response, too_large
@@ -72,6 +69,9 @@ from rsgw.rest._http1 import (
     parse_head,
     response_bytes,
 )
+from rsgw.runtime._admin import REST_KEEP_ALIVE_SECONDS, hypercorn_config, wrap_asgi
+from rsgw.runtime._net import Acceptor, bind_tcp, bound_port
+from rsgw.runtime._tls import ServerTls, peer_identity
 
 logger = logging.getLogger(__name__)
 

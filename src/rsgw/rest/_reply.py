@@ -27,8 +27,8 @@ from google.protobuf.message import DecodeError
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.rest import _tensors
 from rsgw.rest._codec import SHM_REGION, EncodedRequest
-from rsgw.rest._errors import RestError
 from rsgw.rest._json_data import SLICE_ELEMENTS
+from rsgw.rest._rest_errors import RestError
 from rsgw.rest._tensors import NotUtf8Error, TensorError
 
 

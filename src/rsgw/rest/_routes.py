@@ -1,6 +1,6 @@
 """Triton's KServe V2 REST API, endpoint by endpoint, as the gRPC calls the gateway answers.
 
-Pure. Each REST endpoint is one gRPC method of the gateway (`rsgw._methods`): `match`
+Pure. Each REST endpoint is one gRPC method of the gateway (`rsgw.base._methods`): `match`
 finds it from the HTTP method and path, and the route says how to build that
 method's request from the URL and the JSON body and how to write its reply the way
 Triton's REST server writes it. The door (`rsgw.rest._door`) runs the gateway's own
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.rest._errors import RestError
+from rsgw.base._methods import Method
 from rsgw.rest._json import dumps, loads_object, message_json, parse_into
+from rsgw.rest._rest_errors import RestError
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message

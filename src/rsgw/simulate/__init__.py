@@ -1,10 +1,17 @@
 """The what-if simulator (`rsgw simulate`): a fleet in virtual time through the
 gateway's own scheduling cores.
 
-`_scenario` (scenarios as data, their arrivals) and `_offered` (the load they
-offer) or `_trace` (recorded arrivals) say what comes in; `_engine` runs it through
-the production schedulers and admission against `_device` (one worker's queues,
-weight cache and costs) or, for a whole day, `_day` with `_fluid` (a round's calls
-in closed form); `_capacity` finds a scenario's capacity; `_results` turns a run
-into figures and tables; `_cli` is the command line.
+Imports `rsgw.base`, `rsgw.runtime`, `rsgw.config`, the scheduling cores and the
+worker's device and models (the same costs and queues the simulated worker runs).
+
+- `_scenario` scenarios as data, and their arrivals.
+- `_offered` the load a scenario offers.
+- `_trace` recorded arrivals.
+- `_engine` a run through the production schedulers and admission.
+- `_device` one worker's queues, weight cache and costs.
+- `_day` a whole day, round by round.
+- `_fluid` a round's calls in closed form.
+- `_capacity` a scenario's capacity.
+- `_results` a run as figures and tables.
+- `_cli` the command line.
 """

@@ -1,7 +1,7 @@
 """A scenario's capacity, from a short simulation of the worker's own cost model.
 
 The simulated worker dispatches one batch at a time, choosing among its models' queues
-with `rsgw.worker._batching.RequestQueues` (the very code the worker runs), and a batch
+with `rsgw.worker.device._batching.RequestQueues` (the very code the worker runs), and a batch
 of R rows of a model costs `launch + item * R`. So a GPU that holds several models pays
 a launch per model per cycle, and a model's batch is only as large as what queued
 while the others ran: capacity is not "four GPUs in full batches". Rather than a
@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rsgw.worker._batching import BatchPolicy, Discipline, Pending, RequestQueues
+from rsgw.worker.device._batching import BatchPolicy, Discipline, Pending, RequestQueues
 
 #: Virtual seconds simulated per GPU and rate (after a tenth as warm-up).
 SIM_SECONDS = 40.0

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rsgw._usage import StrictParser
+from rsgw.base._usage import StrictParser
 from rsgw.simulate import _day, _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import (

@@ -30,16 +30,16 @@ from typing import Any
 
 import yaml
 
-from rsgw._config import parse_config
-from rsgw.scheduling._meta import ModelCounters, WorkerCounters
-from rsgw.scheduling._packer import Packer
-from rsgw.scheduling._reports import PollSummary, summarize_poll
+from rsgw.config._config import parse_config
+from rsgw.scheduling.calls._meta import ModelCounters, WorkerCounters
+from rsgw.scheduling.placement._packer import Packer
+from rsgw.scheduling.placement._reports import PollSummary, summarize_poll
 from rsgw.simulate import _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._engine import gateway_yaml, packer_knobs
 from rsgw.simulate._fluid import FluidDevice, LatencyHistogram, RoundFigures
 from rsgw.simulate._results import fmt, label, table
-from rsgw.worker._catalogue import parse_catalogue
+from rsgw.worker.models._catalogue import parse_catalogue
 
 DAY_S = 86_400.0
 

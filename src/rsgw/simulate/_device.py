@@ -1,7 +1,7 @@
 """One worker's device in virtual time: the worker's own queues, weight cache and costs.
 
 Pure: no trio, no sockets, no clock. Between two events it does what the simulated
-worker (`rsgw.worker._device`) does between two awaits, with the same parts: the same
+worker (`rsgw.worker.device._device`) does between two awaits, with the same parts: the same
 `RequestQueues` (discipline, dynamic batcher), the same `WeightCache` (on-demand
 loads, LRU eviction within the budget), the same costs (`ModelSpec.execution_seconds`
 and `weight_load_seconds`), times the same time scale. It leaves out what costs no
@@ -18,9 +18,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rsgw.worker._batching import BatchPolicy, Discipline, Pending, RequestQueues
-from rsgw.worker._specs import ModelSpec
-from rsgw.worker._weights import Residency, WeightCache
+from rsgw.worker.device._batching import BatchPolicy, Discipline, Pending, RequestQueues
+from rsgw.worker.device._weights import Residency, WeightCache
+from rsgw.worker.models._specs import ModelSpec
 
 #: The counters `_results.summarise` reads per worker (as bench/fleet reads them from
 #: each worker's /metrics), plus `rows@MODEL` and `dispatches@MODEL`.

@@ -5,7 +5,7 @@ device finishes a batch, a held batch comes due, a client gives up at its deadli
 the prober ticks. What decides is the production code, called as the gateway calls
 it: the scheduler of the mode (`RoundRobinScheduler`, `LeastOutstandingScheduler`,
 `LptScheduler` with its `Packer`), the `Ledger` that admits calls and holds each
-worker's share, deadline-aware admission (`rsgw.scheduling._forecast`: the same
+worker's share, deadline-aware admission (`rsgw.scheduling.calls._forecast`: the same
 forecast and rule refuse at arrival what would not finish in time), the
 `RoutingMetaTracker` and `summarize_poll` the prober feeds, and on the workers' side
 `rsgw.simulate._device` (the worker's queues, weight cache and costs). The gateway's
@@ -34,34 +34,34 @@ from typing import Any
 
 import yaml
 
-from rsgw._config import parse_config
-from rsgw.scheduling._forecast import (
+from rsgw.config._config import parse_config
+from rsgw.scheduling.calls._forecast import (
     INITIAL_SLOT_SECONDS,
     SLOT_ALPHA,
     AdmissionRule,
     Forecast,
     wait_for_slot,
 )
-from rsgw.scheduling._knobs import SchedulingMode, WorkBasis
-from rsgw.scheduling._ledger import Ledger, Ticket
-from rsgw.scheduling._lpt import LptScheduler
-from rsgw.scheduling._meta import ModelCounters, RoutingMetaTracker, WorkerCounters
-from rsgw.scheduling._packer import Packer
-from rsgw.scheduling._reports import summarize_poll
-from rsgw.scheduling._routing import build_routing_table
-from rsgw.scheduling._schedulers import (
+from rsgw.scheduling.calls._ledger import Ledger, Ticket
+from rsgw.scheduling.calls._meta import ModelCounters, RoutingMetaTracker, WorkerCounters
+from rsgw.scheduling.calls._routing import build_routing_table
+from rsgw.scheduling.calls._schedulers import (
     AnyReservation,
     LeastOutstandingScheduler,
     RoundRobinScheduler,
     Scheduler,
 )
-from rsgw.scheduling._settings import SchedulingConfig
+from rsgw.scheduling.knobs._knobs import SchedulingMode, WorkBasis
+from rsgw.scheduling.knobs._settings import SchedulingConfig
+from rsgw.scheduling.placement._lpt import LptScheduler
+from rsgw.scheduling.placement._packer import Packer
+from rsgw.scheduling.placement._reports import summarize_poll
 from rsgw.simulate import _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import OK, Outcome, RunResult, Schedule, Snapshot, summarise
-from rsgw.worker._batching import Discipline
-from rsgw.worker._catalogue import parse_catalogue
+from rsgw.worker.device._batching import Discipline
+from rsgw.worker.models._catalogue import parse_catalogue
 
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 SHED = "RESOURCE_EXHAUSTED"
@@ -130,7 +130,7 @@ class _Gateway:
         #: Calls waiting for a slot: the cap was full when they came.
         self.waiting: deque[SimCall] = deque()
         self.repacks: list[tuple[float, str]] = []
-        #: Deadline-aware admission, as `rsgw.gateway._admission` and `_infer` apply it.
+        #: Deadline-aware admission, as `rsgw.gateway.calls._admission` and `_infer` apply it.
         self.forecast = Forecast()
         self.rule = AdmissionRule(config.grpc.max_queue_seconds)
         #: Seconds an admitted call holds its slot (`AdmissionQueue.service_seconds`).
@@ -280,18 +280,7 @@ def run(
     total = settings.warmup_s + settings.measure_s
     if schedule is None:
         schedule = sc.poisson_schedule(scenario, load.offered(fraction), total, seed)
-    catalogue = parse_catalogue(yaml.safe_load(scenario.catalogue_yaml()), source=scenario.name)
-    specs = {m.name: m for m in catalogue.models}
-    devices = {
-        f"127.0.0.1:{9000 + k}": SimDevice(
-            f"127.0.0.1:{9000 + k}",
-            specs,
-            Discipline(scenario.discipline),
-            scenario.budget_bytes,
-            ts,
-        )
-        for k in range(scenario.workers)
-    }
+    devices = _devices(scenario, ts)
     gateway = _Gateway(mode, devices, settings, admission_cap)
     deadline = settings.deadline(scenario, ts)
     rows = schedule.rows or [1] * len(schedule.times)
@@ -299,80 +288,19 @@ def run(
         SimCall(i, scenario.names[m], t, t + deadline, r)
         for i, (t, m, r) in enumerate(zip(schedule.times, schedule.models, rows, strict=True))
     ]
-    bodies = {(name, r): sc.request_body(name, r) for name, r in {(c.model, c.rows) for c in calls}}
     outcome = Outcome(schedule, [0.0] * len(calls), [math.nan] * len(calls), [""] * len(calls))
-    sequence = itertools.count()
-    events: list[tuple[float, int, int, Any]] = []
-
-    def at(time: float, kind: int, what: Any) -> None:
-        heapq.heappush(events, (time, kind, next(sequence), what))
-
-    def dispatch(device: SimDevice, now: float) -> None:
-        started, expired = device.start(now)
-        for call in expired:
-            end(call, LATE, now)
-        if started is not None:
-            at(started.ends, _DONE, device)
-        else:
-            due = device.wake_at()
-            if due < math.inf:
-                at(max(due, now), _WAKE, device)
-
-    def end(call: SimCall | None, code: str, now: float) -> None:
-        # A loop, not recursion: each ended call admits a waiting one, which may be
-        # shed at once and admit the next (a long overload chains thousands).
-        while call is not None and not call.code:
-            call.code, call.done = code, now
-            successor = gateway.close(call, now)
-            call, code = (None, code) if successor is None else (send(successor, now), SHED)
-
-    def send(call: SimCall, now: float) -> SimCall | None:
-        """Route `call` to its worker; returns it when it was shed instead."""
-        device = gateway.route(call, bodies, now)
-        if device is None:
-            return call
-        device.enqueue(call, now)
-        if device.running is None:
-            dispatch(device, now)
-        return None
-
-    marks = {"start": settings.warmup_s, "end": total}
+    events = _Events(gateway, devices, calls, outcome)
     for call in calls:
-        at(call.sent, _ARRIVE, call)
-        at(call.deadline, _GIVE_UP, call)
+        events.at(call.sent, _ARRIVE, call)
+        events.at(call.deadline, _GIVE_UP, call)
     gateway.tick(0.0, startup=True)
     tick = settings.health_interval_s
     while tick < total + deadline:
-        at(tick, _TICK, None)
+        events.at(tick, _TICK, None)
         tick += settings.health_interval_s
-    for name, when in marks.items():
-        at(when, _TICK, name)
-    while events:
-        now, kind, _, what = heapq.heappop(events)
-        if kind == _ARRIVE:
-            admitted = gateway.admit(what, now)
-            if admitted == ADMITTED:
-                end(send(what, now), SHED, now)
-            elif admitted == SHED:
-                end(what, SHED, now)
-        elif kind == _DONE:
-            done = what.finish()
-            for call in done.calls:
-                end(call, OK, now)
-            dispatch(what, now)
-        elif kind == _WAKE:
-            if what.running is None:
-                dispatch(what, now)
-        elif kind == _GIVE_UP:
-            if not what.code:
-                if what.pending is not None:  # still queued: the gateway cancels it there
-                    devices[what.worker].withdraw(what)
-                end(what, LATE, now)
-        elif isinstance(what, str):
-            outcome.marks[what] = _snapshot(devices, gateway)
-            outcome.mark_times[what] = now
-        else:
-            gateway.tick(now)
+    for name, when in {"start": settings.warmup_s, "end": total}.items():
+        events.at(when, _TICK, name)
+    events.run()
     for i, call in enumerate(calls):
         outcome.codes[i] = call.code or LATE
         outcome.done[i] = call.done
@@ -384,6 +312,104 @@ def run(
         settings.measure_s,
         gateway.repacks,
     )
+
+
+def _devices(scenario: sc.Scenario, ts: float) -> dict[str, SimDevice]:
+    """One simulated device per worker of `scenario`, at the addresses bench/fleet uses."""
+    catalogue = parse_catalogue(yaml.safe_load(scenario.catalogue_yaml()), source=scenario.name)
+    specs = {m.name: m for m in catalogue.models}
+    return {
+        f"127.0.0.1:{9000 + k}": SimDevice(
+            f"127.0.0.1:{9000 + k}",
+            specs,
+            Discipline(scenario.discipline),
+            scenario.budget_bytes,
+            ts,
+        )
+        for k in range(scenario.workers)
+    }
+
+
+class _Events:
+    """A run's event queue and what each event does: arrivals, batches done, device
+    wake-ups, calls giving up, prober ticks and the measurement's marks."""
+
+    def __init__(
+        self,
+        gateway: _Gateway,
+        devices: Mapping[str, SimDevice],
+        calls: Sequence[SimCall],
+        outcome: Outcome,
+    ) -> None:
+        self._gateway = gateway
+        self._devices = devices
+        self._outcome = outcome
+        shapes = {(c.model, c.rows) for c in calls}
+        self._bodies = {(name, r): sc.request_body(name, r) for name, r in shapes}
+        self._sequence = itertools.count()
+        self._queue: list[tuple[float, int, int, Any]] = []
+
+    def at(self, time: float, kind: int, what: Any) -> None:
+        heapq.heappush(self._queue, (time, kind, next(self._sequence), what))
+
+    def run(self) -> None:
+        """Every event, in time order, until none is left."""
+        gateway, devices = self._gateway, self._devices
+        while self._queue:
+            now, kind, _, what = heapq.heappop(self._queue)
+            if kind == _ARRIVE:
+                admitted = gateway.admit(what, now)
+                if admitted == ADMITTED:
+                    self._end(self._send(what, now), SHED, now)
+                elif admitted == SHED:
+                    self._end(what, SHED, now)
+            elif kind == _DONE:
+                done = what.finish()
+                for call in done.calls:
+                    self._end(call, OK, now)
+                self._dispatch(what, now)
+            elif kind == _WAKE:
+                if what.running is None:
+                    self._dispatch(what, now)
+            elif kind == _GIVE_UP:
+                if not what.code:
+                    if what.pending is not None:  # still queued: the gateway cancels it there
+                        devices[what.worker].withdraw(what)
+                    self._end(what, LATE, now)
+            elif isinstance(what, str):
+                self._outcome.marks[what] = _snapshot(devices, gateway)
+                self._outcome.mark_times[what] = now
+            else:
+                gateway.tick(now)
+
+    def _dispatch(self, device: SimDevice, now: float) -> None:
+        started, expired = device.start(now)
+        for call in expired:
+            self._end(call, LATE, now)
+        if started is not None:
+            self.at(started.ends, _DONE, device)
+        else:
+            due = device.wake_at()
+            if due < math.inf:
+                self.at(max(due, now), _WAKE, device)
+
+    def _end(self, call: SimCall | None, code: str, now: float) -> None:
+        # A loop, not recursion: each ended call admits a waiting one, which may be
+        # shed at once and admit the next (a long overload chains thousands).
+        while call is not None and not call.code:
+            call.code, call.done = code, now
+            successor = self._gateway.close(call, now)
+            call, code = (None, code) if successor is None else (self._send(successor, now), SHED)
+
+    def _send(self, call: SimCall, now: float) -> SimCall | None:
+        """Route `call` to its worker; returns it when it was shed instead."""
+        device = self._gateway.route(call, self._bodies, now)
+        if device is None:
+            return call
+        device.enqueue(call, now)
+        if device.running is None:
+            self._dispatch(device, now)
+        return None
 
 
 def _snapshot(devices: Mapping[str, SimDevice], gateway: _Gateway) -> Snapshot:

@@ -55,8 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rsgw.simulate._device import device_weights
-from rsgw.worker._specs import ModelSpec
-from rsgw.worker._weights import WeightCache
+from rsgw.worker.device._weights import WeightCache
+from rsgw.worker.models._specs import ModelSpec
 
 #: Latency histogram: log-spaced bins from 0.1 ms to ~1000 s, 20 per decade.
 _BINS_PER_DECADE = 20

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from rsgw.simulate import _capacity
 from rsgw.simulate._scenario import Scenario, ScenarioError
-from rsgw.worker._batching import Discipline
+from rsgw.worker.device._batching import Discipline
 
 MAX_OFFERED_RPS = 400.0  # what bench/fleet asks the machine's 2 cores to carry
 #: Above this many model parts the reference placement is greedy (heaviest part onto the

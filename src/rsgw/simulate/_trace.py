@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rsgw._logging import timestamp
+from rsgw.runtime._logging import timestamp
 from rsgw.simulate._results import Schedule
 
 

@@ -17,21 +17,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
-from rsgw._methods import Method
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
-from rsgw._status import StatusCode
+from rsgw.base._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound
+from rsgw.base._methods import Method
+from rsgw.base._status import StatusCode
 from rsgw.grpc._typed import typed_unary
 from rsgw.worker._triton import config_override
-from rsgw.worker._weights import Residency, ResidencyMode
+from rsgw.worker.device._weights import Residency, ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rsgw._call import CallContext, UnaryHandler
-    from rsgw.worker._device import Device
-    from rsgw.worker._specs import ModelSpec
+    from rsgw.base._call import CallContext, UnaryHandler
+    from rsgw.worker.device._device import Device
+    from rsgw.worker.models._specs import ModelSpec
 
 #: The targets SetModelResidency accepts (RESIDENCY_UNSPECIFIED is not one).
 _RESIDENCIES = frozenset(int(r) for r in Residency)

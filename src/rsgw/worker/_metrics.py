@@ -29,14 +29,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from rsgw._exposition import LATENCY_BUCKETS, add_runtime_series, render_registry
-from rsgw.worker._weights import ResidencyMode
+from rsgw.runtime._exposition import LATENCY_BUCKETS, add_runtime_series, render_registry
+from rsgw.worker.device._weights import ResidencyMode
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-    from rsgw._status import StatusCode
-    from rsgw.worker._device import Device
+    from rsgw.base._status import StatusCode
+    from rsgw.worker.device._device import Device
 
 
 class AdmissionStats(Protocol):
@@ -86,6 +86,13 @@ class _DeviceCollector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._per_model()
+        yield from self._memory()
+        yield self._info()
+        yield from self._admission()
+
+    def _per_model(self) -> Iterator[Metric]:
+        """Each routable model's dispatches, queue, residency and batch sizes."""
         m = self._metrics
         device = m.device
         base = [m.worker, m.gpu]
@@ -94,8 +101,8 @@ class _DeviceCollector(Collector):
         def counter(name: str, doc: str) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, labels=per_model)
 
-        def gauge(name: str, doc: str, labels: list[str] = per_model) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=labels)
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=per_model)
 
         dispatch = counter("worker_dispatch", "Batches dispatched to the device.")
         compute = counter("worker_compute_seconds", "Device seconds spent executing batches.")
@@ -139,6 +146,12 @@ class _DeviceCollector(Collector):
         yield from (dispatch, compute, depth, wait, resident, pinned, weight, served, rows)
         yield max_batch
         yield batch_sizes
+
+    def _memory(self) -> Iterator[Metric]:
+        """The device's weights: models loaded and resident, and the weight cache."""
+        m = self._metrics
+        device = m.device
+        base = [m.worker, m.gpu]
         weights = device.memory.cache
         on_device = list(weights.resident_models())
         scalars: list[tuple[str, str, float]] = [
@@ -183,13 +196,26 @@ class _DeviceCollector(Collector):
                 moved_family.add_metric(base, total)
                 yield moved_family
         for name, doc, value in scalars:
-            family = gauge(name, doc, ["worker", "gpu"])
+            family = GaugeMetricFamily(name, doc, labels=["worker", "gpu"])
             family.add_metric(base, value)
             yield family
-        info = gauge(
+
+    def _info(self) -> Metric:
+        """`worker_info`: how the worker runs, as labels of a constant 1."""
+        m = self._metrics
+        device = m.device
+        base = [m.worker, m.gpu]
+        info = GaugeMetricFamily(
             "worker_info",
             "Constant 1, labelled with how the worker runs.",
-            ["worker", "gpu", "device_ordinal", "control_mode", "discipline", "residency_mode"],
+            labels=[
+                "worker",
+                "gpu",
+                "device_ordinal",
+                "control_mode",
+                "discipline",
+                "residency_mode",
+            ],
         )
         # control_mode as the original names it: "explicit" when the control
         # plane decides residency, "none" otherwise.
@@ -204,11 +230,16 @@ class _DeviceCollector(Collector):
             ],
             1,
         )
-        yield info
+        return info
+
+    def _admission(self) -> Iterator[Metric]:
+        """The ModelInfer admission cap, when the worker has one."""
+        m = self._metrics
+        base = [m.worker, m.gpu]
         admission = m.admission
         if admission is not None:
-            inflight = gauge(
-                "worker_inflight_requests", "ModelInfer calls in flight.", ["worker", "gpu"]
+            inflight = GaugeMetricFamily(
+                "worker_inflight_requests", "ModelInfer calls in flight.", labels=["worker", "gpu"]
             )
             inflight.add_metric(base, admission.inflight)
             shed = CounterMetricFamily(
@@ -217,8 +248,10 @@ class _DeviceCollector(Collector):
                 labels=["worker", "gpu"],
             )
             shed.add_metric(base, admission.shed_total)
-            cap = gauge(
-                "worker_max_concurrent_requests", "Admission cap (0 = uncapped).", ["worker", "gpu"]
+            cap = GaugeMetricFamily(
+                "worker_max_concurrent_requests",
+                "Admission cap (0 = uncapped).",
+                labels=["worker", "gpu"],
             )
             cap.add_metric(base, admission.max_concurrent_requests)
             yield from (inflight, shed, cap)

@@ -11,18 +11,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._classification import classify, requested_classes
+from rsgw.base._errors import InvalidRequest
 from rsgw.worker._shm import REGION_PARAMETER
-from rsgw.worker._tensors import Tensor, check_input, tensor_from_contents, tensor_from_raw
 from rsgw.worker._triton import batches_first
+from rsgw.worker.models._classification import classify, requested_classes
+from rsgw.worker.models._tensors import Tensor, check_input, tensor_from_contents, tensor_from_raw
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Mapping, Sequence
 
     from rsgw.worker._shm import ShmRegistry
-    from rsgw.worker._specs import ModelSpec
+    from rsgw.worker.models._specs import ModelSpec
 
 _SHM_REGION = REGION_PARAMETER
 _SHM_OFFSET = "shared_memory_offset"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rsgw._errors import InvalidRequest
+from rsgw.base._errors import InvalidRequest
 
 CorrelationId = int | str
 

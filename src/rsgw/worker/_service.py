@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import (
+from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._version import __version__
+from rsgw.base._errors import (
     DecodeError,
     FailedPrecondition,
     GrpcError,
@@ -29,32 +31,30 @@ from rsgw._errors import (
     NotFound,
     RsgwError,
 )
-from rsgw._methods import Method
-from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw._shm_access import check_access, may_see
-from rsgw._status import StatusCode
-from rsgw._version import __version__
+from rsgw.base._methods import Method
+from rsgw.base._shm_access import check_access, may_see
+from rsgw.base._status import StatusCode
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
-from rsgw.scheduling._wire import peek_routing, stream_error, stream_reply
-from rsgw.worker._compute import repeat_responses
+from rsgw.scheduling.calls._wire import peek_routing, stream_error, stream_reply
 from rsgw.worker._control import ModelControl
-from rsgw.worker._memory import not_resident
 from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_request
 from rsgw.worker._shm import ShmRegistry, regions_named, same_ipc_namespace
 from rsgw.worker._stateful import StatefulModels
-from rsgw.worker._tensors import Tensor, rows
 from rsgw.worker._triton import batches_first, model_config, model_statistics
+from rsgw.worker.device._memory import not_resident
+from rsgw.worker.models._compute import repeat_responses
+from rsgw.worker.models._tensors import Tensor, rows
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterator
 
-    from rsgw._call import CallContext, UnaryHandler
+    from rsgw.base._call import CallContext, UnaryHandler
     from rsgw.grpc._metering import Meter
     from rsgw.grpc._streams import ServerStream, StreamHandler
-    from rsgw.worker._device import Device
     from rsgw.worker._metrics import WorkerMetrics
-    from rsgw.worker._specs import ModelSpec
+    from rsgw.worker.device._device import Device
+    from rsgw.worker.models._specs import ModelSpec
 
 
 #: The model label of requests that name no model this worker serves.

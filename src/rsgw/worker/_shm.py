@@ -44,13 +44,13 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from rsgw._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, shown
-from rsgw._shm_access import REGION_PARAMETER as REGION_PARAMETER
-from rsgw._shm_access import SHM_ROOT as SHM_ROOT
-from rsgw._shm_access import not_yours as not_yours
-from rsgw._shm_access import object_path
-from rsgw._shm_access import regions_named as regions_named
-from rsgw._status import StatusCode
+from rsgw.base._errors import FailedPrecondition, GrpcError, InvalidRequest, NotFound, shown
+from rsgw.base._shm_access import REGION_PARAMETER as REGION_PARAMETER
+from rsgw.base._shm_access import SHM_ROOT as SHM_ROOT
+from rsgw.base._shm_access import not_yours as not_yours
+from rsgw.base._shm_access import object_path
+from rsgw.base._shm_access import regions_named as regions_named
+from rsgw.base._status import StatusCode
 
 #: `mmap` offsets must be multiples of this (the page size on Linux).
 _GRANULARITY = mmap.ALLOCATIONGRANULARITY
@@ -251,7 +251,7 @@ class ShmRegistry:
                 page-aligned.
             byte_size: the region's length, > 0.
             owner: who registers it; only they may use and unregister it (the
-                caller has checked they may map `key`: `rsgw._shm_access`).
+                caller has checked they may map `key`: `rsgw.base._shm_access`).
 
         Raises:
             InvalidRequest: empty name or key, a negative offset, a byte_size

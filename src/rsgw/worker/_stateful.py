@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._errors import InvalidRequest
+from rsgw.base._errors import InvalidRequest
 from rsgw.worker._sequences import CorrelationId, SequenceBook, SequenceStep
-from rsgw.worker._specs import SEQUENCE_STATE
-from rsgw.worker._tensors import Tensor, encode_bytes_elements, int_tensor, ints_from_le
+from rsgw.worker.models._specs import SEQUENCE_STATE
+from rsgw.worker.models._tensors import Tensor, encode_bytes_elements, int_tensor, ints_from_le
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Hashable, Mapping
 
     from rsgw._proto import grpc_predict_v2_pb2 as pb
-    from rsgw.worker._device import Device
-    from rsgw.worker._specs import ModelSpec
+    from rsgw.worker.device._device import Device
+    from rsgw.worker.models._specs import ModelSpec
 
 
 class StatefulModels:

@@ -22,13 +22,13 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING
 
-from rsgw._errors import InvalidRequest
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.worker._specs import ModelKind
+from rsgw.base._errors import InvalidRequest
+from rsgw.worker.models._specs import ModelKind
 
 if TYPE_CHECKING:
-    from rsgw.worker._counters import ModelCounters
-    from rsgw.worker._specs import ModelSpec, SequenceSpec, TensorSpec
+    from rsgw.worker.device._counters import ModelCounters
+    from rsgw.worker.models._specs import ModelSpec, SequenceSpec, TensorSpec
 
 _NS = 1_000_000_000
 

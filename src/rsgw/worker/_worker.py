@@ -18,25 +18,25 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rsgw._admin import AdminApp, Headers, Reply, serve_admin
-from rsgw._errors import ConfigError
-from rsgw._exposition import CONTENT_TYPE
-from rsgw._methods import METHODS_BY_PATH, Method
-from rsgw._net import TCP, Network
-from rsgw._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles
-from rsgw.grpc._compression import codec
+from rsgw.base._errors import ConfigError
+from rsgw.base._methods import METHODS_BY_PATH, Method
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
-from rsgw.scheduling._capabilities import NEEDS, Capability
-from rsgw.worker._batching import Discipline
-from rsgw.worker._catalogue import builtin_catalogue
-from rsgw.worker._device import Device
-from rsgw.worker._memory import DEFAULT_LOAD_BANDWIDTH
+from rsgw.grpc.protocol._compression import codec
+from rsgw.runtime._admin import AdminApp, Headers, Reply, serve_admin
+from rsgw.runtime._exposition import CONTENT_TYPE
+from rsgw.runtime._net import TCP, Network
+from rsgw.runtime._tls import ADMIN_ALPN, ALPN, ServerTls, TlsFiles
+from rsgw.scheduling.fleet._capabilities import NEEDS, Capability
 from rsgw.worker._metrics import WorkerMetrics
 from rsgw.worker._service import WorkerIdentity, WorkerService
 from rsgw.worker._shm import ShmRegistry
-from rsgw.worker._specs import Catalogue
-from rsgw.worker._weights import ResidencyMode
+from rsgw.worker.device._batching import Discipline
+from rsgw.worker.device._device import Device
+from rsgw.worker.device._memory import DEFAULT_LOAD_BANDWIDTH
+from rsgw.worker.device._weights import ResidencyMode
+from rsgw.worker.models._catalogue import builtin_catalogue
+from rsgw.worker.models._specs import Catalogue
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -62,7 +62,7 @@ class WorkerApi(enum.Enum):
     KSERVE = "kserve"
 
 
-#: The optional parts of the API each kind of worker lacks (`rsgw.scheduling._capabilities`).
+#: The optional parts of the API each kind of worker lacks (`rsgw.scheduling.fleet._capabilities`).
 LACKING: dict[WorkerApi, frozenset[Capability]] = {
     WorkerApi.REACTANT: frozenset(),
     WorkerApi.TRITON: frozenset({Capability.CONTROL_PLANE, Capability.IPC_NAMESPACE}),

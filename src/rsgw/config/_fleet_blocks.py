@@ -1,0 +1,172 @@
+"""gateway.yml's blocks about the fleet: `discovery`, `coordination`, `repository`.
+
+Pure, and built like the other blocks (`rsgw.config._blocks`): each a frozen dataclass
+that runs its fields through a table of per-key checks, so every `ConfigError` names
+the key path and the bad value. These three say how the gateway learns and places
+models on its workers: which models to look for on workers that cannot list theirs,
+several gateways sharing one placement through etcd, and the models placed by loading
+and unloading them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rsgw.base._errors import ConfigError
+from rsgw.base._values import Check, check_fields, check_int, check_str, ranged, show
+from rsgw.config._blocks import FrozenTable, non_negative, non_negative_int, positive_int
+from rsgw.scheduling.fleet._lookups import (
+    DEFAULT_FOUND_TTL_SECONDS,
+    DEFAULT_LOOKUPS_PER_SECOND,
+    DEFAULT_MISS_TTL_SECONDS,
+)
+from rsgw.scheduling.knobs._knobs import check_positive
+
+# rsgw's own: how long a worker losing a model's placement may finish the calls it
+# holds for it before the model is unloaded there (a call's default timeout is 60 s).
+DEFAULT_DRAIN_SECONDS = 30.0
+# rsgw's own: one RepositoryModelLoad; Triton's own client waits as long as it takes.
+DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
+
+
+def _check_models(value: object, key: str) -> tuple[str, ...]:
+    """A list of model names: strings, none empty, each once (in order)."""
+    if not isinstance(value, tuple | list):
+        raise ConfigError(f"{key} must be a list of model names, got {show(value)}")
+    names = tuple(check_str(name, f"{key}[{i}]") for i, name in enumerate(value))
+    for i, name in enumerate(names):
+        if not name:
+            raise ConfigError(f"{key}[{i}] must be a model name, got an empty string")
+    return tuple(dict.fromkeys(names))
+
+
+_DISCOVERY_CHECKS: Mapping[str, Check] = {
+    "models": _check_models,
+    "found_ttl_seconds": non_negative,
+    "miss_ttl_seconds": non_negative,
+    "lookups_per_second": non_negative_int,
+}
+
+
+def _check_weights(value: object, key: str) -> FrozenTable[int]:
+    """`repository.weight_bytes`: model name -> the bytes of its weights (> 0)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} must be a mapping of model name to bytes, got {show(value)}")
+    weights: dict[str, int] = {}
+    for name, size in value.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{key} keys must be model names, got {show(name)}")
+        weights[name] = positive_int(size, f"{key}.{name}")
+    return FrozenTable(weights)
+
+
+_REPOSITORY_CHECKS: Mapping[str, Check] = {
+    "models": _check_models,
+    "weight_bytes": _check_weights,
+    "worker_budget_bytes": non_negative_int,
+    "drain_seconds": non_negative,
+    "load_timeout_seconds": check_positive,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """How the gateway learns the models of workers without a RepositoryIndex.
+
+    Such a worker (KServe's ModelServer) is asked ModelReady about each of `models`
+    every probe round; a model a client names that the routing table lacks is looked
+    up on those workers on demand, at most `lookups_per_second` a second (0: never),
+    a name found nowhere not again for `miss_ttl_seconds`, and a model found kept
+    among the ones asked about until no round has found it for `found_ttl_seconds`
+    (docs/workers.md).
+    """
+
+    models: tuple[str, ...] = ()
+    found_ttl_seconds: float = DEFAULT_FOUND_TTL_SECONDS
+    miss_ttl_seconds: float = DEFAULT_MISS_TTL_SECONDS
+    lookups_per_second: int = DEFAULT_LOOKUPS_PER_SECOND
+
+    def __post_init__(self) -> None:
+        check_fields(self, "discovery.", _DISCOVERY_CHECKS)
+
+
+def _check_etcd_endpoints(value: object, key: str) -> tuple[str, ...]:
+    """etcd's client URLs as `host:port` (an `http://` prefix is dropped; TLS to etcd is
+    not supported yet, so `https://` is an error rather than a silent downgrade)."""
+    if not isinstance(value, tuple | list):
+        raise ConfigError(f"{key} must be a list of host:port addresses, got {show(value)}")
+    endpoints = []
+    for i, item in enumerate(value):
+        text = check_str(item, f"{key}[{i}]").strip().removeprefix("http://").rstrip("/")
+        if text.startswith("https://"):
+            raise ConfigError(
+                f"{key}[{i}] is {item!r}: rsgw speaks to etcd in cleartext only; give its "
+                "http:// client URL (on a network you trust)"
+            )
+        host, _, port = text.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}[{i}] must be host:port, got {show(item)}")
+        endpoints.append(text)
+    return tuple(endpoints)
+
+
+_COORDINATION_CHECKS: Mapping[str, Check] = {
+    "etcd_endpoints": _check_etcd_endpoints,
+    "cluster": ranged(
+        check_str,
+        lambda s: bool(re.fullmatch(r"[A-Za-z0-9._-]+", s)),
+        "letters, digits, '.', '_' or '-' (it names etcd keys)",
+    ),
+    "lease_ttl_seconds": ranged(check_int, lambda n: 2 <= n <= 300, "between 2 and 300"),
+    "member": check_str,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinationConfig:
+    """Several gateways in front of the same workers, one lpt_packing placement (issue 39).
+
+    With `etcd_endpoints`, gateways of the same `cluster` elect one placer through an
+    etcd lease of `lease_ttl_seconds`; the placer places for all and publishes the
+    placement, the others route by it (`rsgw.coordination`). `member` names this
+    gateway among them ("" = its host name and gRPC port). Empty endpoints: one
+    gateway on its own, as before.
+    """
+
+    etcd_endpoints: tuple[str, ...] = ()
+    cluster: str = "default"
+    lease_ttl_seconds: int = 10
+    member: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "coordination.", _COORDINATION_CHECKS)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd_endpoints)
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryConfig:
+    """Which models lpt_packing may place by loading and unloading them.
+
+    For workers without ReactantServer's control plane but with Triton's repository
+    extension (Triton in explicit model control, MLServer): each of `models` is loaded
+    only on the workers its placement names and unloaded from the others, a new holder
+    loaded (within `load_timeout_seconds`) before an old one is drained (for at most
+    `drain_seconds`) and unloaded. Models not listed are never loaded or unloaded
+    (default: none, so nothing is touched). The packer weighs each model's weights
+    (`weight_bytes`, else what the worker's statistics report) against
+    `worker_budget_bytes` per worker (0: unbounded) (docs/workers.md).
+    """
+
+    models: tuple[str, ...] = ()
+    weight_bytes: Mapping[str, int] = field(default_factory=FrozenTable)
+    worker_budget_bytes: int = 0
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    load_timeout_seconds: float = DEFAULT_LOAD_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        check_fields(self, "repository.", _REPOSITORY_CHECKS)

@@ -1,0 +1,10 @@
+"""What the gateway says about itself: its metrics, access log and log settings.
+
+The lowest room: imports `rsgw.base`, `rsgw.runtime`, the gRPC layer, the scheduling
+cores and `rsgw.coordination` (for their types), no other room.
+
+- `_metrics` `GatewayMetrics`: the registry and the hot-path helpers that write to it.
+- `_collectors` the series read at scrape time, over live state.
+- `_access` the sampled access log.
+- `_log_settings` Triton's LogSettings and TraceSetting, answered for the gateway.
+"""

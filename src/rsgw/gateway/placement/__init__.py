@@ -1,0 +1,12 @@
+"""lpt_packing's shell: startup, the repack loop, loads and unloads, coordination.
+
+Imports `fleet/` and `observe/` (and `rsgw.coordination`, and what is below the
+gateway); never `calls/`. The pure cores are `rsgw.scheduling.placement`'s.
+
+- `_packing` the repack loop, compaction, the operator handshake.
+- `_preconditions` the startup checks: every worker up, batching, one model set.
+- `_repository_placer` placements carried out by loading and unloading models.
+- `_coordinator` one gateway's part among several: elect, publish, follow.
+- `_scheduling_status` what GetSchedulingStatus answers.
+- `_latest` a mailbox of capacity one that keeps the newest post.
+"""
