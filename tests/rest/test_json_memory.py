@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -61,6 +62,10 @@ def _post(port: int, body: bytes, timeout: float = 300) -> tuple[int, str]:
 
 
 def _small(port: int) -> int:
+    return _small_answer(port)[0]
+
+
+def _small_answer(port: int) -> tuple[int, str]:
     body = json.dumps(
         {
             "inputs": [
@@ -73,8 +78,7 @@ def _small(port: int) -> int:
     try:
         connection.request("POST", "/v2/models/simple/infer", body)
         response = connection.getresponse()
-        response.read()
-        return response.status
+        return response.status, response.read(500).decode(errors="replace")
     finally:
         connection.close()
 
@@ -93,6 +97,10 @@ def _gateway(worker: WorkerProcess) -> tuple[WorkerProcess, int]:
         "--log-format",
         "json",
         event="gateway serving",
+        # One worker takes every call: its admission forecast counts the large calls
+        # uploading to it as work ahead of the small ones and would refuse those (429,
+        # issue 38's rule); this test is about memory and the event loop, not that.
+        env={**os.environ, "REACTANT_GATEWAY_GRPC_MAX_QUEUE_SECONDS": "60"},
     )
     serving = next(
         json.loads(line) for line in gateway.log().splitlines() if '"gateway serving"' in line
@@ -121,7 +129,10 @@ def test_eight_64_mib_json_bodies_at_once_stay_within_the_upload_budget() -> Non
         def meanwhile() -> None:
             while not done.is_set():
                 started = time.monotonic()
-                small_answers.append(_small(port))
+                status, text = _small_answer(port)
+                small_answers.append(status)
+                if status != 200:
+                    print("small call answered", status, text)
                 assert time.monotonic() - started < 10  # never held up for long
                 time.sleep(0.05)
 
@@ -151,4 +162,5 @@ def test_eight_64_mib_json_bodies_at_once_stay_within_the_upload_budget() -> Non
             assert "unexpected shape for input 'input'" in text, text
     assert small_answers and set(small_answers) == {200}, small_answers
     growth = peak - baseline
+    print(f"peak RSS growth {growth / MIB:.0f} MiB over {baseline / MIB:.0f} MiB")
     assert growth <= BUDGET + 64 * MIB, f"grew {growth / MIB:.0f} MiB over {baseline / MIB:.0f}"

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from rsgw.base._errors import ConfigError
+from rsgw.base._limits import ConnectionLimits
 from rsgw.base._methods import METHODS_BY_PATH, Method
+from rsgw.base._uploads import UploadBudget
 from rsgw.grpc._server import GrpcServer
 from rsgw.grpc._standard import standard_services
 from rsgw.grpc.protocol._compression import codec
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 #: A worker accepts the largest messages the gateway forwards (its 512 MiB default).
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+#: A call's HTTP/2 window (the gRPC server's default): what a large message waiting
+#: for room in the upload budget may already have sent.
+WORKER_WINDOW_BYTES = 32 * 1024 * 1024
 
 
 class WorkerApi(enum.Enum):
@@ -242,6 +247,11 @@ async def serve_worker(
         max_send_message_bytes=config.max_message_bytes,
         response_encoding=codec(config.response_compression),
         tls=tls,
+        # A gateway sends every client's calls over one connection: large messages
+        # there wait in flow control for room (as a GPU server's memory would hold
+        # them), never fail a small call that arrives beside them.
+        limits=ConnectionLimits(max_buffered_bytes=2 * config.max_message_bytes),
+        upload_budget=UploadBudget(2 * config.max_message_bytes, WORKER_WINDOW_BYTES),
     )
     try:
         async with trio.open_nursery() as nursery:
