@@ -61,6 +61,10 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         api=WorkerApi(args.api),
         load_bandwidth=args.load_bandwidth or DEFAULT_LOAD_BANDWIDTH,
         pinned=frozenset(args.pin),
+        loaded_at_start=(
+            frozenset(args.load_model) if args.model_control_mode == "explicit" else None
+        ),
+        gpu_memory_bytes=args.gpu_memory_bytes,
         response_compression=args.response_compression,
         shutdown_grace=args.shutdown_grace,
         tls_cert_file=args.tls_cert,

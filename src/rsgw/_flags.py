@@ -182,6 +182,29 @@ def _add_worker_device(worker: argparse.ArgumentParser) -> None:
         help="pin MODEL on the device from the start; repeatable",
     )
     worker.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        default="none",
+        help="as tritonserver's: none serves every catalogue model from the start; "
+        "explicit only those named by --load-model, the rest until RepositoryModelLoad "
+        "(default none)",
+    )
+    worker.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="with --model-control-mode explicit, load MODEL at start; repeatable",
+    )
+    worker.add_argument(
+        "--gpu-memory-bytes",
+        type=_byte_size,
+        default=0,
+        metavar="N",
+        help="the GPU's memory for loaded models' weights, enforced as a GPU would: a "
+        "load past it fails INTERNAL (out of memory); 0 = no limit (default 0)",
+    )
+    worker.add_argument(
         "--max-concurrent-requests",
         type=_non_negative_int,
         default=64,

@@ -14,14 +14,16 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+import pytest
 import trio
 from trio.testing import MockClock
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.base._errors import GrpcError
+from rsgw.base._errors import ConfigError, GrpcError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
 from rsgw.worker._worker import WorkerConfig
+from rsgw.worker.device._memory import DeviceMemory
 from tests.helpers import catalogue_from_yaml, infer_request, output_array, wait_until_async
 from tests.worker.client import WorkerClient, grpc_error, open_memory_worker
 from tests.worker.test_residency_e2e import SLOW
@@ -251,3 +253,63 @@ async def test_cuda_shared_memory_on_a_worker_without_cuda(autojump_clock: MockC
             pb.CudaSharedMemoryUnregisterRequest(),
             pb.CudaSharedMemoryUnregisterResponse,
         )
+
+
+GPU_MODELS = textwrap.dedent(
+    """
+    models:
+      - name: big_a
+        inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+        outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+        max_batch_size: 8
+        weight_bytes: 400
+      - name: big_b
+        inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+        outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+        max_batch_size: 8
+        weight_bytes: 400
+      - name: small
+        inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+        outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+        max_batch_size: 8
+        weight_bytes: 100
+    """
+)
+
+
+async def test_explicit_control_and_a_gpu_memory_that_a_load_cannot_pass(
+    autojump_clock: MockClock,
+) -> None:
+    """`--model-control-mode explicit --load-model big_a --gpu-memory-bytes 600`: only
+    big_a is loaded at start; small fits beside it; big_b does not, and its load fails
+    INTERNAL as Triton's does when CUDA runs out of memory, leaving it unloaded; once
+    big_a is unloaded, big_b loads (issue 49: overcommit shows up, it never passes)."""
+    config = _config(
+        catalogue=catalogue_from_yaml(GPU_MODELS, with_builtin=False),
+        loaded_at_start=frozenset({"big_a"}),
+        gpu_memory_bytes=600,
+    )
+    async with open_memory_worker(config) as client:
+        assert await client.model_ready("big_a")
+        row = await _index_row(client, "big_b")
+        assert (row.state, row.reason) == ("UNAVAILABLE", "unloaded")
+        await _load(client, "small")
+        code, message = await grpc_error(_load(client, "big_b"))
+        assert code is StatusCode.INTERNAL
+        assert message == (
+            "failed to load 'big_b' version 1: Internal: out of memory: its weights need 400 "
+            "bytes of GPU memory and 100 of 600 are free (500 in use by the loaded models)"
+        )
+        assert not await client.model_ready("big_b")
+        await _unload(client, "big_a")
+        await _load(client, "big_b")
+        assert await client.model_ready("big_b")
+        assert client.device.memory.loaded_bytes() == 500
+
+
+def test_models_loaded_at_start_past_the_gpu_memory_are_a_config_error() -> None:
+    catalogue = catalogue_from_yaml(GPU_MODELS, with_builtin=False)
+    with pytest.raises(ConfigError, match="take 900 bytes of weights, more than the GPU memory"):
+        DeviceMemory(catalogue, gpu_memory_bytes=600)
+    with pytest.raises(ConfigError, match="--load-model nope: no such model"):
+        DeviceMemory(catalogue, loaded_at_start={"nope"})

@@ -14,7 +14,7 @@ import logging
 import ssl
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -110,6 +110,12 @@ class WorkerConfig:
     load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
     #: Models pinned on the device from the start (a node file's `models:` map).
     pinned: frozenset[str] = frozenset()
+    #: Explicit model control (tritonserver's `--model-control-mode explicit`): only
+    #: these are loaded at start; None: every catalogue model is.
+    loaded_at_start: frozenset[str] | None = None
+    #: The GPU's memory for loaded models' weights: a RepositoryModelLoad past it fails
+    #: as Triton's does when CUDA runs out of memory; 0: no limit.
+    gpu_memory_bytes: int = 0
     #: Compress ModelInfer and other unary replies in this encoding (gzip, deflate)
     #: where the client accepts it; "none", as Triton's default, never does.
     response_compression: str = "none"
@@ -197,6 +203,17 @@ class RunningWorker:
         self.cancel_scope.cancel()
 
 
+def _upload_limits(config: WorkerConfig) -> dict[str, Any]:
+    """A gateway sends every client's calls over one connection: large messages there
+    wait in flow control for room (as a GPU server's memory would hold them), never
+    fail a small call that arrives beside them."""
+    room = 2 * config.max_message_bytes
+    return {
+        "limits": ConnectionLimits(max_buffered_bytes=room),
+        "upload_budget": UploadBudget(room, WORKER_WINDOW_BYTES),
+    }
+
+
 async def serve_worker(
     config: WorkerConfig,
     *,
@@ -220,6 +237,8 @@ async def serve_worker(
         residency_mode=config.residency_mode,
         load_bandwidth=config.load_bandwidth,
         pinned=config.pinned,
+        loaded_at_start=config.loaded_at_start,
+        gpu_memory_bytes=config.gpu_memory_bytes,
     )
     metrics = WorkerMetrics(config.name, config.gpu, device)
     shm = ShmRegistry()
@@ -247,11 +266,7 @@ async def serve_worker(
         max_send_message_bytes=config.max_message_bytes,
         response_encoding=codec(config.response_compression),
         tls=tls,
-        # A gateway sends every client's calls over one connection: large messages
-        # there wait in flow control for room (as a GPU server's memory would hold
-        # them), never fail a small call that arrives beside them.
-        limits=ConnectionLimits(max_buffered_bytes=2 * config.max_message_bytes),
-        upload_budget=UploadBudget(2 * config.max_message_bytes, WORKER_WINDOW_BYTES),
+        **_upload_limits(config),
     )
     try:
         async with trio.open_nursery() as nursery:

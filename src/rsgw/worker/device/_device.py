@@ -123,6 +123,8 @@ class Device:
         residency_mode: ResidencyMode = ResidencyMode.SELF_MANAGED,
         load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH,
         pinned: Iterable[str] = (),
+        loaded_at_start: Iterable[str] | None = None,
+        gpu_memory_bytes: int = 0,
     ) -> None:
         self.catalogue = catalogue
         self.time_scale = time_scale
@@ -138,6 +140,8 @@ class Device:
             load_bandwidth=load_bandwidth,
             time_scale=time_scale,
             pinned=pinned,
+            loaded_at_start=loaded_at_start,
+            gpu_memory_bytes=gpu_memory_bytes,
         )
         self._max_batch = {m.name: m.max_batch_size for m in catalogue.models}
         #: The models that hold requests back to batch them (Triton's dynamic batcher).

@@ -71,6 +71,18 @@ def unloaded_model(model: str) -> GrpcError:
     )
 
 
+def gpu_out_of_memory(model: str, size: int, memory: DeviceMemory) -> GrpcError:
+    """A RepositoryModelLoad past the GPU's memory: INTERNAL, as Triton's load fails when
+    CUDA cannot allocate the model's weights (and the model stays unloaded)."""
+    used = memory.loaded_bytes()
+    return GrpcError(
+        StatusCode.INTERNAL,
+        f"failed to load '{shown(model)}' version 1: Internal: out of memory: its weights "
+        f"need {size} bytes of GPU memory and {memory.gpu_memory_bytes - used} of "
+        f"{memory.gpu_memory_bytes} are free ({used} in use by the loaded models)",
+    )
+
+
 def not_resident(model: str) -> FailedPrecondition:
     """The error of inference on an externally managed model that is not pinned."""
     return FailedPrecondition(
@@ -89,9 +101,14 @@ class DeviceMemory:
         load_bandwidth: bytes/s for models without `load_ms`.
         time_scale: multiplies every load time.
         pinned: routable models pinned on the device from the start.
+        loaded_at_start: explicit model control: only these routable models are
+            loaded at start (None: all of them).
+        gpu_memory_bytes: the GPU's memory for loaded models' weights, enforced as
+            a GPU would (`gpu_out_of_memory`); 0: no limit.
 
     Raises:
-        ConfigError: `pinned` names a model clients cannot call.
+        ConfigError: `pinned` or `loaded_at_start` names a model clients cannot
+            call, or the models loaded at start do not fit `gpu_memory_bytes`.
     """
 
     def __init__(
@@ -103,8 +120,11 @@ class DeviceMemory:
         load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH,
         time_scale: float = 1.0,
         pinned: Iterable[str] = (),
+        loaded_at_start: Iterable[str] | None = None,
+        gpu_memory_bytes: int = 0,
     ) -> None:
         self.catalogue = catalogue
+        self.gpu_memory_bytes = gpu_memory_bytes
         self.mode = mode
         self.load_bandwidth = load_bandwidth
         self.time_scale = time_scale
@@ -119,6 +139,42 @@ class DeviceMemory:
         #: Routable models RepositoryModelUnload took away (until a RepositoryModelLoad).
         self.unloaded: set[str] = set()
         self._over_budget_warned: set[str] = set()
+        if loaded_at_start is not None:
+            self._start_explicit(frozenset(loaded_at_start))
+        used = self.loaded_bytes()
+        if gpu_memory_bytes and used > gpu_memory_bytes:
+            raise ConfigError(
+                f"the models loaded at start take {used} bytes of weights, more than the "
+                f"GPU memory of {gpu_memory_bytes} bytes (--gpu-memory-bytes); load fewer "
+                "(--model-control-mode explicit --load-model NAME)"
+            )
+
+    def _start_explicit(self, loaded: frozenset[str]) -> None:
+        """Explicit model control: every routable model but `loaded` starts unloaded."""
+        routable = {spec.name for spec in self.catalogue.routable}
+        unknown = sorted(loaded - routable)
+        if unknown:
+            raise ConfigError(f"--load-model {unknown[0]}: no such model in the catalogue")
+        for name in sorted(routable - loaded):
+            spec = self.catalogue.get(name)
+            assert spec is not None
+            self.unloaded.add(name)
+            for sub in self._exclusive_submodels(spec):
+                self.cache.unpin(sub, Residency.UNPINNED)
+
+    def loaded_bytes(self, extra: str | None = None) -> int:
+        """The weights of the loaded routable models (and of `extra`), each sub-model
+        counted once: what a GPU holds for them."""
+        names = {s.name for s in self.catalogue.routable if s.name not in self.unloaded}
+        if extra is not None:
+            names.add(extra)
+        subs: dict[str, int] = {}
+        for name in names:
+            spec = self.catalogue.get(name)
+            assert spec is not None
+            for sub in self.catalogue.submodels(spec):
+                subs[sub.name] = sub.weight_bytes
+        return sum(subs.values())
 
     def _initial_floors(
         self, pinned: Iterable[str], *, cache_enabled: bool
@@ -235,6 +291,10 @@ class DeviceMemory:
         assert spec is not None
         if model not in self.unloaded:
             return
+        if self.gpu_memory_bytes:
+            needed = self.loaded_bytes(model)
+            if needed > self.gpu_memory_bytes:
+                raise gpu_out_of_memory(model, needed - self.loaded_bytes(), self)
         self.unloaded.discard(model)
         for sub in self.catalogue.submodels(spec):
             floor = self._start_floors[sub.name]
