@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 import grpc
@@ -419,6 +419,25 @@ def check_simple(target: str, seed: int = 0, rows: int = 1) -> None:
 
 # ---------------------------------------------------------------------------
 # Catalogues for in-process workers.
+
+
+def simple_model(**overrides: Any) -> dict[str, Any]:
+    """A catalogue entry shaped like the built-in `simple` (INT32 add and subtract)."""
+    model: dict[str, Any] = {
+        "name": "simple",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+        "max_batch_size": 8,
+        "compute": "add_sub",
+    }
+    model.update(overrides)
+    return model
 
 
 def catalogue_from_yaml(text: str, *, with_builtin: bool = True) -> Catalogue:

@@ -344,7 +344,8 @@ WIRE = parse_wire_rows(WIRE_ROWS)
 
 # rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
 # membership RPCs and the members in the status of issue 24, what each member
-# implements (issue 36), and how a coordinated gateway stands (issue 39).
+# implements (issue 36), how a coordinated gateway stands (issue 39), and which
+# models are resident and what each worker's budget holds (issue 49).
 RSGW_ROWS = """
 # reactant_control
 GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
@@ -378,6 +379,8 @@ Coordination 5 members repeated string
 Coordination 6 last_error string
 Coordination 7 seconds_since_contact double
 Coordination 8 etcd_endpoints repeated string
+ModelSchedulingStatus 14 residency string
+WorkerSchedulingStatus 8 resident_weight_bytes int64
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.

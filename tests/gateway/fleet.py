@@ -96,6 +96,17 @@ class Fleet:
         return pb.ModelInferResponse.FromString(reply)
 
 
+async def repository_states(fleet: Fleet, index: int) -> dict[str, str]:
+    """Worker `index`'s own RepositoryIndex, asked directly: model -> state."""
+    request = pb.RepositoryIndexRequest(ready=False).SerializeToString()
+    channel = Channel(fleet.worker_url(index), fleet.nursery, network=fleet.network)
+    try:
+        reply = await channel.unary(Method.REPOSITORY_INDEX.wire, request)
+    finally:
+        await channel.aclose()
+    return {m.name: m.state for m in pb.RepositoryIndexResponse.FromString(reply).models}
+
+
 def gateway_config(
     workers: list[RunningWorker], *, with_metrics: bool = True, **overrides: Any
 ) -> GatewayConfig:

@@ -124,6 +124,25 @@ def test_a_worker_is_forecast_from_its_busy_time_and_answers() -> None:
     assert forecast.per_call("w") == 0.0
 
 
+def test_a_worker_loading_a_model_is_measured_afresh_after_the_load() -> None:
+    # Issue 49: the gateway loads a model on w at t=10 (0.5 s of device time); the
+    # calls queued behind the load are answered late, and say nothing of w's pace.
+    forecast = Forecast()
+    forecast.busy_from("w", 0.0)
+    for k in range(10):
+        forecast.answered("w", 0.01 * (k + 1), 10 - k, 0.01 * (k + 1), k + 1)
+    assert forecast.per_call("w") == pytest.approx(0.01, rel=0.05)
+    forecast.reset("w", 10.0)  # the load begins
+    assert forecast.per_call("w") == 0.0  # unmeasured: no call refused for its queue
+    forecast.reset("w", 10.5)  # and ends; the calls sent during it are answered late
+    for k in range(4):
+        forecast.answered("w", 10.5 + 0.01 * (k + 1), 4 - k, 0.5, k + 1)
+    assert forecast.per_call("w") == 0.0
+    forecast.busy_from("w", 11.0)  # a call sent after the load is measured
+    forecast.answered("w", 11.01, 1, 0.01, 1)
+    assert forecast.per_call("w") == pytest.approx(0.01, rel=0.05)
+
+
 def test_the_rule_refuses_a_long_wait_and_a_late_finish() -> None:
     rule = AdmissionRule(max_queue_seconds=1.0, margin=0.25)
     assert rule.judge(0.5, 0.1, 5.0) is None

@@ -10,6 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from rsgw.worker.models._catalogue import builtin_catalogue, parse_catalogue
 from tests.gateway.fleet import open_fleet
+from tests.helpers import simple_model
 
 
 def infer_simple(target: str, model: str = "simple", seed: int = 0) -> None:
@@ -46,19 +47,7 @@ async def test_model_on_one_worker_always_goes_there() -> None:
     only = parse_catalogue(
         {
             "models": [
-                {
-                    "name": "solo",
-                    "compute": "add_sub",
-                    "max_batch_size": 8,
-                    "inputs": [
-                        {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
-                        {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
-                    ],
-                    "outputs": [
-                        {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
-                        {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
-                    ],
-                }
+                simple_model(name="solo"),
             ]
         },
         source="test",

@@ -14,14 +14,12 @@ import numpy as np
 import trio
 from trio.testing import MockClock
 
-from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.base._methods import Method
 from rsgw.config._config import SchedulingConfig, SchedulingMode
 from rsgw.config._fleet_blocks import RepositoryConfig
-from rsgw.grpc._client import Channel
 from rsgw.worker._worker import WorkerApi
-from tests.gateway.fleet import Fleet, open_fleet
+from tests.gateway.fleet import Fleet, open_fleet, repository_states
 from tests.helpers import infer_request, output_array, simple_inputs
 
 HANDED = ("simple", "simple_int8")
@@ -30,14 +28,7 @@ LPT = SchedulingConfig(mode=SchedulingMode.LPT_PACKING)
 
 
 async def states(fleet: Fleet, index: int) -> dict[str, str]:
-    """Worker `index`'s own RepositoryIndex, asked directly: model -> state."""
-    request = pb.RepositoryIndexRequest(ready=False).SerializeToString()
-    channel = Channel(fleet.worker_url(index), fleet.nursery, network=fleet.network)
-    try:
-        reply = await channel.unary(Method.REPOSITORY_INDEX.wire, request)
-    finally:
-        await channel.aclose()
-    return {m.name: m.state for m in pb.RepositoryIndexResponse.FromString(reply).models}
+    return await repository_states(fleet, index)
 
 
 async def holders(fleet: Fleet, model: str) -> list[int]:

@@ -20,27 +20,10 @@ from rsgw.worker.models._catalogue import (
     parse_catalogue,
 )
 from rsgw.worker.models._specs import Catalogue, ModelSpec, TensorSpec
+from tests.helpers import simple_model
 from tests.worker.client import cli_worker_config
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md"
-
-
-def simple_model(**overrides: Any) -> dict[str, Any]:
-    model: dict[str, Any] = {
-        "name": "simple",
-        "inputs": [
-            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
-            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
-        ],
-        "outputs": [
-            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
-            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
-        ],
-        "max_batch_size": 8,
-        "compute": "add_sub",
-    }
-    model.update(overrides)
-    return model
 
 
 def parse_one(model: dict[str, Any]) -> ModelSpec:

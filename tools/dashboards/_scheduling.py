@@ -95,6 +95,40 @@ def scheduling_placement() -> Dashboard:
                 q(f'gateway_model_fill_quantum{{{S},model=~"$model"}}', "{{model}}"),
             ),
             graph(
+                "GPU memory: resident bytes vs budget",
+                "Bytes of handed models each worker holds (loading and unloading included), "
+                "against its budget (repository.worker_budget_bytes): resident never above "
+                "budget (issue 49).",
+                q(f'gateway_worker_resident_bytes{{{S},worker=~"$worker"}}', "{{worker}} resident"),
+                q(f'gateway_worker_budget_bytes{{{S},worker=~"$worker"}}', "{{worker}} budget"),
+                unit="bytes",
+            ),
+            graph(
+                "Cold starts and their wait",
+                "Calls that found their model loaded nowhere, by outcome, and the p99 of "
+                "their wait for its load.",
+                q(
+                    f"sum by (outcome) (rate(gateway_cold_starts_total{{{S}}}{RATE}))",
+                    "{{outcome}}",
+                ),
+                q(
+                    f"histogram_quantile(0.99, sum by (le) "
+                    f"(rate(gateway_cold_start_wait_seconds_bucket{{{S}}}{RATE})))",
+                    "p99 wait (s)",
+                ),
+            ),
+            graph(
+                "Loads and unloads by reason",
+                "Models loaded and unloaded by the gateway: demand (a cold call), eviction "
+                "(room made for one), repack, operator, startup. Evictions every minute for "
+                "long are thrash (alert RsgwResidencyThrash).",
+                q(
+                    f"sum by (action, reason) "
+                    f"(increase(gateway_residency_changes_total{{{S}}}{RATE}))",
+                    "{{action}} ({{reason}})",
+                ),
+            ),
+            graph(
                 "Repacks by trigger",
                 "startup, compute (traffic-driven) and operator repacks.",
                 q(

@@ -186,7 +186,7 @@ class ReplicaPlacement(_message.Message):
     def __init__(self, worker: _Optional[str] = ..., weight: _Optional[float] = ..., outstanding: _Optional[int] = ..., routed_total: _Optional[int] = ...) -> None: ...
 
 class ModelSchedulingStatus(_message.Message):
-    __slots__ = ("name", "configured_replicas", "effective_replicas", "replicas", "utilization", "arrival_rate", "cost_seconds", "max_batch", "fill_mode", "fill_quantum", "weight_nbytes", "placed", "drifted")
+    __slots__ = ("name", "configured_replicas", "effective_replicas", "replicas", "utilization", "arrival_rate", "cost_seconds", "max_batch", "fill_mode", "fill_quantum", "weight_nbytes", "placed", "drifted", "residency")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class ModelSchedulingStatus(_message.Message):
     WEIGHT_NBYTES_FIELD_NUMBER: _ClassVar[int]
     PLACED_FIELD_NUMBER: _ClassVar[int]
     DRIFTED_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     name: str
     configured_replicas: int
     effective_replicas: int
@@ -213,10 +214,11 @@ class ModelSchedulingStatus(_message.Message):
     weight_nbytes: int
     placed: bool
     drifted: bool
-    def __init__(self, name: _Optional[str] = ..., configured_replicas: _Optional[int] = ..., effective_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaPlacement, _Mapping]]] = ..., utilization: _Optional[float] = ..., arrival_rate: _Optional[float] = ..., cost_seconds: _Optional[float] = ..., max_batch: _Optional[int] = ..., fill_mode: _Optional[str] = ..., fill_quantum: _Optional[int] = ..., weight_nbytes: _Optional[int] = ..., placed: _Optional[bool] = ..., drifted: _Optional[bool] = ...) -> None: ...
+    residency: str
+    def __init__(self, name: _Optional[str] = ..., configured_replicas: _Optional[int] = ..., effective_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaPlacement, _Mapping]]] = ..., utilization: _Optional[float] = ..., arrival_rate: _Optional[float] = ..., cost_seconds: _Optional[float] = ..., max_batch: _Optional[int] = ..., fill_mode: _Optional[str] = ..., fill_quantum: _Optional[int] = ..., weight_nbytes: _Optional[int] = ..., placed: _Optional[bool] = ..., drifted: _Optional[bool] = ..., residency: _Optional[str] = ...) -> None: ...
 
 class WorkerSchedulingStatus(_message.Message):
-    __slots__ = ("worker", "ready", "models_placed", "inflight_compute", "assigned_weight_bytes", "weight_budget_bytes", "oversubscribed")
+    __slots__ = ("worker", "ready", "models_placed", "inflight_compute", "assigned_weight_bytes", "weight_budget_bytes", "oversubscribed", "resident_weight_bytes")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     MODELS_PLACED_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +226,7 @@ class WorkerSchedulingStatus(_message.Message):
     ASSIGNED_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     OVERSUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker: str
     ready: bool
     models_placed: int
@@ -231,7 +234,8 @@ class WorkerSchedulingStatus(_message.Message):
     assigned_weight_bytes: int
     weight_budget_bytes: int
     oversubscribed: bool
-    def __init__(self, worker: _Optional[str] = ..., ready: _Optional[bool] = ..., models_placed: _Optional[int] = ..., inflight_compute: _Optional[float] = ..., assigned_weight_bytes: _Optional[int] = ..., weight_budget_bytes: _Optional[int] = ..., oversubscribed: _Optional[bool] = ...) -> None: ...
+    resident_weight_bytes: int
+    def __init__(self, worker: _Optional[str] = ..., ready: _Optional[bool] = ..., models_placed: _Optional[int] = ..., inflight_compute: _Optional[float] = ..., assigned_weight_bytes: _Optional[int] = ..., weight_budget_bytes: _Optional[int] = ..., oversubscribed: _Optional[bool] = ..., resident_weight_bytes: _Optional[int] = ...) -> None: ...
 
 class GetSchedulingStatusRequest(_message.Message):
     __slots__ = ()

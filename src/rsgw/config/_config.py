@@ -56,6 +56,7 @@ from rsgw.config._blocks import ShutdownConfig as ShutdownConfig
 from rsgw.config._blocks import TlsConfig as TlsConfig
 from rsgw.config._blocks import WorkerClientConfig as WorkerClientConfig
 from rsgw.config._endpoints import check_endpoint
+from rsgw.config._fleet_blocks import FLEET_ENV_KINDS
 from rsgw.config._fleet_blocks import CoordinationConfig as CoordinationConfig
 from rsgw.config._fleet_blocks import DiscoveryConfig as DiscoveryConfig
 from rsgw.config._fleet_blocks import RepositoryConfig as RepositoryConfig
@@ -137,18 +138,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "connections.flood_budget": "int",
         "connections.max_concurrent_streams": "int",
         "metrics.scrape_timeout_seconds": "float",
-        "discovery.models": "names",
-        "discovery.found_ttl_seconds": "float",
-        "discovery.miss_ttl_seconds": "float",
-        "discovery.lookups_per_second": "int",
-        "repository.models": "names",
-        "repository.worker_budget_bytes": "int",
-        "repository.drain_seconds": "float",
-        "repository.load_timeout_seconds": "float",
-        "coordination.etcd_endpoints": "names",
-        "coordination.cluster": "str",
-        "coordination.lease_ttl_seconds": "int",
-        "coordination.member": "str",
+        **FLEET_ENV_KINDS,
         **{f"scheduling.{k}": "str" for k in SCHEDULING_KNOBS},
         "scheduling.rebalance_compute_seconds": "float",
         "scheduling.first_rebalance_compute_seconds": "float",

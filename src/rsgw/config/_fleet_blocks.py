@@ -29,6 +29,9 @@ from rsgw.scheduling.knobs._knobs import check_positive
 DEFAULT_DRAIN_SECONDS = 30.0
 # rsgw's own: one RepositoryModelLoad; Triton's own client waits as long as it takes.
 DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
+# rsgw's own (issue 49): a model loaded to make room is not evicted sooner than this,
+# so two models that take turns on one GPU do not reload each other call by call.
+DEFAULT_MIN_RESIDENCY_SECONDS = 10.0
 
 
 def _check_models(value: object, key: str) -> tuple[str, ...]:
@@ -50,24 +53,36 @@ _DISCOVERY_CHECKS: Mapping[str, Check] = {
 }
 
 
-def _check_weights(value: object, key: str) -> FrozenTable[int]:
-    """`repository.weight_bytes`: model name -> the bytes of its weights (> 0)."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key} must be a mapping of model name to bytes, got {show(value)}")
-    weights: dict[str, int] = {}
-    for name, size in value.items():
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{key} keys must be model names, got {show(name)}")
-        weights[name] = positive_int(size, f"{key}.{name}")
-    return FrozenTable(weights)
+def _named_table(what: str, unit: str, each: Check) -> Check:
+    """A check of a mapping of `what` names to values that `each` checks."""
+
+    def check(value: object, key: str) -> FrozenTable[int]:
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{key} must be a mapping of {what} name to {unit}, got {show(value)}"
+            )
+        table: dict[str, int] = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"{key} keys must be {what} names, got {show(name)}")
+            table[name] = each(item, f"{key}.{name}")
+        return FrozenTable(table)
+
+    return check
 
 
 _REPOSITORY_CHECKS: Mapping[str, Check] = {
     "models": _check_models,
-    "weight_bytes": _check_weights,
+    "weight_bytes": _named_table("model", "bytes", positive_int),
+    "default_weight_bytes": non_negative_int,
     "worker_budget_bytes": non_negative_int,
+    "worker_budgets": _named_table("worker", "bytes", non_negative_int),
     "drain_seconds": non_negative,
     "load_timeout_seconds": check_positive,
+    "min_residency_seconds": non_negative,
+    "load_seconds": non_negative,
+    "min_copies": _named_table("model", "copies", non_negative_int),
+    "max_copies": _named_table("model", "copies", positive_int),
 }
 
 
@@ -158,15 +173,87 @@ class RepositoryConfig:
     loaded (within `load_timeout_seconds`) before an old one is drained (for at most
     `drain_seconds`) and unloaded. Models not listed are never loaded or unloaded
     (default: none, so nothing is touched). The packer weighs each model's weights
-    (`weight_bytes`, else what the worker's statistics report) against
-    `worker_budget_bytes` per worker (0: unbounded) (docs/workers.md).
+    (`memory_usage` in the worker's statistics once it reports it, else `weight_bytes`,
+    else `default_weight_bytes`) against its budget (`worker_budgets` by worker name
+    or address, else `worker_budget_bytes`; 0: unbounded), a hard limit: with more
+    models than the budgets hold, the most valuable stay loaded and the rest are
+    loaded when called (issue 49, docs/models.md). `min_copies` models are always
+    loaded, `max_copies` bound a model's copies, a model loaded is not evicted within
+    `min_residency_seconds`, and a call whose deadline is shorter than a cold model's
+    load (learned, else `load_seconds`; 0: not until learned) is refused at once.
     """
 
     models: tuple[str, ...] = ()
     weight_bytes: Mapping[str, int] = field(default_factory=FrozenTable)
+    default_weight_bytes: int = 0
     worker_budget_bytes: int = 0
+    worker_budgets: Mapping[str, int] = field(default_factory=FrozenTable)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     load_timeout_seconds: float = DEFAULT_LOAD_TIMEOUT_SECONDS
+    min_residency_seconds: float = DEFAULT_MIN_RESIDENCY_SECONDS
+    load_seconds: float = 0.0
+    min_copies: Mapping[str, int] = field(default_factory=FrozenTable)
+    max_copies: Mapping[str, int] = field(default_factory=FrozenTable)
 
     def __post_init__(self) -> None:
         check_fields(self, "repository.", _REPOSITORY_CHECKS)
+        for key in ("min_copies", "max_copies"):
+            for model in getattr(self, key):
+                if model not in self.models:
+                    raise ConfigError(
+                        f"repository.{key}.{model}: {model!r} is not in repository.models"
+                    )
+        for model, floor in self.min_copies.items():
+            cap = self.max_copies.get(model)
+            if cap is not None and floor > cap:
+                raise ConfigError(
+                    f"repository.min_copies.{model} is {floor}, more than its max_copies ({cap})"
+                )
+        largest = self.largest_budget
+        if largest:
+            for model in self.models:
+                size = self.weight_bytes.get(model, self.default_weight_bytes)
+                if size > largest:
+                    key = (
+                        f"weight_bytes.{model}"
+                        if model in self.weight_bytes
+                        else "default_weight_bytes"
+                    )
+                    raise ConfigError(
+                        f"repository.{key} is {size} for {model!r}: more than any worker's "
+                        f"budget ({largest} bytes), so no GPU could ever load it"
+                    )
+
+    @property
+    def largest_budget(self) -> int:
+        """The largest worker budget; 0 when some worker's is unbounded."""
+        budgets = [*self.worker_budgets.values(), self.worker_budget_bytes]
+        return 0 if 0 in budgets else max(budgets)
+
+    def budget_of(self, *names: str) -> int:
+        """The budget of the worker known by `names` (its name, its address); 0 unbounded."""
+        for name in names:
+            if name in self.worker_budgets:
+                return self.worker_budgets[name]
+        return self.worker_budget_bytes
+
+
+#: The environment overrides of these blocks' keys, by the kind of value they take
+#: (merged into `rsgw.config._config`'s table).
+FLEET_ENV_KINDS: Mapping[str, str] = {
+    "discovery.models": "names",
+    "discovery.found_ttl_seconds": "float",
+    "discovery.miss_ttl_seconds": "float",
+    "discovery.lookups_per_second": "int",
+    "repository.models": "names",
+    "repository.worker_budget_bytes": "int",
+    "repository.default_weight_bytes": "int",
+    "repository.drain_seconds": "float",
+    "repository.load_timeout_seconds": "float",
+    "repository.min_residency_seconds": "float",
+    "repository.load_seconds": "float",
+    "coordination.etcd_endpoints": "names",
+    "coordination.cluster": "str",
+    "coordination.lease_ttl_seconds": "int",
+    "coordination.member": "str",
+}

@@ -225,6 +225,7 @@ class GatewayConfig:
                 "metrics",
                 "discovery",
                 "repository",
+                "coordination",
                 "scheduling",
             )
         }

@@ -12,6 +12,8 @@ The keys of one cluster, under `/rsgw/<cluster>/`:
 - `changes/<name>-<n>`: an operator's scheduling change made on gateway `name`
   (`ChangeRecord`), for every gateway to apply in order; no lease.
 - `repacks/<name>-<n>`: an operator's repack asked of gateway `name`, under its lease.
+- `loads/<model>`: a cold model a follower's call asked for (issue 49), under the
+  asker's lease: the placer loads it.
 
 The placement's epoch is its key's etcd revision: every gateway reads the same number
 for the same placement, and a later placement always has a larger one.
@@ -71,6 +73,10 @@ class Keys:
     @property
     def repacks(self) -> bytes:
         return self.root + b"repacks/"
+
+    @property
+    def loads(self) -> bytes:
+        return self.root + b"loads/"
 
     def member(self, name: str) -> bytes:
         return self.members + name.encode()

@@ -79,7 +79,7 @@ def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
     if status.HasField("policy") or status.models:
         lines += _model_lines(status.models)
     if status.HasField("policy") or status.workers:
-        lines += _worker_lines(status.workers)
+        lines += _worker_lines(status.workers, any(m.residency for m in status.models))
     if status.members:
         lines += _member_lines(status.members)
     lines += warning_lines(status.warnings)
@@ -156,9 +156,12 @@ def _placement(model: cpb.ModelSchedulingStatus) -> str:
 
 
 def _model_lines(models: Sequence[cpb.ModelSchedulingStatus]) -> list[str]:
+    """One row per model; a `resident` column (resident, loading, cold) where the
+    gateway loads models on demand (issue 49)."""
     if not models:
         return ["models: none"]
-    header = ("name", "cfg", "eff", "fill", "quant", "util", "cost", "placement")
+    residency = any(model.residency for model in models)
+    header: tuple[str, ...] = ("name", "cfg", "eff", "fill", "quant", "util", "cost")
     rows = [
         (
             model.name,
@@ -168,10 +171,12 @@ def _model_lines(models: Sequence[cpb.ModelSchedulingStatus]) -> list[str]:
             str(model.fill_quantum),
             f"{model.utilization:.4f}",
             f"{model.cost_seconds:.4f}",
+            *((model.residency or "-",) if residency else ()),
             _placement(model),
         )
         for model in models
     ]
+    header += ("resident", "placement") if residency else ("placement",)
     return ["models:", *format_table(header, rows)]
 
 
@@ -193,10 +198,14 @@ def _member_lines(members: Sequence[cpb.Member]) -> list[str]:
     return [f"members: {len(members)}", *format_table(header, rows)]
 
 
-def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus]) -> list[str]:
+def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus], residency: bool) -> list[str]:
+    """One row per worker; with `residency` (the gateway loads models on demand), the
+    bytes of handed models each holds (`used`) and what its budget leaves (`free`)."""
     if not workers:
         return ["workers: none"]
-    header = ("worker", "ready", "models", "in-flight", "weights", "budget")
+    header: tuple[str, ...] = ("worker", "ready", "models", "in-flight", "weights", "budget")
+    if residency:
+        header += ("used", "free")
     rows = [
         (
             worker.worker,
@@ -205,6 +214,7 @@ def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus]) -> list[str]:
             f"{worker.inflight_compute:.3f}",
             human_bytes(worker.assigned_weight_bytes),
             format_budget(worker.weight_budget_bytes),
+            *((human_bytes(worker.resident_weight_bytes), _free(worker)) if residency else ()),
         )
         for worker in workers
     ]
@@ -213,6 +223,13 @@ def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus]) -> list[str]:
         if worker.oversubscribed:
             lines[i] += "  OVERSUBSCRIBED"
     return ["workers:", *lines]
+
+
+def _free(worker: cpb.WorkerSchedulingStatus) -> str:
+    """The budget left for loads: what the gateway may still load there."""
+    if worker.weight_budget_bytes <= 0:
+        return "-"
+    return human_bytes(max(worker.weight_budget_bytes - worker.resident_weight_bytes, 0))
 
 
 # ---------------------------------------------------------------------------

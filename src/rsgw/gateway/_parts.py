@@ -28,7 +28,8 @@ import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import trio
 
 from rsgw.base._errors import ConfigError
 from rsgw.config._config import GatewayConfig, SchedulingMode
@@ -51,6 +52,7 @@ from rsgw.grpc._intake import Intake
 from rsgw.runtime._exposition import add_runtime_series
 from rsgw.runtime._net import Network, split_host_port
 from rsgw.runtime._tls import ALPN, client_context
+from rsgw.scheduling.calls._forecast import Forecast
 from rsgw.scheduling.calls._meta import RoutingMetaTracker
 from rsgw.scheduling.calls._schedulers import (
     LeastOutstandingScheduler,
@@ -62,9 +64,6 @@ from rsgw.scheduling.fleet._stalls import StallWatch
 from rsgw.scheduling.knobs._knobs import WorkBasis
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._packer import Packer
-
-if TYPE_CHECKING:
-    import trio
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +81,8 @@ class Fleet:
     poller: MetaPoller | None
     #: lpt_packing's shell (and, with coordination, its coordinator).
     packing: Packing | None
+    #: The admission forecast: the calls path measures it, a model load resets it.
+    forecast: Forecast
     stalls: StallWatch
     watchdog: Watchdog
 
@@ -122,12 +123,15 @@ def build_fleet(config: GatewayConfig, nursery: trio.Nursery, network: Network) 
         on_ready=None if policy.poller is None else policy.poller.poll,
         on_swap=policy.scheduler.table_swapped,
     )
-    packing = _packing(config, policy, pool, prober, metrics, network)
+    forecast = Forecast()
+    packing = _packing(config, policy, pool, prober, metrics, network, forecast)
     add_runtime_series(metrics.registry, "gateway", scheduling_mode=str(config.scheduling.mode))
     outliers = config.outlier_detection
     stalls = StallWatch(outliers.stall_seconds, outliers.ping_timeout_seconds)
     watchdog = Watchdog(pool, prober, metrics, stalls, ejection_seconds=outliers.ejection_seconds)
-    return Fleet(pool, metrics, prober, policy.scheduler, policy.poller, packing, stalls, watchdog)
+    return Fleet(
+        pool, metrics, prober, policy.scheduler, policy.poller, packing, forecast, stalls, watchdog
+    )
 
 
 def _channel(
@@ -201,6 +205,7 @@ def _packing(
     prober: Prober,
     metrics: GatewayMetrics,
     network: Network,
+    forecast: Forecast,
 ) -> Packing | None:
     """lpt_packing's shell, with its coordinator when gateways coordinate."""
     if policy.lpt is None:
@@ -223,6 +228,7 @@ def _packing(
         startup_wait=config.startup_wait_seconds,
         repository=config.repository,
         coordinate=_coordinate(config, network),
+        on_loading=lambda url: forecast.reset(url, trio.current_time()),
     )
 
 
@@ -243,12 +249,17 @@ def build_service(config: GatewayConfig, fleet: Fleet) -> GatewayService:
     """The call path (`rsgw.gateway.calls`): one handler table for whichever door."""
     prober = fleet.prober
 
+    packing = fleet.packing
+    # Handed models load on demand (issue 49): one loaded nowhere is cold, not down.
+    on_demand = packing.placer.handed if packing is not None else frozenset()
+
     def ready_replicas() -> dict[str, int]:
         table, ready = prober.discovery.table, prober.ready
-        return {m: sum(u in ready for u in table.replicas(m)) for m in prober.discovery.known}
+        counts = {m: sum(u in ready for u in table.replicas(m)) for m in prober.discovery.known}
+        return {m: n for m, n in counts.items() if n or m not in on_demand}
 
     fleet.metrics.track_model_replicas(ready_replicas)
-    packing, poller = fleet.packing, fleet.poller
+    poller = fleet.poller
     return GatewayService(
         fleet.pool,
         prober,
@@ -264,6 +275,8 @@ def build_service(config: GatewayConfig, fleet: Fleet) -> GatewayService:
         access=_access_log(config, fleet.pool),
         shm=config.shm,
         measured=None if poller is None else poller.measured,
+        cold=None if packing is None or not packing.placer.handed else packing.cold,
+        forecast=fleet.forecast,
     )
 
 

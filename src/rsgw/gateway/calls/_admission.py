@@ -155,13 +155,14 @@ class Admission:
         ledger: Ledger[AnyReservation],
         metrics: GatewayMetrics,
         max_queue_seconds: float = 0.0,
+        forecast: Forecast | None = None,
     ) -> None:
         #: Admitted calls, the calls each worker holds, and the scheduler's charges.
         self.ledger = ledger
         #: Calls waiting for a slot under the cap (ModelInfer only).
         self.queue: AdmissionQueue[Ticket[AnyReservation]] = AdmissionQueue(ledger.max_inflight)
         #: Each worker's seconds per call ahead, from the calls it answered.
-        self.forecast = Forecast()
+        self.forecast = forecast or Forecast()
         self.rule = AdmissionRule(max_queue_seconds)
         self._metrics = metrics
         metrics.track_forecast(self.forecast.estimates, ledger.held)

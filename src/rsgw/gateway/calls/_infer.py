@@ -165,7 +165,8 @@ class InferProxy:
         replicas = resolver.infer_replicas(model)
         if not replicas:
             try:
-                replicas = await resolver.resolve(model, _MODEL_INFER)
+                deadline = min(call.deadline, trio.current_time() + self.request_timeout)
+                replicas = await resolver.resolve(model, _MODEL_INFER, deadline)
             except GrpcError:
                 meter.timed = True
                 meter.label = resolver.label(model)

@@ -158,7 +158,8 @@ class ModelCalls:
                 if not model and method is Method.MODEL_STATISTICS:
                     return await self._all_statistics(body, call)
                 try:
-                    replicas = await self.resolver.resolve(model, method)
+                    deadline = None if method is Method.MODEL_READY else call.deadline
+                    replicas = await self.resolver.resolve(model, method, deadline)
                 except GrpcError:
                     if method is Method.MODEL_READY:
                         return _NOT_READY

@@ -21,7 +21,7 @@ checks nothing more than the table.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rsgw.base._errors import GrpcError
 from rsgw.base._status import StatusCode
@@ -37,14 +37,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class ColdPath(Protocol):
+    """Loads a handed model a call asks for while it is loaded nowhere (issue 49;
+    `rsgw.gateway.placement._cold_starts`)."""
+
+    def handed(self, model: str) -> bool: ...
+
+    async def warm(self, model: str, deadline: float) -> None: ...
+
+
 class Resolver:
     """The one replica resolution of a gateway; see the module docstring."""
 
-    __slots__ = ("_capabilities", "_discovery")
+    __slots__ = ("_capabilities", "_cold", "_discovery")
 
-    def __init__(self, discovery: ModelDiscovery, capabilities: CapabilityProbe) -> None:
+    def __init__(
+        self,
+        discovery: ModelDiscovery,
+        capabilities: CapabilityProbe,
+        cold: ColdPath | None = None,
+    ) -> None:
         self._discovery = discovery
         self._capabilities = capabilities
+        self._cold = cold
 
     def infer_replicas(self, model: str) -> tuple[str, ...]:
         """The routing table's replicas of `model`, or () when it has none (`resolve`
@@ -68,17 +83,28 @@ class Resolver:
             return able
         return replicas
 
-    async def resolve(self, model: str, needs: Method) -> tuple[str, ...]:
-        """The ready replicas of `model` that can answer `needs` (never empty).
+    async def resolve(
+        self, model: str, needs: Method, deadline: float | None = None
+    ) -> tuple[str, ...]:
+        """The ready replicas of `model` that can answer `needs` (never empty). With a
+        `deadline`, a handed model loaded nowhere is loaded first, within it (the cold
+        path); without one (ModelReady: a probe must not load models) it is not.
 
         Raises:
             GrpcError: UNAVAILABLE when the model was served before but has no ready
-                replica now; NOT_FOUND when no worker serves it (or `model` is "");
-                UNIMPLEMENTED when no replica implements `needs`.
+                replica now (or a cold one cannot be loaded in time); NOT_FOUND when no
+                worker serves it (or `model` is ""); UNIMPLEMENTED when no replica
+                implements `needs`.
         """
         replicas = self.ready(model, needs)
         if replicas:
             return replicas
+        cold = self._cold
+        if cold is not None and deadline is not None and cold.handed(model):
+            await cold.warm(model, deadline)
+            replicas = self.ready(model, needs)
+            if replicas:
+                return replicas
         discovery = self._discovery
         if model:
             await discovery.refresh_now(model)

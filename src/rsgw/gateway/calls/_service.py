@@ -24,12 +24,13 @@ from rsgw.gateway.calls._broadcast import FanOut, Targets
 from rsgw.gateway.calls._fleet_calls import FleetCalls
 from rsgw.gateway.calls._infer import InferProxy
 from rsgw.gateway.calls._models import ModelCalls
-from rsgw.gateway.calls._resolve import Resolver
+from rsgw.gateway.calls._resolve import ColdPath, Resolver
 from rsgw.gateway.calls._shm_calls import ShmCalls
 from rsgw.gateway.calls._streaming import StreamProxy
 from rsgw.gateway.observe._access import AccessLog
 from rsgw.gateway.observe._metrics import GatewayMetrics
 from rsgw.grpc.protocol._framing import DEFAULT_MAX_MESSAGE_BYTES
+from rsgw.scheduling.calls._forecast import Forecast
 from rsgw.scheduling.calls._ledger import Ledger
 from rsgw.scheduling.calls._reported import MeasuredCounters
 from rsgw.scheduling.calls._schedulers import RoundRobinScheduler, Scheduler
@@ -67,6 +68,8 @@ class GatewayService:
         access: AccessLog | None = None,
         shm: ShmConfig | None = None,
         measured: MeasuredCounters | None = None,
+        cold: ColdPath | None = None,
+        forecast: Forecast | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -80,11 +83,12 @@ class GatewayService:
             Ledger(max_concurrent_requests, max_requests_per_worker, self.scheduler.release),
             metrics,
             max_queue_seconds,
+            forecast,
         )
         #: Admitted calls, and the calls each worker holds.
         self.ledger = self.admission.ledger
         self.queue = self.admission.queue
-        self.resolver = Resolver(prober.discovery, prober.capabilities)
+        self.resolver = Resolver(prober.discovery, prober.capabilities, cold)
         #: Which worker holds each live sequence of a stateful model.
         self.sequences = SequenceTable()
         self.infer = InferProxy(

@@ -101,7 +101,9 @@ class StreamProxy:
             model, sequence = peek_routing(body)
             if not model:
                 raise GrpcError(StatusCode.INVALID_ARGUMENT, "model_name is empty")
-            replicas = await self.resolver.resolve(model, Method.MODEL_STREAM_INFER)
+            replicas = await self.resolver.resolve(
+                model, Method.MODEL_STREAM_INFER, stream.call.deadline
+            )
             if regions:
                 replicas = self.resolver.holding(replicas, regions)
             self.scheduler.arrived(model)

@@ -181,7 +181,7 @@ class MetaPoller:
                 self.sources[url] = CounterSource.GATEWAY
             models = repositories.get(url)
             if url in polled and isinstance(models, tuple):
-                placeable[url] = self._placeable(polled[url], models)
+                placeable[url] = self._placeable(url, polled[url], models)
         return polled, placeable
 
     async def _repository_models(self, url: str) -> tuple[str, ...] | None:
@@ -194,22 +194,30 @@ class MetaPoller:
         handed = self.repository.models
         return tuple(sorted({m.name for m in result.reply.models if m.name in handed}))
 
-    def _placeable(self, counters: WorkerCounters, models: Sequence[str]) -> WorkerCounters:
+    def weight_of(self, model: str) -> int:
+        """A handed model's weight in bytes: what a worker's statistics reported
+        (`memory_usage`, the largest seen), else `repository.weight_bytes`, else
+        `repository.default_weight_bytes`."""
+        repository = self.repository
+        return self._weights.get(model) or repository.weight_bytes.get(
+            model, repository.default_weight_bytes
+        )
+
+    def _placeable(
+        self, url: str, counters: WorkerCounters, models: Sequence[str]
+    ) -> WorkerCounters:
         """A loadable worker's counters as the packer takes them: every handed model
         its repository has (zeros for one not loaded), weighed as configured or as last
         reported, against the configured budget."""
-        configured = self.repository.weight_bytes
         placed: dict[str, ModelCounters] = {}
         for model in models:
             each = counters.models.get(model, _NOTHING)
-            reported = self._weights.get(model, 0)
-            if each.weight_nbytes > reported:
-                reported = self._weights[model] = each.weight_nbytes
-            weight = configured.get(model, reported)
-            placed[model] = dataclasses.replace(each, weight_nbytes=weight)
+            if each.weight_nbytes > self._weights.get(model, 0):
+                self._weights[model] = each.weight_nbytes
+            placed[model] = dataclasses.replace(each, weight_nbytes=self.weight_of(model))
         return WorkerCounters(
             models=MappingProxyType(placed),
-            weight_cache_max_bytes=self.repository.worker_budget_bytes,
+            weight_cache_max_bytes=self.repository.budget_of(self._pool.label(url), url),
             discipline=counters.discipline,
         )
 

@@ -91,6 +91,8 @@ class ModelDiscovery:
         self._generation = 0
         #: model -> set when its on-demand lookup ends.
         self._looking_up: dict[str, trio.Event] = {}
+        #: (model, worker) pairs being unloaded: out of the table whatever a read says.
+        self._unloading: set[tuple[str, str]] = set()
 
     # -- the table -------------------------------------------------------------------
 
@@ -98,6 +100,18 @@ class ModelDiscovery:
         """Take `url` out of routing now (ejected, or gone)."""
         self._generation += 1
         self._swap(self.table.without(url, self._generation))
+
+    def unloading(self, model: str, url: str) -> None:
+        """Take `url` out of `model`'s replicas now and until `unloaded`: it is about to
+        unload the model, and a discovery that read its index before must not put it
+        back (a call routed there would find the model gone)."""
+        self._unloading.add((model, url))
+        self._generation += 1
+        self._swap(self.table.without_copy(model, url, self._generation))
+
+    def unloaded(self, model: str, url: str) -> None:
+        """The unload of `model` on `url` has answered: discovery says again."""
+        self._unloading.discard((model, url))
 
     def _swap(self, table: RoutingTable) -> None:
         if dict(table.models) != dict(self.table.models):
@@ -156,6 +170,9 @@ class ModelDiscovery:
                 found = await self._ask_ready(unindexed, self.lookups.candidates(now))
                 self.lookups.seen({m for models in found.values() for m in models}, now)
                 served.update(found)
+            for model, url in self._unloading:
+                if url in served:
+                    served[url] = [m for m in served[url] if m != model]
             self._generation += 1
             self._swap(build_routing_table(served, self._pool.urls, self._generation))
             self._discovered = number

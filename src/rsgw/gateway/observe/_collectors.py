@@ -262,3 +262,31 @@ class ScalarGauge(Collector):
 class ScalarCounter(ScalarGauge):
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(self._name, self._doc, value=self._read())
+
+
+class ResidencySeries(Collector):
+    """`gateway_worker_resident_bytes` and `gateway_worker_budget_bytes` (issue 49)."""
+
+    def __init__(
+        self, read: Callable[[], Mapping[str, tuple[int, int]]], label: Callable[[str], str]
+    ) -> None:
+        self._read = read
+        self._label = label
+
+    def collect(self) -> Iterator[Metric]:
+        resident = GaugeMetricFamily(
+            "gateway_worker_resident_bytes",
+            "Bytes of handed models the worker holds (loading and unloading included), "
+            "as the gateway counts them against its budget.",
+            labels=["worker"],
+        )
+        budget = GaugeMetricFamily(
+            "gateway_worker_budget_bytes",
+            "The worker's budget for handed models' weights (0: unbounded).",
+            labels=["worker"],
+        )
+        for url, (used, limit) in sorted(self._read().items()):
+            resident.add_metric([self._label(url)], used)
+            budget.add_metric([self._label(url)], limit)
+        yield resident
+        yield budget

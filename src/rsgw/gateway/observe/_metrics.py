@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
 
 from rsgw.base._methods import METHODS_BY_PATH
@@ -26,6 +26,7 @@ from rsgw.gateway.observe._collectors import (
     InflightWorkSeries,
     PackingSeries,
     PackingView,
+    ResidencySeries,
     ScalarCounter,
     ScalarGauge,
     UploadSeries,
@@ -170,6 +171,39 @@ class GatewayMetrics:
         )
         for action in ("load", "unload"):
             self.placement_actions.labels(action)
+        self.residency_changes = Counter(
+            "gateway_residency_changes",
+            "Models loaded on or unloaded from a worker by the gateway, by why: demand "
+            "(a call for a cold model), eviction (room made for one), repack (a "
+            "placement), operator (a repack an operator asked for), startup (the "
+            "first placement).",
+            ["action", "reason"],
+            registry=r,
+        )
+        for action in ("load", "unload"):
+            for why in ("demand", "eviction", "repack", "operator", "startup"):
+                self.residency_changes.labels(action, why)
+        self.cold_starts = Counter(
+            "gateway_cold_starts",
+            "Calls that found their model loaded nowhere and waited for its load, by "
+            "outcome: served, or refused (its deadline could not cover the load, or no "
+            "worker could make room).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("served", "refused"):
+            self.cold_starts.labels(outcome)
+        self.cold_start_wait = Histogram(
+            "gateway_cold_start_wait_seconds",
+            "How long calls for a cold model waited for its load (room made first).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+
+    def track_residency(self, read: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        """Export each controlled worker's resident bytes of handed models against its
+        budget, read at scrape time."""
+        self.registry.register(ResidencySeries(read, self.worker_label))
 
     def track_inflight(self, read: Callable[[], int]) -> None:
         """Export `gateway_inflight_requests`, read at scrape time (cap enabled only)."""

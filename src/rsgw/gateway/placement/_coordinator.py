@@ -91,6 +91,8 @@ class Placing(Protocol):
 
     def follow(self, assignment: Mapping[str, Placement]) -> None: ...
 
+    def load_on_demand(self, model: str) -> None: ...
+
 
 def default_member(grpc_port: int) -> str:
     """A gateway's name among the coordinating ones when none is configured."""
@@ -182,6 +184,12 @@ class Coordinator:
             completed = True
         return RepackWait(asked_at, self.view.epoch, completed, trio.current_time() - started)
 
+    async def ask_load(self, model: str) -> None:
+        """A call on this follower found `model` cold: have the placer load it (the
+        caller then waits for it to appear in this gateway's routing table)."""
+        etcd = self._require()
+        await etcd.put(self.keys.loads + model.encode(), self.member.encode(), lease=self._lease)
+
     async def resign(self) -> None:
         """This gateway is stopping: end its lease, so its keys go now and another
         gateway places at once rather than after the lease's TTL."""
@@ -253,6 +261,7 @@ class Coordinator:
                 nursery.start_soon(self._publish_placements, etcd)
                 nursery.start_soon(self._apply_changes, etcd)
                 nursery.start_soon(self._serve_repacks, etcd)
+                nursery.start_soon(self._serve_loads, etcd)
         except BaseExceptionGroup as group:  # the first failure says why the session ended
             raise _first(group) from None
 
@@ -429,6 +438,15 @@ class Coordinator:
                     # The asker wrote its demand first: read it, so the repack counts it.
                     self._reports = await self._read_demand(etcd)
                     self._packing.request_repack_now()
+
+    async def _serve_loads(self, etcd: Etcd) -> None:
+        """The placer loads a cold model a follower's call asked for (`loads/`)."""
+        _, revision = await etcd.get_prefix(self.keys.loads)
+        async with etcd.watch(self.keys.loads, prefix=True, start_revision=revision + 1) as events:
+            async for event in events:
+                if event.type == epb.Event.PUT and self._placing:
+                    model = event.kv.key[len(self.keys.loads) :].decode("utf-8", "replace")
+                    self._packing.load_on_demand(model)
 
     # -- the view ----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ workers), only the elected placer repacks, loads, unloads and compacts; the othe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -38,26 +39,23 @@ from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.base._errors import GrpcError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
-from rsgw.base._values import human_bytes
 from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.gateway.fleet._meta_poll import MetaPoller
 from rsgw.gateway.fleet._pool import WorkerPool, fan_out
 from rsgw.gateway.fleet._prober import Prober
 from rsgw.gateway.observe._collectors import PackingView
 from rsgw.gateway.observe._metrics import GatewayMetrics
+from rsgw.gateway.placement._cold_starts import ColdStarts
 from rsgw.gateway.placement._latest import Latest
 from rsgw.gateway.placement._preconditions import NO_CONTROL_PLANE, await_fleet
+from rsgw.gateway.placement._repack_log import log_repack, log_settings
 from rsgw.gateway.placement._repository_placer import RepositoryPlacer
 from rsgw.scheduling.calls._meta import RoutingMeta, RoutingMetaTracker, WorkerCounters
 from rsgw.scheduling.fleet._capabilities import Capability
-from rsgw.scheduling.knobs._knobs import FillMode
-from rsgw.scheduling.knobs._policy import PARKING_WARNING
 from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._placement import Placement
 from rsgw.scheduling.placement._reports import (
-    DRIFT_WARNING,
-    OVERSUBSCRIPTION_WARNING,
     CompactionPlan,
     PollSummary,
     RepackReport,
@@ -114,11 +112,18 @@ class Packing:
         startup_wait: float,
         repository: RepositoryConfig | None = None,
         coordinate: Callable[[Packing], Coordinator] | None = None,
+        on_loading: Callable[[str], None] = lambda url: None,
     ) -> None:
         self.scheduler = scheduler
         #: Carries out placements on workers placed by loading and unloading models.
         self.placer = RepositoryPlacer(
-            repository or RepositoryConfig(), scheduler, pool, prober, metrics
+            repository or RepositoryConfig(),
+            scheduler,
+            pool,
+            prober,
+            metrics,
+            poller.weight_of,
+            on_loading,
         )
         #: The metadata poller (it posts to `polls`), which reads the workers placed by
         #: load and unload at start-up too.
@@ -147,6 +152,16 @@ class Packing:
         self.coordination = None if coordinate is None else coordinate(self)
         #: The placement another gateway published, while this one follows it.
         self._followed: Mapping[str, Placement] | None = None
+        #: The cold path: a handed model loaded nowhere is loaded when a call asks.
+        self.cold = ColdStarts(
+            self.placer,
+            self.packer,
+            prober.discovery,
+            metrics,
+            may_place=lambda: self.coordination is None or self.coordination.may_place(),
+            ask=None if self.coordination is None else self.coordination.ask_load,
+        )
+        metrics.track_residency(self._residency_bytes)
 
     @property
     def knobs(self) -> SchedulingConfig:
@@ -195,9 +210,11 @@ class Packing:
             await self._prober.discovery.refresh()
         meta = self._tracker.refresh(polled)
         self.scheduler.meta_refreshed(meta)
-        summary = summarize_poll(placeable, fleet_compute=meta.fleet_compute_seconds)
+        summary = self._with_residency(
+            summarize_poll(placeable, fleet_compute=meta.fleet_compute_seconds)
+        )
         knobs = self.knobs
-        self._log_settings(knobs)
+        log_settings(knobs, len(self._pool.urls))
         self.scheduler.polled(summary)
         report = self.packer.repack(summary, knobs, trio.current_time(), "startup")
         coordination = self.coordination
@@ -209,6 +226,17 @@ class Packing:
                 self._export(report.assignment)
             return
         self._installed(report, knobs)
+
+    def _with_residency(self, poll: PollSummary) -> PollSummary:
+        """`poll` with what the budgeted workers hold, so the repack fits their budgets."""
+        if not self.placer.handed:
+            return poll
+        facts = self.placer.synced().facts(self.packer.rates(), trio.current_time())
+        return dataclasses.replace(poll, residency=facts) if facts.workers else poll
+
+    def _residency_bytes(self) -> Mapping[str, tuple[int, int]]:
+        ledger = self.placer.ledger
+        return {url: (ledger.used(url), ledger.budget(url)) for url in self._pool.urls}
 
     def _log_unplaced(self, lacking: Sequence[str], placeable: Mapping[str, object]) -> None:
         """Say which workers without the control plane are placed by load and unload,
@@ -244,32 +272,6 @@ class Packing:
                 },
             )
 
-    def _log_settings(self, knobs: SchedulingConfig) -> None:
-        logger.info(
-            "lpt_packing: scheduling",
-            extra={
-                "workers": len(self._pool.urls),
-                "rebalance_compute_seconds": knobs.rebalance_compute_seconds,
-                "first_rebalance_compute_seconds": knobs.first_rebalance_compute_seconds,
-                "hysteresis": knobs.hysteresis,
-                "ema_halflife_compute_seconds": knobs.resolved_ema_halflife,
-                "default_replicas": str(knobs.default_replicas),
-                "routing_policy": str(knobs.routing_policy),
-                "routing_fill_mode": str(knobs.routing_fill_mode),
-                "routing_fill_factor": knobs.routing_fill_factor,
-                "work_basis": str(knobs.work_basis),
-                "compaction_mode": str(knobs.compaction_mode),
-                "compaction_interval": knobs.compaction_interval,
-                "forbid_memory_oversubscription": knobs.forbid_memory_oversubscription,
-                "max_worker_share": knobs.max_worker_share,
-            },
-        )
-        if knobs.routing_fill_mode is FillMode.INFLIGHT:
-            logger.warning(PARKING_WARNING, extra={"scope": "fleet default"})
-        parked = sorted(m for m, o in knobs.models.items() if o.fill_mode is FillMode.INFLIGHT)
-        if parked:
-            logger.warning(PARKING_WARNING, extra={"scope": "per-model override", "models": parked})
-
     # -- the repack loop ----------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -280,6 +282,7 @@ class Packing:
         """
         async with trio.open_nursery() as compactions:
             await compactions.start(self.placer.serve)
+            await compactions.start(self.cold.serve)
             task_status.started()
             while True:
                 mail = await self._polls.take()
@@ -309,6 +312,7 @@ class Packing:
                 return None
             if coordination is not None:
                 coordination.before_tick()
+            poll = self._with_residency(poll)
             outcome = self.packer.tick(poll, knobs, sorted(ready), trio.current_time())
             if outcome.repack is not None:
                 self._installed(outcome.repack, knobs)
@@ -337,52 +341,13 @@ class Packing:
     def _installed(self, report: RepackReport, knobs: SchedulingConfig) -> None:
         """A repack ran: put its assignment in force, export it, and say so."""
         self._followed = None
-        self.placer.place(report.assignment)
+        reason = report.trigger if report.trigger in ("operator", "startup") else "repack"
+        self.placer.place(report.assignment, reason)
         if self.coordination is not None:
             self.coordination.placed(report)
         self._export(report.assignment)
         self._repacks.labels(report.trigger).inc()
-        log = report.log
-        logger.info(
-            "lpt_packing: repack",
-            extra={
-                "trigger": report.trigger,
-                "models": log.models,
-                "moved": log.moved,
-                "held_by_hysteresis": log.held_by_hysteresis,
-                "max_improvement": log.max_improvement,
-                "hysteresis": log.hysteresis,
-                "compute_seconds": log.compute_seconds,
-                "wall_seconds": log.wall_seconds,
-            },
-        )
-        label = self._pool.label
-        for drift in report.drift_warnings:
-            logger.warning(
-                DRIFT_WARNING,
-                extra={
-                    "model": drift.model,
-                    "replicas": [label(u) for u in drift.replicas],
-                    "ready": drift.ready,
-                },
-            )
-        for over in report.oversubscribed:
-            logger.warning(
-                OVERSUBSCRIPTION_WARNING,
-                extra={
-                    "worker": label(over.worker),
-                    "assigned": over.assigned,
-                    "budget": over.budget,
-                    "assigned_human": human_bytes(over.assigned),
-                    "budget_human": human_bytes(over.budget),
-                },
-            )
-        if report.over_budget_models:
-            logger.warning(
-                "lpt_packing: no worker has room for these models' weights; placed them "
-                "anyway (forbid_memory_oversubscription could not be honoured)",
-                extra={"models": list(report.over_budget_models)},
-            )
+        log_repack(report, self._pool.label)
 
     async def _compact(self, plan: CompactionPlan) -> None:
         """CompactMemory on each changed worker, concurrently (docs/original.md §4.6.5)."""
@@ -441,6 +406,10 @@ class Packing:
         completed = self.packer.repack_completed
         done = completed >= sequence and (carried or not self.placer.handed)
         return RepackWait(sequence, completed, done, trio.current_time() - started)
+
+    def load_on_demand(self, model: str) -> None:
+        """Another gateway's call asked for `model`, cold (coordination): load it."""
+        self.cold.request(model)
 
     def request_repack_now(self) -> None:
         """Ask for a repack on the next tick without waiting for it (a worker joined

@@ -8,15 +8,23 @@ I/O they ask for, for the workers placed through Triton's repository extension
 * `place` (synchronous, from the packing shell, for every repack): route by what is
   loaded now, and post the move for the loop; a newer placement replaces one not yet
   begun.
-* `serve`, one move at a time: RepositoryModelLoad on the new holders (concurrently,
-  each within `load_timeout_seconds`), a rediscovery so routing sees them, the settled
-  placement installed; then each worker leaving a model's placement is drained of the
-  calls it holds for it (for at most `drain_seconds`), RepositoryModelUnload there,
-  and a rediscovery. A move is abandoned before its unloads if a newer placement has
-  arrived: the newer one decides from what is loaded then.
+* `serve`, one move at a time: room first (issue 49): on a worker a load goes to
+  where the load would not fit its budget, copies leaving that worker are unloaded
+  before it (the ones loaded elsewhere too first); then RepositoryModelLoad on the
+  new holders (concurrently, each within `load_timeout_seconds`), a rediscovery so
+  routing sees them, the settled placement installed; then each worker leaving a
+  model's placement is drained of the calls it holds for it (for at most
+  `drain_seconds`), RepositoryModelUnload there, and a rediscovery. A move is
+  abandoned before its unloads if a newer placement has arrived: the newer one
+  decides from what is loaded then.
 
-A call that reaches a worker just as it unloads the model (a failover onto it, say)
-is answered UNAVAILABLE there and fails over like any other.
+Every load and unload is counted in the `MemoryLedger` from when it is asked until it
+has answered, and a load is asked only once the ledger has taken it within the
+worker's budget: no worker is ever asked to hold more than its budget, during a move
+as after it. A copy about to be unloaded leaves routing first (and the routing table,
+whatever a discovery read before says), so no call is sent to a worker that is
+unloading the model; one that a model's last copy leaves is held by the cold path
+(`rsgw.gateway.placement._cold_starts`) until a load lands.
 """
 
 from __future__ import annotations
@@ -34,9 +42,16 @@ from rsgw.gateway.fleet._pool import WorkerPool
 from rsgw.gateway.fleet._prober import Prober
 from rsgw.gateway.observe._metrics import GatewayMetrics
 from rsgw.gateway.placement._latest import Latest
+from rsgw.gateway.placement._memory_ledger import CopyState, MemoryLedger
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._placement import Placement
-from rsgw.scheduling.placement._repository_moves import MovePlan, Pair, plan_moves, settle
+from rsgw.scheduling.placement._repository_moves import (
+    MovePlan,
+    Pair,
+    plan_moves,
+    settle,
+    uniform,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +69,8 @@ class RepositoryPlacer:
         pool: WorkerPool,
         prober: Prober,
         metrics: GatewayMetrics,
+        weight: Callable[[str], int],
+        on_loading: Callable[[str], None] = lambda url: None,
     ) -> None:
         self.handed = frozenset(config.models)
         self._config = config
@@ -61,7 +78,11 @@ class RepositoryPlacer:
         self._pool = pool
         self._prober = prober
         self._metrics = metrics
-        self._mail: Latest[tuple[int, MovePlan]] = Latest()
+        self.ledger = MemoryLedger(config, weight, pool.label)
+        #: Told of each worker as a load there begins and ends (the admission
+        #: forecast measures it afresh: the calls behind a load are no measure).
+        self._on_loading = on_loading
+        self._mail: Latest[tuple[int, MovePlan, str]] = Latest()
         #: (model, worker) pairs routing left -> their calls in flight, until unloaded
         #: there (bounded by the handed models times the workers).
         self._leaving: dict[Pair, Callable[[], int]] = {}
@@ -71,24 +92,45 @@ class RepositoryPlacer:
         self.carried = 0
         self._moved = trio.Event()
 
-    def _controlled(self) -> frozenset[str]:
+    @property
+    def min_residency_seconds(self) -> float:
+        return self._config.min_residency_seconds
+
+    @property
+    def load_timeout_seconds(self) -> float:
+        return self._config.load_timeout_seconds
+
+    def label(self, url: str) -> str:
+        return self._pool.label(url)
+
+    def controlled(self) -> frozenset[str]:
+        """The workers placed by loading and unloading models."""
         return frozenset(self._prober.capabilities.table.loadable(self._pool.urls))
 
     def _loaded(self) -> Mapping[str, tuple[str, ...]]:
         table = self._prober.discovery.table
         return {model: table.replicas(model) for model in self.handed}
 
-    def place(self, target: Mapping[str, Placement]) -> None:
+    def synced(self) -> MemoryLedger:
+        """The ledger, made to agree with what the workers report now."""
+        self.ledger.sync(self.controlled(), self._prober.discovery.table.replicas)
+        return self.ledger
+
+    def in_flight(self, model: str, url: str) -> int:
+        """Calls for `model` on `url` not yet answered (0 unless it is routed there)."""
+        return self._scheduler.router.pending(((model, url),))()
+
+    def place(self, target: Mapping[str, Placement], reason: str = "repack") -> None:
         """A repack decided `target`: route by what its loads allow, and post the move."""
         if not self.handed:
             self._scheduler.install(target)
             return
         routing = self._scheduler.routing
-        plan = plan_moves(target, routing, self.handed, self._controlled(), self._loaded())
+        plan = plan_moves(target, routing, self.handed, self.controlled(), self._loaded())
         self._watch_leaving(routing, plan.routing)
         self._scheduler.install(plan.routing)
         self.posted += 1
-        self._mail.post((self.posted, plan))
+        self._mail.post((self.posted, plan, reason))
 
     def follow(self, target: Mapping[str, Placement]) -> None:
         """Another gateway places (coordination): route by what `target`'s loads allow
@@ -98,7 +140,7 @@ class RepositoryPlacer:
             self._scheduler.install(target)
             return
         routing = self._scheduler.routing
-        plan = plan_moves(target, routing, self.handed, self._controlled(), self._loaded())
+        plan = plan_moves(target, routing, self.handed, self.controlled(), self._loaded())
         if plan.routing != routing:
             self._scheduler.install(plan.routing)
 
@@ -126,6 +168,14 @@ class RepositoryPlacer:
                 if (staying is None or url not in staying.urls) and pair not in self._leaving:
                     self._leaving[pair] = router.pending((pair,))
 
+    def route_with(self, model: str, url: str) -> None:
+        """Route `model` to `url` too (a load on demand landed there)."""
+        routing = dict(self._scheduler.routing)
+        before = routing.get(model)
+        routing[model] = uniform({url, *(before.urls if before is not None else ())})
+        self._scheduler.install(routing)
+        self._scheduler.packer.placed_on_demand(model, routing[model])
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Carry out the posted moves, the latest first-come, until cancelled."""
         task_status.started()
@@ -136,28 +186,24 @@ class RepositoryPlacer:
             except Exception:  # a bug in one move must not stop placing
                 logger.exception("lpt_packing: placement move failed; routing as it stands")
 
-    async def _move(self, number: int, plan: MovePlan) -> None:
+    async def _move(self, number: int, plan: MovePlan, reason: str) -> None:
         discovery = self._prober.discovery
-        failed = await self._act(Method.REPOSITORY_MODEL_LOAD, plan.loads)
+        ledger = self.synced()
+        loads, refused = await self._reserve(plan, reason)
+        failed = refused | await self.act(Method.REPOSITORY_MODEL_LOAD, loads, reason)
         if plan.loads:
             await discovery.rediscover()
         if self._mail.pending:
             return  # a newer placement: it decides from what is loaded now
-        settled = settle(plan, self.handed, self._controlled(), self._loaded(), failed)
+        settled = settle(plan, self.handed, self.controlled(), self._loaded(), failed)
         self._watch_leaving(self._scheduler.routing, settled.routing)
         self._scheduler.install(settled.routing)
         watched = [self._leaving[pair] for pair in settled.unloads if pair in self._leaving]
-        with trio.move_on_after(self._config.drain_seconds):
-            # Polled: the request path releases its counts and must not pay for a wake-up.
-            while any(held() > 0 for held in watched):  # noqa: ASYNC110
-                await trio.sleep(DRAIN_POLL_INTERVAL)
+        await self._drain(watched)
         if self._mail.pending:
             return
-        for pair in settled.unloads:
-            self._leaving.pop(pair, None)
-        unload_failed = await self._act(Method.REPOSITORY_MODEL_UNLOAD, settled.unloads)
-        if settled.unloads:
-            await discovery.rediscover()
+        unloads = tuple(p for p in settled.unloads if ledger.begin_unload(*p))
+        unload_failed = await self.unload(unloads, reason)
         self.carried = number
         moved, self._moved = self._moved, trio.Event()
         moved.set()
@@ -168,18 +214,119 @@ class RepositoryPlacer:
                 extra={
                     "loaded": [f"{m}@{label(u)}" for m, u in plan.loads if (m, u) not in failed],
                     "unloaded": [
-                        f"{m}@{label(u)}" for m, u in settled.unloads if (m, u) not in unload_failed
+                        f"{m}@{label(u)}" for m, u in unloads if (m, u) not in unload_failed
                     ],
                     "failed": [f"{m}@{label(u)}" for m, u in sorted(failed | unload_failed)],
                 },
             )
 
-    async def _act(self, method: Method, pairs: tuple[Pair, ...]) -> set[Pair]:
-        """`method` (RepositoryModelLoad or Unload) on every pair at once; the failed ones."""
+    async def _reserve(self, plan: MovePlan, reason: str) -> tuple[tuple[Pair, ...], set[Pair]]:
+        """Take each of `plan`'s loads in the ledger, making room first where it does not
+        fit (one worker at a time, under that worker's room lock); the loads taken, and
+        the ones no room could be made for."""
+        ledger = self.ledger
+        by_worker: dict[str, list[str]] = {}
+        for model, url in plan.loads:
+            by_worker.setdefault(url, []).append(model)
+        taken: list[Pair] = []
+        refused: set[Pair] = set()
+        for url in sorted(by_worker):
+            models = by_worker[url]
+            async with ledger.room(url):
+                short = sum(ledger.weight(m) for m in models) - ledger.free(url)
+                if short > 0:
+                    await self.evict(self._leaving_for_room(url, plan, short), reason)
+                for model in models:
+                    if ledger.begin_load(model, url):
+                        taken.append((model, url))
+                    else:
+                        refused.add((model, url))
+        for model, url in sorted(refused):
+            self._metrics.repack_failures.labels("load").inc()
+            logger.warning(
+                "lpt_packing: no room for a placed model on its worker; it stays where it is",
+                extra={
+                    "model": model,
+                    "worker": self._pool.label(url),
+                    "free_bytes": ledger.free(url),
+                    "weight_bytes": ledger.weight(model),
+                },
+            )
+        return tuple(taken), refused
+
+    def _leaving_for_room(self, url: str, plan: MovePlan, short: float) -> list[Pair]:
+        """The copies on `url` the new placement moves away, enough to free `short`
+        bytes: first those loaded elsewhere too (their calls go there), then those the
+        placement leaves cold, by name."""
+        ledger = self.ledger
+        leaving = [
+            model
+            for model, state in ledger.copies(url).items()
+            if state is CopyState.RESIDENT
+            and (model not in plan.target or url not in plan.target[model].urls)
+        ]
+        leaving.sort(key=lambda m: (len(ledger.resident(m)) < 2, m in plan.target, m))
+        chosen: list[Pair] = []
+        for model in leaving:
+            if short <= 0:
+                break
+            chosen.append((model, url))
+            short -= ledger.weight(model)
+        return chosen
+
+    async def evict(self, pairs: list[Pair], reason: str) -> set[Pair]:
+        """Unload `pairs` now: out of routing and the routing table first, drained of
+        their calls, then unloaded; the ones that failed."""
+        ledger = self.ledger
+        pairs = [pair for pair in pairs if ledger.begin_unload(*pair)]
+        if not pairs:
+            return set()
+        routing = dict(self._scheduler.routing)
+        for model, url in pairs:
+            placement = routing.get(model)
+            if placement is not None and url in placement.urls:
+                rest = [u for u in placement.urls if u != url]
+                if rest:
+                    routing[model] = uniform(rest)
+                else:
+                    del routing[model]
+        self._watch_leaving(self._scheduler.routing, routing)
+        self._scheduler.install(routing)
+        for model, url in pairs:
+            self._prober.discovery.unloading(model, url)
+        await self._drain([self._leaving[p] for p in pairs if p in self._leaving])
+        return await self.unload(tuple(pairs), reason)
+
+    async def _drain(self, watched: list[Callable[[], int]]) -> None:
+        with trio.move_on_after(self._config.drain_seconds):
+            # Polled: the request path releases its counts and must not pay for a wake-up.
+            while any(held() > 0 for held in watched):  # noqa: ASYNC110
+                await trio.sleep(DRAIN_POLL_INTERVAL)
+
+    async def unload(self, pairs: tuple[Pair, ...], reason: str) -> set[Pair]:
+        """RepositoryModelUnload on `pairs` (each begun in the ledger), then a
+        rediscovery; the ones that failed."""
+        if not pairs:
+            return set()
+        for pair in pairs:
+            self._leaving.pop(pair, None)
+            self._prober.discovery.unloading(*pair)
+        try:
+            failed = await self.act(Method.REPOSITORY_MODEL_UNLOAD, pairs, reason)
+        finally:
+            for pair in pairs:
+                self._prober.discovery.unloaded(*pair)
+        await self._prober.discovery.rediscover()
+        return failed
+
+    async def act(self, method: Method, pairs: tuple[Pair, ...], reason: str) -> set[Pair]:
+        """`method` (RepositoryModelLoad or Unload) on every pair at once, each already
+        begun in the ledger and ended there as it answers; the failed ones."""
         load = method is Method.REPOSITORY_MODEL_LOAD
         action = "load" if load else "unload"
         deadline = trio.current_time() + self._config.load_timeout_seconds
         failed: set[Pair] = set()
+        ledger = self.ledger
 
         async def one(model: str, url: str) -> None:
             request = (
@@ -187,10 +334,15 @@ class RepositoryPlacer:
                 if load
                 else pb.RepositoryModelUnloadRequest(model_name=model)
             )
+            started = trio.current_time()
+            done = False
+            if load:
+                self._on_loading(url)
             try:
                 await self._pool.channels[url].unary(
                     method.wire, request.SerializeToString(), deadline=deadline
                 )
+                done = True
             except RsgwError as exc:
                 failed.add((model, url))
                 self._metrics.repack_failures.labels(action).inc()
@@ -205,9 +357,28 @@ class RepositoryPlacer:
                 )
             else:
                 self._metrics.placement_actions.labels(action).inc()
+                self._metrics.residency_changes.labels(action, reason).inc()
+            finally:
+                now = trio.current_time()
+                if load:
+                    self._on_loading(url)
+                    ledger.end_load(
+                        model,
+                        url,
+                        loaded=done,
+                        now=now,
+                        seconds=now - started,
+                        protected=reason != "startup",
+                    )
+                else:
+                    ledger.end_unload(model, url, unloaded=done)
 
         async with trio.open_nursery() as nursery:
             for model, url in pairs:
                 if url in self._pool.channels:  # not one that left meanwhile
                     nursery.start_soon(one, model, url)
+                elif load:
+                    ledger.end_load(model, url, loaded=False, now=0.0, seconds=0.0)
+                else:
+                    ledger.end_unload(model, url, unloaded=False)
         return failed

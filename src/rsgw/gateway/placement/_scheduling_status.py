@@ -12,6 +12,7 @@ import time
 import trio
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
+from rsgw.gateway.placement._memory_ledger import MemoryLedger
 from rsgw.gateway.placement._packing import Packing
 from rsgw.scheduling.knobs._knobs import ALL, FillMode, SchedulingMode
 from rsgw.scheduling.knobs._policy import PARKING_WARNING, memory_projection, replicas_to_wire
@@ -115,7 +116,8 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
     routed = scheduler.router.routed()
     mem = report.mem if report is not None else {}
     models = []
-    for name in sorted({*assignment, *knobs.models, *scheduler.max_batch}):
+    ledger = packing.placer.synced()
+    for name in sorted({*assignment, *knobs.models, *scheduler.max_batch, *ledger.handed}):
         placement = assignment.get(name)
         override = knobs.models.get(name)
         plan = scheduler.plans.get(name)
@@ -144,6 +146,7 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
                 weight_nbytes=round(mem.get(name, 0)),
                 placed=placement is not None,
                 drifted=report is not None and name in report.drifted,
+                residency=_residency(ledger, name),
             )
         )
     ready = ready_set(packing)
@@ -154,7 +157,7 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
             hosted.setdefault(url, []).append(name)
     loads = scheduler.loads()
     workers = []
-    for url in sorted({*budgets, *hosted, *ready}):
+    for url in sorted({*budgets, *hosted, *ready, *ledger.workers()}):
         assigned = sum(mem.get(m, 0) for m in hosted.get(url, ()))
         budget = budgets.get(url, 0)
         workers.append(
@@ -166,6 +169,7 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
                 assigned_weight_bytes=assigned,
                 weight_budget_bytes=budget,
                 oversubscribed=budget > 0 and assigned > budget,
+                resident_weight_bytes=ledger.used(url),
             )
         )
     warnings = []
@@ -184,6 +188,15 @@ def status_of(packing: Packing) -> cpb.GetSchedulingStatusResponse:
         workers=workers,
         warnings=sorted(warnings),
     )
+
+
+def _residency(ledger: MemoryLedger, model: str) -> str:
+    """ "resident", "loading" or "cold" for a handed model; "" for the others."""
+    if model not in ledger.handed:
+        return ""
+    if ledger.resident(model):
+        return "resident"
+    return "loading" if ledger.load_under_way(model) is not None else "cold"
 
 
 def unix_seconds(trio_time: float) -> float:

@@ -77,10 +77,12 @@ class Forecast:
     `estimates` is read on the request path: a dict lookup, no call.
     """
 
-    __slots__ = ("_workers", "estimates")
+    __slots__ = ("_reset", "_workers", "estimates")
 
     def __init__(self) -> None:
         self._workers: dict[str, _Worker] = {}
+        #: url -> when it was last reset: answers to calls sent before are not counted.
+        self._reset: dict[str, float] = {}
         #: Each measured worker's seconds per call ahead, bias included.
         self.estimates: dict[str, float] = {}
 
@@ -98,6 +100,9 @@ class Forecast:
         the `position`-th call held there; `held` still counts it."""
         worker = self._workers.get(url)
         if worker is None:
+            if self._reset and now - latency < self._reset.get(url, -math.inf):
+                return  # sent before a reset: it waited behind the load
+            self._reset.pop(url, None)
             worker = self._workers[url] = _Worker(now - latency)
         elif now - worker.last < FOLD_SECONDS and held > 1:
             worker.unfolded += 1  # folded in with the next answer that is not this close
@@ -134,6 +139,16 @@ class Forecast:
         """`url` left the fleet (a worker that returns is measured afresh)."""
         self._workers.pop(url, None)
         self.estimates.pop(url, None)
+        self._reset.pop(url, None)
+
+    def reset(self, url: str, now: float) -> None:
+        """Measure `url` afresh from now: the gateway is loading a model there (issue
+        49), and the calls that wait behind that load say nothing about how fast it
+        drains its queue once the load is done. Until its next answers, it is not
+        measured, so no call to it is refused for its queue."""
+        self._workers.pop(url, None)
+        self.estimates.pop(url, None)
+        self._reset[url] = now
 
 
 def wait_for_slot(waiting: int, cap: int, slot_seconds: float, per_call: float) -> float:

@@ -50,6 +50,14 @@ class RoutingTable:
             MappingProxyType({m: urls for m, urls in models.items() if urls}), generation
         )
 
+    def without_copy(self, model: str, url: str, generation: int) -> RoutingTable:
+        """This table with `url` no longer serving `model` (it is being unloaded there)."""
+        left = tuple(u for u in self.replicas(model) if u != url)
+        models = {m: urls for m, urls in self.models.items() if m != model}
+        if left:
+            models[model] = left
+        return RoutingTable(MappingProxyType(dict(sorted(models.items()))), generation)
+
 
 def build_routing_table(
     served: Mapping[str, Iterable[str]], worker_order: Sequence[str], generation: int

@@ -13,4 +13,5 @@ Pure. Imports `rsgw.base`, `rsgw.scheduling.knobs` and `rsgw.scheduling.calls`.
 - `_reports` what the packer takes in and hands out.
 - `_repository_moves` placing by loading and unloading: what to load, route, drain, unload.
 - `_residency` which models stay in GPU memory, and where a cold one is loaded.
+- `_budget_fit` a repack's placement cut to the workers' budgets, by value.
 """

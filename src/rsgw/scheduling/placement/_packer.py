@@ -50,6 +50,7 @@ from rsgw.scheduling.calls._meta import ewma
 from rsgw.scheduling.knobs._knobs import CompactionMode, Replicas
 from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.scheduling.placement._assignment import compute_assignment
+from rsgw.scheduling.placement._budget_fit import fit_to_budgets
 from rsgw.scheduling.placement._placement import Placement
 from rsgw.scheduling.placement._reports import (
     CompactionPlan,
@@ -152,6 +153,19 @@ class Packer:
         """A copy of the arrival counts not yet folded into the rate EWMA."""
         return MappingProxyType(dict(self._arrivals))
 
+    def demand(self, now: float) -> dict[str, float]:
+        """Each model's calls per second now: its rate EWMA, or the rate of the calls
+        counted since the last repack if that is higher (a model that just became hot
+        is valued as hot before the next repack measures it; issue 49's residency)."""
+        demand = dict(self._rate)
+        elapsed = now - self._last_rebalance if self._last_rebalance is not None else 0.0
+        if elapsed > 0:
+            for model, count in self._arrivals.items():
+                recent = count / max(elapsed, 1.0)
+                if recent > demand.get(model, 0.0):
+                    demand[model] = recent
+        return demand
+
     def rates(self) -> Mapping[str, float]:
         """A copy of the arrival-rate EWMAs (requests per wall second)."""
         return MappingProxyType(dict(self._rate))
@@ -182,6 +196,11 @@ class Packer:
         as the one in force: routing follows it, and a repack here, should this gateway
         become the placer, starts from it (hysteresis keeps what need not move)."""
         self._assignment = MappingProxyType(dict(assignment))
+
+    def placed_on_demand(self, model: str, placement: Placement) -> None:
+        """`model` was loaded on demand (issue 49) and is routed by `placement` now: the
+        next repack starts from it (hysteresis keeps it where it was loaded)."""
+        self._assignment = MappingProxyType({**self._assignment, model: placement})
 
     def request_repack(self) -> int:
         """Ask for a repack on the next tick; returns its sequence number.
@@ -296,6 +315,12 @@ class Packer:
             max_share=knobs.max_worker_share,
         )
         placed = {**result.assignment, **drifted}
+        over_budget = result.over_budget_models
+        cold: tuple[str, ...] = ()
+        if poll.residency is not None:  # models loaded on budgeted workers: cut to fit
+            fit = fit_to_budgets(placed, poll.residency, self._rate)
+            placed, cold = dict(fit.assignment), fit.cold
+            over_budget = tuple(m for m in over_budget if m not in poll.residency.handed)
         self._assignment = MappingProxyType(placed)
         self._compute_accum = 0.0
         self._last_fleet_compute = poll.fleet_compute
@@ -331,7 +356,8 @@ class Packer:
             ),
             drift_warnings=tuple(warnings),
             oversubscribed=_oversubscribed(poll, placed),
-            over_budget_models=result.over_budget_models,
+            over_budget_models=over_budget,
+            cold=cold,
         )
         self._last_report = report
         return report

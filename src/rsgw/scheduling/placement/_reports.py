@@ -15,6 +15,7 @@ from typing import Final, Literal, TypeAlias
 
 from rsgw.scheduling.calls._meta import WorkerCounters
 from rsgw.scheduling.knobs._knobs import CompactionMode
+from rsgw.scheduling.placement._budget_fit import ResidencyFacts
 from rsgw.scheduling.placement._placement import Placement
 
 Trigger: TypeAlias = Literal["startup", "compute", "operator"]
@@ -43,6 +44,8 @@ class PollSummary:
         polled: the answering workers, in poll order.
         fleet_compute: the fleet's cumulative compute-seconds (Σ of `served` compute,
             unless the caller passes its own accounting).
+        residency: where models are placed by loading them on workers with a
+            budget, what they hold (the repack's placement is cut to fit them).
     """
 
     served: Mapping[str, Mapping[str, tuple[float, int]]] = field(
@@ -55,6 +58,7 @@ class PollSummary:
     workers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     polled: tuple[str, ...] = ()
     fleet_compute: float = 0.0
+    residency: ResidencyFacts | None = None
 
 
 def summarize_poll(
@@ -146,6 +150,7 @@ class RepackReport:
         log: the repack log line's fields.
         drift_warnings / oversubscribed: warnings for the shell to log.
         over_budget_models: models placed where their weights did not fit.
+        cold: handed models the budgets left unplaced (loaded on demand).
     """
 
     now: float
@@ -168,6 +173,7 @@ class RepackReport:
     drift_warnings: tuple[DriftWarning, ...] = ()
     oversubscribed: tuple[Oversubscription, ...] = ()
     over_budget_models: tuple[str, ...] = ()
+    cold: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+#: A cold load waits for copies coming of age rather than evict one worth this many
+#: times more than they are (see `plan_cold_load`).
+WAIT_VALUE_RATIO = 4.0
 #: A load time learned from this many loads weighs the newest as 1 / this.
 LOAD_TIME_MEMORY = 4
 
@@ -138,27 +141,67 @@ def plan_cold_load(
 ) -> ColdLoad | NoRoom:
     """Where to load `model` (`size` bytes), and what to evict there first.
 
+    Copies worth no more than the model are evicted first; when only more valuable
+    ones could make room now but less valuable ones will once they come of age or
+    finish their calls, the plan is to wait for those (a tail model's load does not
+    evict a hot one to save a few seconds); only when waiting cannot help does a
+    more valuable copy go.
+
     `preferred`: workers in the packer's order of preference, for ties.
     """
     counts = copies_of(workers)
     rank = {url: i for i, url in enumerate(preferred)}
-    best: tuple[float, int, int, ColdLoad] | None = None
-    blocked_by_wait = False
-    for worker in workers:
-        if model in worker.copies:
-            continue
-        if size > worker.budget:
-            continue
-        plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds)
-        if plan is None:
-            blocked_by_wait |= _room_if_waiting(size, worker, terms, counts)
-            continue
-        key = (plan.cost, rank.get(worker.url, len(rank)), -worker.free, plan)
-        if best is None or key[:3] < best[:3]:
-            best = key
-    if best is not None:
-        return best[3]
+    incoming = terms.get(model, ModelTerms()).value
+    for ceiling in (incoming, math.inf):
+        best: tuple[float, int, int, ColdLoad] | None = None
+        blocked_by_wait = False
+        for worker in workers:
+            if model in worker.copies or size > worker.budget:
+                continue
+            plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds, ceiling)
+            if plan is None:
+                blocked_by_wait |= _room_if_waiting(size, worker, terms, counts, ceiling)
+                continue
+            key = (plan.cost, rank.get(worker.url, len(rank)), -worker.free, plan)
+            if best is None or key[:3] < best[:3]:
+                best = key
+        if best is not None:
+            plan = best[3]
+            cheaper = _cheaper_by_waiting(plan, size, workers, terms, counts)
+            if ceiling == math.inf and plan.evict and cheaper:
+                return NoRoom(model, _WAIT_FOR_CHEAPER, True)
+            return plan
+        if blocked_by_wait:
+            break  # wait for the less valuable copies rather than evict a more valuable one
     return _no_room(model, size, workers, blocked_by_wait)
+
+
+_WAIT_FOR_CHEAPER = (
+    "the copies that could make room now are worth more than ones that will come of age "
+    "or finish their calls soon"
+)
+
+
+def _cheaper_by_waiting(
+    plan: ColdLoad,
+    size: int,
+    workers: Sequence[WorkerMemory],
+    terms: Mapping[str, ModelTerms],
+    counts: Mapping[str, int],
+) -> bool:
+    """Whether room could be made, by waiting, from copies each worth a small part
+    (1 / `WAIT_VALUE_RATIO`) of the most valuable one `plan` evicts: a hot model is
+    not evicted for a tail one while tail copies are about to come of age, but copies
+    of about the same worth are not waited for (that would only slow the tail)."""
+    if not plan.evict:
+        return False
+    dearest = max(terms.get(m, ModelTerms()).value for m in plan.evict)
+    below = dearest / WAIT_VALUE_RATIO
+    return any(
+        _room_if_waiting(size, worker, terms, counts, below)
+        for worker in workers
+        if plan.model not in worker.copies and size <= worker.budget
+    )
 
 
 def _room_on(
@@ -169,16 +212,19 @@ def _room_on(
     counts: Mapping[str, int],
     now: float,
     min_residency_seconds: float,
+    ceiling: float = math.inf,
 ) -> ColdLoad | None:
     """The cheapest evictions that fit `size` on `worker` (greedy by value per byte,
-    then the ones not needed given back), or None if its evictable copies cannot."""
+    then the ones not needed given back) among copies worth at most `ceiling`, or
+    None if its evictable copies cannot."""
     need = size - worker.free
     if need <= 0:
         return ColdLoad(model, worker.url, (), 0.0)
     candidates = [
         copy
         for copy in worker.copies.values()
-        if evictable(
+        if _value(copy, terms) <= ceiling
+        and evictable(
             copy,
             terms.get(copy.model, ModelTerms()),
             counts.get(copy.model, 1),
@@ -206,13 +252,19 @@ def _room_on(
 
 
 def _room_if_waiting(
-    size: int, worker: WorkerMemory, terms: Mapping[str, ModelTerms], counts: Mapping[str, int]
+    size: int,
+    worker: WorkerMemory,
+    terms: Mapping[str, ModelTerms],
+    counts: Mapping[str, int],
+    ceiling: float = math.inf,
 ) -> bool:
-    """Whether `worker` would have room once busy and young copies may go."""
+    """Whether `worker` would have room once its busy and young copies worth at most
+    `ceiling` may go."""
     may_go = sum(
         copy.size
         for copy in worker.copies.values()
         if counts.get(copy.model, 1) - 1 >= terms.get(copy.model, ModelTerms()).min_copies
+        and _value(copy, terms) <= ceiling
     )
     return worker.free + may_go >= size
 
@@ -250,15 +302,20 @@ def over_budget(workers: Iterable[WorkerMemory]) -> list[str]:
 
 class LoadTimes:
     """Each model's load time, learned from its loads (a moving average), for the
-    cold path's promise: a call whose deadline cannot cover it is refused at once."""
+    cold path's promise: a call whose deadline cannot cover it is refused at once.
 
-    __slots__ = ("_default", "_seconds")
+    A model never loaded yet is expected to load at the pace the others did (their
+    seconds per byte, times its bytes), else in the configured default."""
+
+    __slots__ = ("_default", "_pace", "_seconds")
 
     def __init__(self, default_seconds: float) -> None:
         self._default = default_seconds
         self._seconds: dict[str, float] = {}
+        #: model -> seconds per byte of its loads (for the models not loaded yet).
+        self._pace: dict[str, float] = {}
 
-    def observe(self, model: str, seconds: float) -> None:
+    def observe(self, model: str, seconds: float, size: int = 0) -> None:
         if not math.isfinite(seconds) or seconds < 0:
             return
         known = self._seconds.get(model)
@@ -266,9 +323,16 @@ class LoadTimes:
             self._seconds[model] = seconds
         else:
             self._seconds[model] = known + (seconds - known) / LOAD_TIME_MEMORY
+        if size > 0:
+            self._pace[model] = self._seconds[model] / size
 
-    def expected(self, model: str) -> float:
-        return self._seconds.get(model, self._default)
+    def expected(self, model: str, size: int = 0) -> float:
+        known = self._seconds.get(model)
+        if known is not None:
+            return known
+        if size > 0 and self._pace:
+            return size * sum(self._pace.values()) / len(self._pace)
+        return self._default
 
     def known(self, model: str) -> bool:
         return model in self._seconds
