@@ -25,9 +25,17 @@ from rsgw.runtime._net import TCP
 from rsgw.scheduling.knobs._knobs import SchedulingMode
 from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.worker._worker import WorkerApi, WorkerConfig
+from rsgw.worker.models._catalogue import parse_catalogue
 from tests.etcd import EtcdProcess
-from tests.gateway.fleet import Fleet, gateway_config, open_fleet, start_gateway, start_worker
-from tests.helpers import infer_request, simple_inputs
+from tests.gateway.fleet import (
+    Fleet,
+    gateway_config,
+    open_fleet,
+    repository_states,
+    start_gateway,
+    start_worker,
+)
+from tests.helpers import infer_request, simple_inputs, simple_model
 
 KNOBS = SchedulingConfig(
     mode=SchedulingMode.LPT_PACKING,
@@ -95,10 +103,16 @@ def placements(status: cpb.GetSchedulingStatusResponse) -> dict[str, tuple[str, 
     return {m.name: tuple(sorted(r.worker for r in m.replicas)) for m in status.models if m.placed}
 
 
-async def two_gateways(fleet: Fleet, etcd: EtcdProcess) -> Gateways:
-    """A second gateway, gw-b, beside the fleet's own (gw-a), both coordinated."""
+async def two_gateways(
+    fleet: Fleet, etcd: EtcdProcess, repository: RepositoryConfig | None = None
+) -> Gateways:
+    """A second gateway, gw-b, beside the fleet's own (gw-a), both coordinated, with the
+    fleet's `repository` block."""
     config = gateway_config(
-        fleet.workers, scheduling=KNOBS, coordination=coordination(etcd, "gw-b")
+        fleet.workers,
+        scheduling=KNOBS,
+        coordination=coordination(etcd, "gw-b"),
+        repository=repository or RepositoryConfig(),
     )
     second = await fleet.nursery.start(functools.partial(start_gateway, config, TCP))
     return Gateways(fleet, second)
@@ -220,12 +234,7 @@ async def test_workers_placed_by_load_and_unload_are_moved_by_the_placer_only(
         repository=handed,
         coordination=coordination(etcd, "gw-a"),
     ) as fleet:
-        gw_b = coordination(etcd, "gw-b")
-        config = gateway_config(
-            fleet.workers, scheduling=KNOBS, repository=handed, coordination=gw_b
-        )
-        second = await fleet.nursery.start(functools.partial(start_gateway, config, TCP))
-        gateways = Gateways(fleet, second)
+        gateways = await two_gateways(fleet, etcd, handed)
         statuses = await gateways.settled()
         follower = gateways.follower(statuses)
 
@@ -281,3 +290,59 @@ async def placement_actions(gateway: RunningGateway) -> dict[str, float]:
             action = line.split('action="', 1)[1].split('"', 1)[0]
             found[action] = float(line.rsplit(" ", 1)[1])
     return found
+
+
+async def test_a_cold_model_called_through_the_follower_is_loaded_once_by_the_placer(
+    etcd: EtcdProcess,
+) -> None:
+    """Issue 49: three handed models, room for one on each of two workers: one is cold.
+    Eight calls for it through the follower load it once, on one worker, by the placer."""
+    models = ("m0", "m1", "m2")
+    handed = RepositoryConfig(
+        models=models,
+        default_weight_bytes=100,
+        worker_budget_bytes=100,
+        min_residency_seconds=0.0,
+    )
+    catalogue = parse_catalogue({"models": [simple_model(name=m) for m in models]}, source="t")
+    async with open_fleet(
+        2,
+        catalogues=[catalogue, catalogue],
+        worker_overrides={"api": WorkerApi.TRITON, "loaded_at_start": frozenset()},
+        scheduling=KNOBS,
+        repository=handed,
+        coordination=coordination(etcd, "gw-a"),
+    ) as fleet:
+        gateways = await two_gateways(fleet, etcd, handed)
+        statuses = await gateways.settled()
+        follower = gateways.follower(statuses)
+
+        async def holders(model: str) -> list[int]:
+            return [
+                index
+                for index in range(2)
+                if (await repository_states(fleet, index)).get(model) == "READY"
+            ]
+
+        with trio.fail_after(30):  # the start-up placement: one model on each worker
+            while len([m for m in models if await holders(m)]) != 2:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        (cold,) = [m for m in models if not await holders(m)]
+        request = infer_request(cold, simple_inputs(3)).SerializeToString()
+        call = functools.partial(gateways.channels[follower].unary, Method.MODEL_INFER.wire)
+        async with trio.open_nursery() as calls:
+            for _ in range(8):
+                calls.start_soon(call, request)
+        assert len(await holders(cold)) == 1
+        loads = [await residency_loads(g) for g in gateways.gateways]
+        assert loads[follower] == 0
+        assert loads[1 - follower] == 1
+
+
+async def residency_loads(gateway: RunningGateway) -> float:
+    """`gateway_residency_changes_total{action="load",reason="demand"}` of `gateway`."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{gateway.admin_port}/metrics")).text
+    prefix = 'gateway_residency_changes_total{action="load",reason="demand"}'
+    lines = text.splitlines()
+    return next(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))

@@ -93,6 +93,12 @@ class ModelDiscovery:
         self._looking_up: dict[str, trio.Event] = {}
         #: (model, worker) pairs being unloaded: out of the table whatever a read says.
         self._unloading: set[tuple[str, str]] = set()
+        #: worker -> (the number of the read that began it, the models its last
+        #: RepositoryIndex answer listed READY). Unlike the table, a worker whose read
+        #: failed keeps what it said before: what a GPU holds (issue 49's memory
+        #: ledger) is not forgotten for one slow answer, and the ledger can tell an
+        #: answer read before its own last load or unload from one read after.
+        self.reported: dict[str, tuple[int, frozenset[str]]] = {}
 
     # -- the table -------------------------------------------------------------------
 
@@ -100,6 +106,12 @@ class ModelDiscovery:
         """Take `url` out of routing now (ejected, or gone)."""
         self._generation += 1
         self._swap(self.table.without(url, self._generation))
+
+    @property
+    def reads_begun(self) -> int:
+        """Discovery reads begun so far (the number the next one's answers will carry
+        is one more)."""
+        return self._began
 
     def unloading(self, model: str, url: str) -> None:
         """Take `url` out of `model`'s replicas now and until `unloaded`: it is about to
@@ -159,6 +171,8 @@ class ModelDiscovery:
             table = self._capabilities.table
             indexed = table.able(urls, Method.REPOSITORY_INDEX)
             served = await self._read_indexes(indexed)
+            for url, models in served.items():
+                self.reported[url] = (number, frozenset(models))
             table = self._capabilities.table  # what the indexes' answers taught
             unindexed = [
                 url
@@ -170,6 +184,8 @@ class ModelDiscovery:
                 found = await self._ask_ready(unindexed, self.lookups.candidates(now))
                 self.lookups.seen({m for models in found.values() for m in models}, now)
                 served.update(found)
+            for url in [u for u in self.reported if u not in urls]:
+                del self.reported[url]  # left the pool
             for model, url in self._unloading:
                 if url in served:
                     served[url] = [m for m in served[url] if m != model]

@@ -245,6 +245,10 @@ class ColdStarts:
         model, url = plan.model, plan.url
         try:
             async with ledger.room(url):
+                # What the worker holds now, not at the last probe round: someone may
+                # have loaded or unloaded behind the gateway's back.
+                await self._discovery.rediscover()
+                placer.synced()
                 evicted = [(m, url) for m in plan.evict]
                 failed = await placer.evict(evicted, "eviction")
                 if failed or not ledger.begin_load(model, url):

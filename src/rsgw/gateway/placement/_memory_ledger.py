@@ -52,6 +52,8 @@ class MemoryLedger:
         config: the `repository` block (budgets, floors, load times).
         weight: a model's weight in bytes now (reported, configured or default).
         names: a worker URL's other names (its configured name), for its budget.
+        reads_begun: how many discovery reads have begun (the workers' answers are
+            numbered by the read they came from).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class MemoryLedger:
         config: RepositoryConfig,
         weight: Callable[[str], int],
         names: Callable[[str], str],
+        reads_begun: Callable[[], int] = lambda: 0,
     ) -> None:
         self.handed = frozenset(config.models)
         self._config = config
@@ -67,6 +70,10 @@ class MemoryLedger:
         self._copies: dict[str, dict[str, _Copy]] = {}
         #: model -> (set when its loads under way have ended, the workers they are on).
         self._loads: dict[str, tuple[trio.Event, set[str]]] = {}
+        #: (model, url) -> the reads begun when our last load or unload of it ended:
+        #: an answer from a read begun no later says nothing of it.
+        self._settled: dict[tuple[str, str], int] = {}
+        self._reads_begun = reads_begun
         #: url -> held by whoever makes room on that worker and takes it for a load, so
         #: the room one unload frees is not taken by another load meanwhile.
         self._rooms: dict[str, trio.Lock] = {}
@@ -177,9 +184,16 @@ class MemoryLedger:
 
     # -- following the workers ------------------------------------------------------------
 
-    def sync(self, urls: Collection[str], replicas: Callable[[str], Collection[str]]) -> None:
-        """Follow what `urls` (the controlled workers) report loaded (`replicas` of a
-        model): copies under way are left alone, the rest made to agree."""
+    def sync(
+        self,
+        urls: Collection[str],
+        reported: Mapping[str, tuple[int, frozenset[str]]],
+    ) -> None:
+        """Follow what `urls` (the controlled workers) reported loaded (`reported`:
+        url -> the number of the read its answer came from, and the models READY):
+        copies under way are left alone, and so is a copy whose load or unload ended
+        after the read that reported on it began (the answer predates it); the rest
+        are made to agree."""
         urls = set(urls)
         changed = False
         for url in list(self._copies):
@@ -190,15 +204,18 @@ class MemoryLedger:
             self._copies.setdefault(url, {})
         for model in self.handed:
             size = self._weight(model)
-            holders = set(replicas(model)) & urls
             for url, held in self._copies.items():
+                read, ready = reported.get(url, (0, frozenset()))
+                if url not in reported or read <= self._settled.get((model, url), 0):
+                    continue  # no answer since our own last change there
+                self._settled.pop((model, url), None)
                 copy = held.get(model)
                 if copy is None:
-                    if url in holders:  # loaded by someone else (or before we started)
+                    if model in ready:  # loaded by someone else (or before we started)
                         held[model] = _Copy(CopyState.RESIDENT, size, -math.inf)
                         changed = True
                 elif copy.state is CopyState.RESIDENT:
-                    if url not in holders:
+                    if model not in ready:
                         del held[model]
                         changed = True
                     elif copy.size != size:
@@ -233,6 +250,7 @@ class MemoryLedger:
         """A load answered. A copy `protected` is not evicted within the minimum
         residency from `now`; one start-up placed before any call was measured is
         not (nothing says it is worth keeping, and a cold call must not wait for it)."""
+        self._settled[(model, url)] = self._reads_begun()
         held = self._copies.get(url, {})
         copy = held.get(model)
         if copy is not None and copy.state is CopyState.LOADING:
@@ -260,6 +278,7 @@ class MemoryLedger:
         return True
 
     def end_unload(self, model: str, url: str, *, unloaded: bool) -> None:
+        self._settled[(model, url)] = self._reads_begun()
         held = self._copies.get(url, {})
         copy = held.get(model)
         if copy is not None and copy.state is CopyState.UNLOADING:

@@ -34,8 +34,6 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from rsgw._proto import grpc_predict_v2_pb2 as pb
-from rsgw.base._errors import RsgwError
 from rsgw.base._methods import Method
 from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.gateway.fleet._pool import WorkerPool
@@ -43,6 +41,7 @@ from rsgw.gateway.fleet._prober import Prober
 from rsgw.gateway.observe._metrics import GatewayMetrics
 from rsgw.gateway.placement._latest import Latest
 from rsgw.gateway.placement._memory_ledger import CopyState, MemoryLedger
+from rsgw.gateway.placement._repository_calls import RepositoryCalls
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._placement import Placement
 from rsgw.scheduling.placement._repository_moves import (
@@ -78,10 +77,8 @@ class RepositoryPlacer:
         self._pool = pool
         self._prober = prober
         self._metrics = metrics
-        self.ledger = MemoryLedger(config, weight, pool.label)
-        #: Told of each worker as a load there begins and ends (the admission
-        #: forecast measures it afresh: the calls behind a load are no measure).
-        self._on_loading = on_loading
+        self.ledger = MemoryLedger(config, weight, pool.label, lambda: prober.discovery.reads_begun)
+        self._calls = RepositoryCalls(config, pool, metrics, self.ledger, on_loading)
         self._mail: Latest[tuple[int, MovePlan, str]] = Latest()
         #: (model, worker) pairs routing left -> their calls in flight, until unloaded
         #: there (bounded by the handed models times the workers).
@@ -113,7 +110,8 @@ class RepositoryPlacer:
 
     def synced(self) -> MemoryLedger:
         """The ledger, made to agree with what the workers report now."""
-        self.ledger.sync(self.controlled(), self._prober.discovery.table.replicas)
+        discovery = self._prober.discovery
+        self.ledger.sync(self.controlled(), discovery.reported)
         return self.ledger
 
     def in_flight(self, model: str, url: str) -> int:
@@ -322,63 +320,4 @@ class RepositoryPlacer:
     async def act(self, method: Method, pairs: tuple[Pair, ...], reason: str) -> set[Pair]:
         """`method` (RepositoryModelLoad or Unload) on every pair at once, each already
         begun in the ledger and ended there as it answers; the failed ones."""
-        load = method is Method.REPOSITORY_MODEL_LOAD
-        action = "load" if load else "unload"
-        deadline = trio.current_time() + self._config.load_timeout_seconds
-        failed: set[Pair] = set()
-        ledger = self.ledger
-
-        async def one(model: str, url: str) -> None:
-            request = (
-                pb.RepositoryModelLoadRequest(model_name=model)
-                if load
-                else pb.RepositoryModelUnloadRequest(model_name=model)
-            )
-            started = trio.current_time()
-            done = False
-            if load:
-                self._on_loading(url)
-            try:
-                await self._pool.channels[url].unary(
-                    method.wire, request.SerializeToString(), deadline=deadline
-                )
-                done = True
-            except RsgwError as exc:
-                failed.add((model, url))
-                self._metrics.repack_failures.labels(action).inc()
-                logger.warning(
-                    f"lpt_packing: {method.rpc} failed; the placement keeps what is loaded",
-                    extra={
-                        "model": model,
-                        "worker": self._pool.label(url),
-                        "status": exc.code.name,
-                        "said": exc.message[:200],
-                    },
-                )
-            else:
-                self._metrics.placement_actions.labels(action).inc()
-                self._metrics.residency_changes.labels(action, reason).inc()
-            finally:
-                now = trio.current_time()
-                if load:
-                    self._on_loading(url)
-                    ledger.end_load(
-                        model,
-                        url,
-                        loaded=done,
-                        now=now,
-                        seconds=now - started,
-                        protected=reason != "startup",
-                    )
-                else:
-                    ledger.end_unload(model, url, unloaded=done)
-
-        async with trio.open_nursery() as nursery:
-            for model, url in pairs:
-                if url in self._pool.channels:  # not one that left meanwhile
-                    nursery.start_soon(one, model, url)
-                elif load:
-                    ledger.end_load(model, url, loaded=False, now=0.0, seconds=0.0)
-                else:
-                    ledger.end_unload(model, url, unloaded=False)
-        return failed
+        return await self._calls.act(method, pairs, reason)
