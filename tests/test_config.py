@@ -143,6 +143,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("repository.load_seconds", 0.0),
     ("repository.min_copies", {}),
     ("repository.max_copies", {}),
+    ("repository.eviction", "value"),
     ("scheduling.mode", SchedulingMode.ROUND_ROBIN),
     ("scheduling.work_basis", WorkBasis.COMPUTE),
     ("scheduling.rebalance_compute_seconds", 300.0),
@@ -255,6 +256,7 @@ def test_shm_quotas_are_checked() -> None:
         ({"worker_budgets": ["gpu0"]}, "repository.worker_budgets must be a mapping of worker"),
         ({"min_copies": {"a": 1}}, "repository.min_copies.a: 'a' is not in repository.models"),
         ({"max_copies": {"a": 0}}, "repository.max_copies.a must be positive, got 0"),
+        ({"eviction": "lfu"}, "repository.eviction must be value or lru, got 'lfu'"),
         ({"min_residency_seconds": -1}, "repository.min_residency_seconds must be non-negative"),
         (
             {"models": ["a"], "weight_bytes": {"a": 500}, "worker_budget_bytes": 400},
@@ -817,6 +819,7 @@ def test_environment_variable_names() -> None:
             "REPOSITORY_LOAD_TIMEOUT_SECONDS",
             "REPOSITORY_MIN_RESIDENCY_SECONDS",
             "REPOSITORY_LOAD_SECONDS",
+            "REPOSITORY_EVICTION",
             "SCHEDULING_MODE",
             "SCHEDULING_WORK_BASIS",
             "SCHEDULING_REBALANCE_COMPUTE_SECONDS",

@@ -112,6 +112,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "unloading every model: repository.models); default reactant",
     )
     p.add_argument(
+        "--eviction",
+        choices=("value", "lru", "both"),
+        help="more models than the GPUs hold (issue 49; the long_tail scenario): workers start "
+        "with nothing loaded and fail loads past their memory, and lpt_packing loads on "
+        "demand, evicting by value (rsgw's, mode lpt_packing) or least recently used "
+        "(what ModelMesh and Seldon Core do, mode lru_baseline), or both side by side",
+    )
+    p.add_argument(
         "--gateways",
         type=int,
         default=1,
@@ -134,6 +142,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     args.modes = [m for m in MODES if m in args.modes]  # tables and runs in one order
+    if args.eviction:  # lpt_packing only, by value or least recently used (the baseline)
+        chosen = {"value": ["lpt_packing"], "lru": ["lru_baseline"]}
+        args.modes = chosen.get(args.eviction, ["lpt_packing", "lru_baseline"])
     args.warmup = args.warmup or (QUICK_WARMUP_S if args.quick else SETTINGS.warmup_s)
     args.duration = args.duration or (QUICK_MEASURE_S if args.quick else SETTINGS.measure_s)
     return args
@@ -221,6 +232,11 @@ def repack_times(gateway: Any, started_wall: float) -> list[tuple[float, str]]:
     return sorted(times)
 
 
+def eviction_of(mode: str) -> str:
+    """The `repository.eviction` a mode label stands for under --eviction."""
+    return "lru" if mode == "lru_baseline" else "value"
+
+
 def one_run(
     scenario: sc.Scenario,
     mode: str,
@@ -251,10 +267,13 @@ def one_run(
         args.admission_cap,
         api=args.api,
         gateways=args.gateways,
+        eviction=eviction_of(mode) if args.eviction else None,
     )
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731
         deadline = SETTINGS.deadline(scenario, load.time_scale)
+        if args.eviction:  # a cold call waits for its load: give it four loads' time
+            deadline = max(deadline, 4 * scenario.load_ms * load.time_scale / 1000)
         outcome = _load.drive(
             scenario.names,
             fleet.grpc_ports,
@@ -293,7 +312,10 @@ def report(
         print("\nContext (same format; CPUs are averages over the window):\n")
         print(_report.context_table(runs, args.modes))
         print("\n" + _report.errors_line(runs, args.modes))
-        lpt = [r for r in runs if r.mode == "lpt_packing"]
+        if args.eviction:
+            print("\nCold starts (issue 49): median (min-max) over the runs\n")
+            print(_report.cold_table(runs, args.modes))
+        lpt = [r for r in runs if r.mode == "lpt_packing" and not args.eviction]
         if lpt:
             firsts = ", ".join(
                 "none" if r.first_repack_s is None else f"{r.first_repack_s:.1f} s" for r in lpt

@@ -258,6 +258,7 @@ def start_fleet(
     *,
     api: str = "reactant",
     gateways: int = 1,
+    eviction: str | None = None,
 ) -> Fleet:
     """The scenario's workers, then the gateway; returns once every model is routable.
 
@@ -265,7 +266,11 @@ def start_fleet(
     places the scenario's models by loading and unloading them, within the scenario's
     weight budget per worker. `gateways` > 1: that many gateways in front of the same
     workers, coordinated through an etcd started here (Debian's `etcd`), which elect one
-    placer (issue 39); every gateway is ready before this returns.
+    placer (issue 39); every gateway is ready before this returns. `eviction` ("value"
+    or "lru"): the scenario's models need not fit (issue 49's long tail): the workers
+    start with nothing loaded and fail a load past their GPU memory, and the gateway
+    loads on demand, evicting by value (rsgw's) or least recently used (the baseline,
+    with no minimum residency).
     """
     deadline = time.monotonic() + START_TIMEOUT
     env = clean_env()
@@ -282,8 +287,11 @@ def start_fleet(
             *("--discipline", scenario.discipline),
             *("--weight-cache-bytes", str(scenario.budget_bytes)),
             *("--time-scale", f"{time_scale:g}", "--log-format", "json"),
-            *("--api", api),
+            *("--api", "triton" if eviction else api),
         ]
+        if eviction:
+            argv += ["--model-control-mode", "explicit"]
+            argv += ["--gpu-memory-bytes", str(scenario.budget_bytes)]
         if admission_cap is not None:
             argv += ["--max-concurrent-requests", str(admission_cap)]
         workers.append(spawn(name, argv, workdir / f"{name}.log", env))
@@ -298,13 +306,22 @@ def start_fleet(
             return all(w.info for w in workers)
 
         wait_for("workers", workers, workers_serving, deadline)
-        repository = None
-        if api == "triton":
+        repository: dict[str, Any] | None = None
+        if api == "triton" or eviction:
             repository = {
                 "models": list(scenario.names),
                 "worker_budget_bytes": scenario.budget_bytes,
             }
-        base = gateway_config(mode, workers, settings, admission_cap, repository)
+        if eviction:
+            assert repository is not None
+            load_s = scenario.load_ms * time_scale / 1000
+            repository |= {
+                "default_weight_bytes": scenario.weight_bytes,
+                "eviction": eviction,
+                "min_residency_seconds": 0.0 if eviction == "lru" else 3 * load_s,
+            }
+        scheduling_mode = "lpt_packing" if eviction else mode
+        base = gateway_config(scheduling_mode, workers, settings, admission_cap, repository)
         etcd = start_etcd(workdir, deadline) if gateways > 1 else None
         genv = dict(env)
         genv["REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS"] = f"{settings.health_interval_s:g}"
@@ -336,7 +353,9 @@ def start_fleet(
             wait_for(
                 "gateway routing table",
                 fleet.procs,
-                lambda admin=admin: routable(admin, scenario.count, scenario.workers),
+                lambda admin=admin: routable(
+                    admin, 0 if eviction else scenario.count, scenario.workers
+                ),
                 deadline,
             )
         return fleet

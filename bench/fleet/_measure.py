@@ -101,7 +101,21 @@ def snapshot(fleet: _fleet.Fleet) -> Snapshot:
         "workers": sum(proc_cpu_seconds(w.pid) for w in fleet.workers),
         "generator": times.user + times.system,
     }
-    placed = None
-    if fleet.mode == "lpt_packing":
-        placed = placement(_fleet.http_get(fleet.admin_port, "/metrics"))
-    return Snapshot(counters, cpu, machine_cpu(), placed)
+    placed = cold = None
+    if fleet.mode in LPT_LABELS:
+        text = _fleet.http_get(fleet.admin_port, "/metrics")
+        placed = placement(text)
+        cold = cold_starts(text)
+    return Snapshot(counters, cpu, machine_cpu(), placed, cold)
+
+
+#: The bench's names of runs under lpt_packing: with the LRU baseline's eviction too.
+LPT_LABELS = frozenset({"lpt_packing", "lru_baseline"})
+
+
+def cold_starts(text: str) -> float:
+    """Calls that waited for a load (`gateway_cold_starts_total`, served or refused)."""
+    prefix = "gateway_cold_starts_total{"
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 
 from hypothesis import given, settings
@@ -24,8 +25,12 @@ def facts(
     terms: dict[str, ModelTerms] | None = None,
     min_residency: float = 0.0,
     now: float = 100.0,
+    demand: dict[str, float] | None = None,
 ) -> ResidencyFacts:
     loaded = loaded or {}
+    terms = dict(terms or {})
+    for model, rate in (demand or {}).items():
+        terms[model] = dataclasses.replace(terms.get(model, ModelTerms()), demand=rate)
     return ResidencyFacts(
         handed=frozenset(sizes),
         workers=MappingProxyType(
@@ -39,7 +44,7 @@ def facts(
             }
         ),
         weights=MappingProxyType(sizes),
-        terms=MappingProxyType(terms or {}),
+        terms=MappingProxyType(terms),
         min_residency_seconds=min_residency,
         now=now,
     )
@@ -55,7 +60,7 @@ def test_sixteen_models_on_two_workers_that_hold_four_each() -> None:
     # and the other eight are cold.
     sizes = {f"m{i:02d}": 100 for i in range(16)}
     target = {m: uniform([W[i % 2]]) for i, m in enumerate(sizes)}
-    fit = fit_to_budgets(target, facts(sizes, {"w0": 400, "w1": 400}), {})
+    fit = fit_to_budgets(target, facts(sizes, {"w0": 400, "w1": 400}))
     for url in ("w0", "w1"):
         assert used(dict(fit.assignment), sizes, url) == 400
     assert len(fit.cold) == 8
@@ -66,7 +71,7 @@ def test_the_valuable_stay_and_the_rest_go_cold() -> None:
     sizes = {"hot": 100, "warm": 100, "tail": 100}
     target = {m: uniform(["w0"]) for m in sizes}
     demand = {"hot": 50.0, "warm": 5.0, "tail": 0.1}
-    fit = fit_to_budgets(target, facts(sizes, {"w0": 200}), demand)
+    fit = fit_to_budgets(target, facts(sizes, {"w0": 200}, demand=demand))
     assert set(fit.assignment) == {"hot", "warm"}
     assert fit.cold == ("tail",)
 
@@ -74,7 +79,8 @@ def test_the_valuable_stay_and_the_rest_go_cold() -> None:
 def test_a_model_pushed_off_its_worker_moves_where_room_is() -> None:
     sizes = {"a": 100, "b": 100, "c": 100}
     target = {m: uniform(["w0"]) for m in sizes}
-    fit = fit_to_budgets(target, facts(sizes, {"w0": 200, "w1": 100}), {"a": 3, "b": 2, "c": 1})
+    demand = {"a": 3.0, "b": 2.0, "c": 1.0}
+    fit = fit_to_budgets(target, facts(sizes, {"w0": 200, "w1": 100}, demand=demand))
     assert fit.assignment["c"].urls == ("w1",)
     assert fit.cold == ()
 
@@ -91,8 +97,8 @@ def test_min_copies_and_young_copies_stay_whatever_their_value() -> None:
             loaded=loaded,
             terms={"floor": ModelTerms(min_copies=1)},
             min_residency=10.0,
+            demand={"hot": 1000.0},
         ),
-        {"hot": 1000.0},
     )
     assert set(fit.assignment) == {"floor", "young"}
     assert fit.cold == ("hot",)
@@ -108,7 +114,6 @@ def test_min_copies_adds_copies_where_room_is_and_max_copies_trims() -> None:
             dict.fromkeys(W, 300),
             terms={"a": ModelTerms(min_copies=2), "b": ModelTerms(max_copies=2)},
         ),
-        {},
     )
     assert len(fit.assignment["a"]) == 2
     assert len(fit.assignment["b"]) == 2
@@ -121,7 +126,7 @@ def test_models_not_handed_and_workers_without_a_budget_are_left_alone() -> None
         "b": uniform(["w0"]),
         "theirs": uniform(["w0"]),
     }
-    fit = fit_to_budgets(target, facts(sizes, {"w0": 100}), {"a": 1.0})
+    fit = fit_to_budgets(target, facts(sizes, {"w0": 100}, demand={"a": 1.0}))
     assert fit.assignment["theirs"] == target["theirs"]
     assert fit.assignment["a"].urls == ("free", "w0")
     assert fit.cold == ("b",)
@@ -152,11 +157,8 @@ def test_no_budget_is_ever_exceeded(
         m: ModelTerms(min_copies=min(floors[i], caps[i] or 9), max_copies=caps[i])
         for i, m in enumerate(models)
     }
-    fit = fit_to_budgets(
-        target,
-        facts(sizes, budgets, terms=terms),
-        {m: demand[i] for i, m in enumerate(models)},
-    )
+    rates = {m: demand[i] for i, m in enumerate(models)}
+    fit = fit_to_budgets(target, facts(sizes, budgets, terms=terms, demand=rates))
     placed = dict(fit.assignment)
     for url, budget in budgets.items():
         assert used(placed, sizes, url) <= budget
@@ -168,7 +170,5 @@ def test_no_budget_is_ever_exceeded(
         budgeted = [u for u in placement.urls if u in budgets]
         assert cap is None or len(budgeted) <= max(cap, 1) or not budgeted
     # Deterministic.
-    again = fit_to_budgets(
-        target, facts(sizes, budgets, terms=terms), {m: demand[i] for i, m in enumerate(models)}
-    )
+    again = fit_to_budgets(target, facts(sizes, budgets, terms=terms, demand=rates))
     assert again == fit

@@ -144,3 +144,28 @@ def test_load_times_are_learned_and_default_until_then() -> None:
     assert times.expected("m") == 2.0  # 1 + (5 - 1) / 4
     times.observe("m", float("nan"))
     assert times.expected("m") == 2.0
+
+
+def test_a_tail_model_waits_for_a_cheap_copy_to_come_of_age_rather_than_evict_a_hot_one() -> None:
+    # One worker, room for two: a hot copy loaded long ago (evictable, worth 100) and a
+    # tail copy loaded a moment ago (young, worth 1). A tail model's load waits for the
+    # young one rather than evict the hot one; with no cheaper copy coming, it evicts.
+    hot = ResidentCopy("hot", 100, loaded_at=0.0)
+    young = ResidentCopy("tail1", 100, loaded_at=NOW - 1)
+    worker = WorkerMemory("w0", 200, {"hot": hot, "tail1": young})
+    terms = {
+        "hot": ModelTerms(demand=100.0),
+        "tail1": ModelTerms(demand=1.0),
+        "tail2": ModelTerms(demand=1.0),
+    }
+    plan = plan_cold_load("tail2", 100, [worker], terms, NOW, MIN_RESIDENCY)
+    assert isinstance(plan, NoRoom) and plan.may_wait
+    aged = WorkerMemory("w0", 200, {"hot": hot, "tail1": ResidentCopy("tail1", 100, 0.0)})
+    plan = plan_cold_load("tail2", 100, [aged], terms, NOW, MIN_RESIDENCY)
+    assert isinstance(plan, ColdLoad) and plan.evict == ("tail1",)
+    # Copies of about the same worth are not waited for; nor anything, by recency (LRU).
+    near = {**terms, "hot": ModelTerms(demand=3.0)}
+    plan = plan_cold_load("tail2", 100, [worker], near, NOW, MIN_RESIDENCY)
+    assert isinstance(plan, ColdLoad) and plan.evict == ("hot",)
+    plan = plan_cold_load("tail2", 100, [worker], terms, NOW, MIN_RESIDENCY, wait_ratio=None)
+    assert isinstance(plan, ColdLoad) and plan.evict == ("hot",)

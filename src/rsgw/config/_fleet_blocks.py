@@ -81,6 +81,7 @@ _REPOSITORY_CHECKS: Mapping[str, Check] = {
     "load_timeout_seconds": check_positive,
     "min_residency_seconds": non_negative,
     "load_seconds": non_negative,
+    "eviction": ranged(check_str, lambda s: s in ("value", "lru"), "value or lru"),
     "min_copies": _named_table("model", "copies", non_negative_int),
     "max_copies": _named_table("model", "copies", positive_int),
 }
@@ -192,6 +193,10 @@ class RepositoryConfig:
     load_timeout_seconds: float = DEFAULT_LOAD_TIMEOUT_SECONDS
     min_residency_seconds: float = DEFAULT_MIN_RESIDENCY_SECONDS
     load_seconds: float = 0.0
+    #: How copies are valued for eviction: `value` (demand x load seconds, rsgw's) or
+    #: `lru` (least recently used first, as ModelMesh and Seldon Core: the baseline of
+    #: bench/fleet's long tail).
+    eviction: str = "value"
     min_copies: Mapping[str, int] = field(default_factory=FrozenTable)
     max_copies: Mapping[str, int] = field(default_factory=FrozenTable)
 
@@ -252,6 +257,7 @@ FLEET_ENV_KINDS: Mapping[str, str] = {
     "repository.load_timeout_seconds": "float",
     "repository.min_residency_seconds": "float",
     "repository.load_seconds": "float",
+    "repository.eviction": "str",
     "coordination.etcd_endpoints": "names",
     "coordination.cluster": "str",
     "coordination.lease_ttl_seconds": "int",

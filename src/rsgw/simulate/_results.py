@@ -51,6 +51,9 @@ class Snapshot:
     cpu: dict[str, float]
     machine: tuple[float, float]
     placement: dict[str, list[str]] | None  # lpt_packing's placement in force
+    #: The gateway's cold starts so far (issue 49: calls that waited for a load), when
+    #: the run loads models on demand.
+    cold_starts: float | None = None
 
 
 def rows_weighted_depth(deltas: Sequence[dict[str, float]]) -> float:
@@ -115,6 +118,8 @@ class RunResult:
     first_repack_s: float | None = None  # lpt_packing: seconds from the start of the load
     placement: dict[str, list[str]] | None = None  # lpt_packing: at the end of the window
     repacks_in_window: int | None = None
+    #: Calls that found their model loaded nowhere and waited for its load (issue 49).
+    cold_starts: int | None = None
     ok_latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -234,6 +239,11 @@ def summarise(
         first_repack_s=first,
         repacks_in_window=in_window,
         placement=end.placement,
+        cold_starts=(
+            int(end.cold_starts - start.cold_starts)
+            if end.cold_starts is not None and start.cold_starts is not None
+            else None
+        ),
         ok_latencies_ms=ok_lat,
     )
 

@@ -36,7 +36,12 @@ import trio
 from rsgw.base._errors import GrpcError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
-from rsgw.scheduling.placement._residency import ColdLoad, NoRoom, plan_cold_load
+from rsgw.scheduling.placement._residency import (
+    WAIT_VALUE_RATIO,
+    ColdLoad,
+    NoRoom,
+    plan_cold_load,
+)
 
 if TYPE_CHECKING:
     from rsgw.gateway.fleet._model_discovery import ModelDiscovery
@@ -228,9 +233,10 @@ class ColdStarts:
             model,
             ledger.weight(model),
             ledger.memory(placer.in_flight),
-            ledger.terms(self._packer.demand(now)),
+            ledger.terms(self._packer.demand(now), self._packer.recency),
             now,
             placer.min_residency_seconds,
+            wait_ratio=None if ledger.by_recency else WAIT_VALUE_RATIO,
         )
 
     def _begin(self, plan: ColdLoad) -> trio.Event:

@@ -133,12 +133,25 @@ class MemoryLedger:
         under_way = self._loads.get(model)
         return None if under_way is None else under_way[0]
 
-    def terms(self, demand: Mapping[str, float]) -> dict[str, ModelTerms]:
+    @property
+    def by_recency(self) -> bool:
+        """`repository.eviction: lru`: copies are worth their recency, not their value."""
+        return self._config.eviction == "lru"
+
+    def terms(
+        self, demand: Mapping[str, float], recency: Mapping[str, int] | None = None
+    ) -> dict[str, ModelTerms]:
+        """Each handed model's terms. Under `eviction: lru` a copy's worth is its last
+        use on the calls' logical clock (`recency`): the least recently used is then the
+        least valuable, and every decision by value becomes one by recency."""
         config = self._config
+        if self.by_recency:
+            recency = recency or {}
+            demand = {model: float(recency.get(model, 0)) for model in self.handed}
         return {
             model: ModelTerms(
                 demand=demand.get(model, 0.0),
-                reload_seconds=max(self.expected_load(model), 0.001),
+                reload_seconds=1.0 if self.by_recency else max(self.expected_load(model), 0.001),
                 min_copies=config.min_copies.get(model, 0),
                 max_copies=config.max_copies.get(model),
             )
@@ -162,7 +175,9 @@ class MemoryLedger:
             workers.append(WorkerMemory(url, self.budget(url) or UNBOUNDED, copies))
         return workers
 
-    def facts(self, demand: Mapping[str, float], now: float) -> ResidencyFacts:
+    def facts(
+        self, demand: Mapping[str, float], now: float, recency: Mapping[str, int] | None = None
+    ) -> ResidencyFacts:
         """What a repack's placement is cut to (`fit_to_budgets`): budgeted workers only."""
         workers = {
             url: WorkerMemory(
@@ -177,7 +192,7 @@ class MemoryLedger:
             handed=self.handed,
             workers=MappingProxyType(workers),
             weights=MappingProxyType({m: self._weight(m) for m in self.handed}),
-            terms=MappingProxyType(self.terms(demand)),
+            terms=MappingProxyType(self.terms(demand, recency)),
             min_residency_seconds=self._config.min_residency_seconds,
             now=now,
         )

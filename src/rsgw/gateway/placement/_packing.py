@@ -231,7 +231,8 @@ class Packing:
         """`poll` with what the budgeted workers hold, so the repack fits their budgets."""
         if not self.placer.handed:
             return poll
-        facts = self.placer.synced().facts(self.packer.rates(), trio.current_time())
+        now = trio.current_time()
+        facts = self.placer.synced().facts(self.packer.demand(now), now, self.packer.recency)
         return dataclasses.replace(poll, residency=facts) if facts.workers else poll
 
     def _residency_bytes(self) -> Mapping[str, tuple[int, int]]:

@@ -42,8 +42,8 @@ class ResidencyFacts:
         workers: each budgeted worker placed by loading: its budget and what it holds
             (copies loading or unloading count as held).
         weights: handed model -> the bytes of its weights.
-        terms: handed model -> its min/max copies and reload seconds (demand comes
-            from the packer's rates).
+        terms: handed model -> its demand, reload seconds and min/max copies (its
+            value; under `eviction: lru`, its recency).
         min_residency_seconds: a copy younger than this is not dropped.
         now: the clock the copies' `loaded_at` are on.
     """
@@ -64,17 +64,13 @@ class BudgetFit:
     cold: tuple[str, ...]
 
 
-def fit_to_budgets(
-    assignment: Mapping[str, Placement],
-    facts: ResidencyFacts,
-    demand: Mapping[str, float],
-) -> BudgetFit:
+def fit_to_budgets(assignment: Mapping[str, Placement], facts: ResidencyFacts) -> BudgetFit:
     """`assignment` cut to the budgets of `facts.workers`; see the module docstring."""
     budgeted = facts.workers
     if not budgeted or not facts.handed:
         return BudgetFit(MappingProxyType(dict(assignment)), ())
     terms = {m: facts.terms.get(m, ModelTerms()) for m in facts.handed}
-    value = {m: demand.get(m, 0.0) * terms[m].reload_seconds for m in facts.handed}
+    value = {m: terms[m].value for m in facts.handed}
     loaded_on = {
         m: frozenset(url for url, w in budgeted.items() if m in w.copies) for m in facts.handed
     }

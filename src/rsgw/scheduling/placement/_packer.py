@@ -87,6 +87,8 @@ class Packer:
     def __init__(self, known_models: Iterable[str] = ()) -> None:
         self._known: set[str] = set(known_models)
         self._arrivals: dict[str, int] = {}
+        self._calls = 0
+        self._recent: dict[str, int] = {}
         self._rate: dict[str, float] = {}
         self._cost: dict[str, float] = {}
         self._cost_baseline: dict[tuple[str, str], tuple[float, int]] = {}
@@ -178,7 +180,15 @@ class Packer:
         if model not in self._known:
             return False
         self._arrivals[model] = self._arrivals.get(model, 0) + count
+        self._calls += count
+        self._recent[model] = self._calls
         return True
+
+    @property
+    def recency(self) -> Mapping[str, int]:
+        """model -> the number of calls counted when its last one was (a logical clock:
+        the larger, the more recently used; `repository.eviction: lru`)."""
+        return self._recent
 
     def take_arrivals(self) -> dict[str, int]:
         """The arrival counts not yet folded, handed over and cleared: a gateway that
@@ -318,7 +328,7 @@ class Packer:
         over_budget = result.over_budget_models
         cold: tuple[str, ...] = ()
         if poll.residency is not None:  # models loaded on budgeted workers: cut to fit
-            fit = fit_to_budgets(placed, poll.residency, self._rate)
+            fit = fit_to_budgets(placed, poll.residency)
             placed, cold = dict(fit.assignment), fit.cold
             over_budget = tuple(m for m in over_budget if m not in poll.residency.handed)
         self._assignment = MappingProxyType(placed)

@@ -138,42 +138,40 @@ def plan_cold_load(
     now: float,
     min_residency_seconds: float,
     preferred: Sequence[str] = (),
+    wait_ratio: float | None = WAIT_VALUE_RATIO,
 ) -> ColdLoad | NoRoom:
     """Where to load `model` (`size` bytes), and what to evict there first.
 
-    Copies worth no more than the model are evicted first; when only more valuable
-    ones could make room now but less valuable ones will once they come of age or
+    The evictions giving up least value win. But when the copies they evict are worth
+    `wait_ratio` times more than copies that will be evictable once they come of age or
     finish their calls, the plan is to wait for those (a tail model's load does not
-    evict a hot one to save a few seconds); only when waiting cannot help does a
-    more valuable copy go.
+    evict a hot one to save a few seconds).
 
-    `preferred`: workers in the packer's order of preference, for ties.
+    `preferred`: workers in the packer's order of preference, for ties. `wait_ratio`:
+    None: never wait for cheaper copies (LRU, the baseline).
     """
     counts = copies_of(workers)
     rank = {url: i for i, url in enumerate(preferred)}
-    incoming = terms.get(model, ModelTerms()).value
-    for ceiling in (incoming, math.inf):
-        best: tuple[float, int, int, ColdLoad] | None = None
-        blocked_by_wait = False
-        for worker in workers:
-            if model in worker.copies or size > worker.budget:
-                continue
-            plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds, ceiling)
-            if plan is None:
-                blocked_by_wait |= _room_if_waiting(size, worker, terms, counts, ceiling)
-                continue
-            key = (plan.cost, rank.get(worker.url, len(rank)), -worker.free, plan)
-            if best is None or key[:3] < best[:3]:
-                best = key
-        if best is not None:
-            plan = best[3]
-            cheaper = _cheaper_by_waiting(plan, size, workers, terms, counts)
-            if ceiling == math.inf and plan.evict and cheaper:
-                return NoRoom(model, _WAIT_FOR_CHEAPER, True)
-            return plan
-        if blocked_by_wait:
-            break  # wait for the less valuable copies rather than evict a more valuable one
-    return _no_room(model, size, workers, blocked_by_wait)
+    best: tuple[float, int, int, ColdLoad] | None = None
+    blocked_by_wait = False
+    for worker in workers:
+        if model in worker.copies or size > worker.budget:
+            continue
+        plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds)
+        if plan is None:
+            blocked_by_wait |= _room_if_waiting(size, worker, terms, counts)
+            continue
+        key = (plan.cost, rank.get(worker.url, len(rank)), -worker.free, plan)
+        if best is None or key[:3] < best[:3]:
+            best = key
+    if best is None:
+        return _no_room(model, size, workers, blocked_by_wait)
+    chosen = best[3]
+    if wait_ratio is not None and _cheaper_by_waiting(
+        chosen, size, workers, terms, counts, wait_ratio
+    ):
+        return NoRoom(model, _WAIT_FOR_CHEAPER, True)
+    return chosen
 
 
 _WAIT_FOR_CHEAPER = (
@@ -188,16 +186,17 @@ def _cheaper_by_waiting(
     workers: Sequence[WorkerMemory],
     terms: Mapping[str, ModelTerms],
     counts: Mapping[str, int],
+    ratio: float,
 ) -> bool:
     """Whether room could be made, by waiting, from copies each worth a small part
-    (1 / `WAIT_VALUE_RATIO`) of the most valuable one `plan` evicts: a hot model is
+    (1 / `ratio`) of the most valuable one `plan` evicts: a hot model is
     not evicted for a tail one while tail copies are about to come of age, but copies
     of about the same worth are not waited for (that would only slow the tail)."""
     if not plan.evict:
         return False
     dearest = max(terms.get(m, ModelTerms()).value for m in plan.evict)
-    below = dearest / WAIT_VALUE_RATIO
-    return any(
+    below = math.nextafter(dearest / ratio, -math.inf)  # strictly less: 0 waits for nothing
+    return dearest > 0 and any(
         _room_if_waiting(size, worker, terms, counts, below)
         for worker in workers
         if plan.model not in worker.copies and size <= worker.budget
@@ -212,19 +211,16 @@ def _room_on(
     counts: Mapping[str, int],
     now: float,
     min_residency_seconds: float,
-    ceiling: float = math.inf,
 ) -> ColdLoad | None:
     """The cheapest evictions that fit `size` on `worker` (greedy by value per byte,
-    then the ones not needed given back) among copies worth at most `ceiling`, or
-    None if its evictable copies cannot."""
+    then the ones not needed given back), or None if its evictable copies cannot."""
     need = size - worker.free
     if need <= 0:
         return ColdLoad(model, worker.url, (), 0.0)
     candidates = [
         copy
         for copy in worker.copies.values()
-        if _value(copy, terms) <= ceiling
-        and evictable(
+        if evictable(
             copy,
             terms.get(copy.model, ModelTerms()),
             counts.get(copy.model, 1),
