@@ -272,8 +272,8 @@ def one_run(
     try:
         snap = lambda: _measure.snapshot(fleet)  # noqa: E731
         deadline = SETTINGS.deadline(scenario, load.time_scale)
-        if args.eviction:  # a cold call waits for its load: give it four loads' time
-            deadline = max(deadline, 4 * scenario.load_ms * load.time_scale / 1000)
+        if args.eviction:  # a cold call waits for its load (and those queued before it)
+            deadline = max(deadline, 10 * scenario.load_ms * load.time_scale / 1000)
         outcome = _load.drive(
             scenario.names,
             fleet.grpc_ports,

@@ -162,6 +162,9 @@ class InferProxy:
         if not model:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "ModelInferRequest.model_name is empty")
         resolver = self.resolver
+        # Demand counts at arrival: a call for a cold model is demand for it while it
+        # waits for its load (issue 49's residency values models by it).
+        self.scheduler.arrived(model)
         replicas = resolver.infer_replicas(model)
         if not replicas:
             try:
@@ -174,7 +177,6 @@ class InferProxy:
         meter.label = model
         if regions:  # it names shared memory registered through the gateway
             replicas = resolver.holding(replicas, regions)
-        self.scheduler.arrived(model)
         pinned = False
         if sequence is not None and not sequence.start:
             holder = self.sequences.pinned(

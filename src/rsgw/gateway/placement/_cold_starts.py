@@ -195,9 +195,11 @@ class ColdStarts:
         """Wait for one load of `model` to end (beginning it if none runs), or for room
         to appear; the caller looks at the routing table again.
 
-        Cold models waiting for room are served first come, first served: a model may
-        begin its load only when none that began waiting before it still waits, so a
-        call is never passed over for room again and again while others get it.
+        Cold models waiting for room are served by demand, then first come, first
+        served: a model may begin its load only when no model more in demand (or as
+        much, and waiting longer) still waits for room. A hot model that went cold is
+        loaded before the tail's (its calls are most of those waiting), and among
+        equals no call is passed over again and again while others get room.
         """
         ledger = self._placer.ledger
         under_way = self._warming.get(model)
@@ -206,9 +208,12 @@ class ColdStarts:
         if under_way is not None:
             await under_way.wait()
             return
-        first = next(
-            m for m in self._waiting if m not in self._warming and not ledger.load_under_way(m)
-        )
+        waiting = [
+            m for m in self._waiting if m not in self._warming and ledger.load_under_way(m) is None
+        ]
+        demand = self._packer.demand(trio.current_time())
+        order = {m: i for i, m in enumerate(waiting)}
+        first = min(waiting, key=lambda m: (-demand.get(m, 0.0), order[m]), default=model)
         plan = self.plan(model) if first == model else None
         if isinstance(plan, ColdLoad):
             await self._begin(plan).wait()

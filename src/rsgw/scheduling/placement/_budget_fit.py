@@ -6,8 +6,9 @@ loading them (`repository.models`) on workers with a budget, a placement past a
 budget is an out-of-memory on a GPU. So the packer's placement is cut to fit before
 it is carried out:
 
-1. Each handed model's holders are trimmed to its `max_copies` (the ones already
-   loaded kept first).
+1. Each handed model keeps the copies it has loaded (as many as the packer gives it
+   replicas: a move would be a load on a GPU), the packer's choice placing only the
+   ones still to load, then trimmed to its `max_copies`.
 2. Each budgeted worker keeps the copies placed on it in order of priority until its
    budget is full: first the ones that must stay (a model at its `min_copies` floor
    where it is loaded, a copy loaded less than the minimum residency ago), then by
@@ -84,7 +85,12 @@ def fit_to_budgets(assignment: Mapping[str, Placement], facts: ResidencyFacts) -
     for model, placement in assignment.items():
         if model not in facts.handed:
             continue
-        urls = [u for u in placement.urls if u in budgeted]
+        # Sticky: a copy loaded stays where it is; the packer's choice places only the
+        # copies still to load (a move is a load on a GPU, and its room made first).
+        placed = [u for u in placement.urls if u in budgeted]
+        loaded = sorted(loaded_on[model])
+        urls = loaded[: len(placed)] + [u for u in placed if u not in loaded_on[model]]
+        urls = urls[: len(placed)]
         urls += sorted(u for u in loaded_on[model] if u not in urls and young(model, u))
         cap = terms[model].max_copies
         if cap is not None and len(urls) > cap:
