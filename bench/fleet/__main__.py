@@ -370,7 +370,7 @@ def main(argv: Sequence[str]) -> int:
     import _report
 
     try:
-        load = _offered.derive_load(scenario)
+        load = _offered.derive_load(scenario, cold_starts=args.eviction is not None)
     except sc.ScenarioError as exc:
         print(f"bench/fleet: {exc}", file=sys.stderr)
         return 2

@@ -150,12 +150,18 @@ class Load:
         return fraction * self.capacity / self.time_scale
 
 
-def derive_load(scenario: Scenario) -> Load:
+def derive_load(scenario: Scenario, *, cold_starts: bool = False) -> Load:
+    """The scenario's reference placement, capacity and time scale.
+
+    `cold_starts`: the models need not all fit (issue 49's long tail, loaded on demand):
+    the reference is then the GPUs' compute as if every model were resident, and the
+    cold starts are what the residency policies under test add to it. Otherwise a
+    scenario whose weights do not fit is a `ScenarioError`.
+    """
     shares = scenario.shares
-    # More models than the budgets hold (issue 49's long tail): the reference is the
-    # GPUs' compute as if every model were resident; the cold starts are what the
-    # residency policies under test add to it.
-    slots = max(scenario.slots_per_gpu, math.ceil(scenario.count / scenario.workers))
+    slots = scenario.slots_per_gpu
+    if cold_starts:
+        slots = max(slots, math.ceil(scenario.count / scenario.workers))
     packing = best_packing(shares, scenario.workers, slots)
     gpus = [
         [

@@ -7,11 +7,14 @@ path loading a model a call asked for. A copy counts from the moment its load is
 asked until its unload has answered, so at no moment, not even while a load and an
 unload run side by side, do the copies counted on a worker exceed its budget.
 
-What the workers report (the routing table's ready replicas) is the truth this
-ledger follows (`sync`): a copy it knows of that a worker no longer has (the worker
-restarted, an operator unloaded it) is forgotten, and one it did not load is counted
-from then on, as if loaded long ago. The pure decisions (`rsgw.scheduling.placement.
-_residency`, `_budget_fit`) take its `memory()` and `facts()` snapshots.
+What the workers report (each worker's last answered RepositoryIndex, as discovery
+keeps it) is the truth this ledger follows (`sync`): a copy it knows of that a worker
+no longer has (the worker restarted, an operator unloaded it) is forgotten, and one it
+did not load is counted from then on, as if loaded long ago. A worker that did not
+answer a read keeps what it said before (a slow answer is not an empty GPU), and an
+answer read before the ledger's own last load or unload there says nothing of it.
+The pure decisions (`rsgw.scheduling.placement._residency`, `_budget_fit`) take its
+`memory()` and `facts()` snapshots.
 """
 
 from __future__ import annotations
