@@ -57,6 +57,7 @@ SLOW_TESTS = frozenset(
         "tests/simulate/test_engine.py::test_a_run_is_deterministic_for_its_seed",
         "tests/rest/test_rest_hostile.py::",
         "tests/rest/test_json_data.py::test_a_47_mib_body",
+        "tests/gateway/test_cold_starts.py::test_a_minute_of_skewed_traffic",
     }
 )
 
