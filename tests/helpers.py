@@ -418,6 +418,32 @@ def check_simple(target: str, seed: int = 0, rows: int = 1) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Residency samples (issue 49): what each worker held, sampled every half second.
+
+#: (when, per worker the models it held then)
+Samples = list[tuple[float, list[set[str]]]]
+
+
+def early_evictions(
+    samples: Samples, seconds: float, after: float, slack: float
+) -> list[tuple[str, int, float]]:
+    """(model, worker, seconds held) of each copy first seen later than `after` that was
+    gone again sooner than `seconds` (less `slack`, what the sampling cannot resolve)."""
+    seen: dict[tuple[str, int], float] = {}
+    early = []
+    for at, held in samples:
+        for index, models in enumerate(held):
+            for model in models:
+                seen.setdefault((model, index), at)
+            for (model, where), since in list(seen.items()):
+                if where == index and model not in models:
+                    del seen[(model, where)]
+                    if since > after and at - since < seconds - slack:
+                        early.append((model, index, at - since))
+    return early
+
+
+# ---------------------------------------------------------------------------
 # Catalogues for in-process workers.
 
 

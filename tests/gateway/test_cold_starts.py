@@ -29,7 +29,14 @@ from rsgw.ctl._render import render_status
 from rsgw.worker._worker import WorkerApi
 from rsgw.worker.models._catalogue import parse_catalogue
 from tests.gateway.fleet import Fleet, open_fleet, repository_states
-from tests.helpers import infer_request, output_array, simple_inputs, simple_model
+from tests.helpers import (
+    Samples,
+    early_evictions,
+    infer_request,
+    output_array,
+    simple_inputs,
+    simple_model,
+)
 
 MODELS = tuple(f"m{i:02d}" for i in range(16))
 WEIGHT = 100_000_000
@@ -96,7 +103,7 @@ class Sampler:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.most = 0
-        self.samples: list[tuple[float, list[set[str]]]] = []
+        self.samples: Samples = []
 
     async def run(self) -> None:
         while True:
@@ -106,23 +113,15 @@ class Sampler:
             await trio.sleep(0.5)
 
     def evictions_within(self, seconds: float) -> list[tuple[str, int, float]]:
-        """(model, worker, seconds resident) of each copy that left sooner than `seconds`
-        after it was first seen (a sample later, at most, than its load). Copies there
-        at the first sample are start-up's, placed before any call was measured: the
-        minimum residency does not hold them (docs/models.md)."""
-        seen: dict[tuple[str, int], float] = {}
-        early = []
-        start = self.samples[0][0]
-        for at, held in self.samples:
-            for index, models in enumerate(held):
-                for model in models:
-                    seen.setdefault((model, index), at)
-                for (model, where), since in list(seen.items()):
-                    if where == index and model not in models:
-                        del seen[(model, where)]
-                        if since > start and at - since < seconds - 0.5:
-                            early.append((model, index, at - since))
-        return early
+        """Copies gone sooner than `seconds` after first seen, but for those there at
+        the first sample: start-up's, placed before any call was measured, which the
+        minimum residency does not hold (docs/workers.md)."""
+        return early_evictions(self.samples, seconds, self.samples[0][0], 0.5)
+
+
+async def cold_models(fleet: Fleet) -> list[str]:
+    """The models neither worker holds, by name."""
+    return sorted(set(MODELS) - await ready_on(fleet, 0) - await ready_on(fleet, 1))
 
 
 async def call(fleet: Fleet, model: str, seed: int, within: float = 30.0) -> None:
@@ -167,8 +166,7 @@ async def test_a_cold_model_is_loaded_when_called_and_its_calls_share_one_load(
     autojump_clock: MockClock,
 ) -> None:
     async with crowded_fleet() as fleet:
-        held = [await ready_on(fleet, i) for i in range(2)]
-        cold = sorted(set(MODELS) - held[0] - held[1])
+        cold = await cold_models(fleet)
         loads = counter(fleet, "gateway_residency_changes_total", action="load", reason="demand")
 
         # One call: answered within the eviction's unload and the load, plus 100 ms.
@@ -193,8 +191,7 @@ async def test_a_call_whose_deadline_cannot_cover_the_load_is_refused_at_once(
     autojump_clock: MockClock,
 ) -> None:
     async with crowded_fleet() as fleet:
-        held = [await ready_on(fleet, i) for i in range(2)]
-        cold = sorted(set(MODELS) - held[0] - held[1])
+        cold = await cold_models(fleet)
         await call(fleet, cold[0], seed=1)  # the load time is learned from this one
         started = trio.current_time()
         with pytest.raises(RsgwError) as caught:

@@ -29,6 +29,7 @@ from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.config._config import GatewayConfig, ListenConfig, SchedulingConfig, SchedulingMode
 from rsgw.config._fleet_blocks import RepositoryConfig
 from rsgw.gateway._running import RunningGateway
+from tests.helpers import Samples, early_evictions
 from tests.thirdparty import triton
 
 MODELS = tuple(f"m{i:02d}" for i in range(16))
@@ -109,7 +110,7 @@ class Sampler:
 
     def __init__(self, servers: list[triton.TritonProcess]) -> None:
         self.servers = servers
-        self.samples: list[tuple[float, list[set[str]]]] = []
+        self.samples: Samples = []
 
     async def run(self) -> None:
         while True:
@@ -123,21 +124,16 @@ class Sampler:
         return max((len(h) for _, held in self.samples for h in held), default=0)
 
     def evictions_within(self, seconds: float, placed: float) -> list[tuple[str, int, float]]:
-        """Copies that left sooner than `seconds` after first seen, but for start-up's
-        (seen by `placed`, when its placement was carried out: not protected)."""
-        seen: dict[tuple[str, int], float] = {}
-        early = []
-        start = max(at for at, _ in self.samples if at <= placed + 0.5)
-        for at, held in self.samples:
-            for index, models in enumerate(held):
-                for model in models:
-                    seen.setdefault((model, index), at)
-                for (model, where), since in list(seen.items()):
-                    if where == index and model not in models:
-                        del seen[(model, where)]
-                        if since > start and at - since < seconds - 0.6:
-                            early.append((model, index, at - since))
-        return early
+        """Copies gone sooner than `seconds` after first seen, but for start-up's (seen
+        by the first sample after `placed`, when its placement was carried out)."""
+        start = min(at for at, _ in self.samples if at > placed)
+        return early_evictions(self.samples, seconds, start, 0.6)
+
+    async def sampled_after(self, moment: float) -> None:
+        """Wait (on the samples, within 30 s) for a sample taken after `moment`."""
+        with trio.fail_after(30):
+            while not self.samples or self.samples[-1][0] <= moment:  # noqa: ASYNC110
+                await trio.sleep(0.05)
 
 
 def swap_directly(server: triton.TritonProcess, gone: str, new: str) -> float:
@@ -196,7 +192,7 @@ async def test_sixteen_models_on_two_tritons_that_hold_four_each(
     sampler = Sampler(tritons)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sampler.run)
-        await trio.lowlevel.checkpoint()  # the first sample is taken before the gateway starts
+        await sampler.sampled_after(time.monotonic())  # before the gateway starts
         async with gateway_before(tritons, tmp_path) as gateway:
             target = f"127.0.0.1:{gateway.grpc_port}"
             packing = gateway._packing
@@ -204,7 +200,7 @@ async def test_sixteen_models_on_two_tritons_that_hold_four_each(
             with trio.fail_after(120):
                 await packing.placer.wait_carried(1)
             placed = time.monotonic()
-            await trio.sleep(0.6)  # a sample of start-up's placement
+            await sampler.sampled_after(placed)  # one of start-up's placement
             held = [await trio.to_thread.run_sync(ready_on, s) for s in tritons]
             assert [len(h) for h in held] == [4, 4]
 

@@ -175,7 +175,8 @@ def choose_policy(
         resolved = dataclasses.replace(
             scheduling, ema_halflife_compute_seconds=scheduling.resolved_ema_halflife
         )
-        lpt = LptScheduler(resolved, Packer())
+        lru = config.repository.eviction == "lru"
+        lpt = LptScheduler(resolved, Packer(track_recency=lru))
         polls = Polls()
         poller = MetaPoller(
             pool,

@@ -116,7 +116,9 @@ class ModelDiscovery:
     def unloading(self, model: str, url: str) -> None:
         """Take `url` out of `model`'s replicas now and until `unloaded`: it is about to
         unload the model, and a discovery that read its index before must not put it
-        back (a call routed there would find the model gone)."""
+        back (a call routed there would find the model gone). Said twice, once."""
+        if (model, url) in self._unloading:
+            return
         self._unloading.add((model, url))
         self._generation += 1
         self._swap(self.table.without_copy(model, url, self._generation))

@@ -28,6 +28,7 @@ gives up (deadline, disconnect) never leaves a load half done.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -85,7 +86,8 @@ class ColdStarts:
         self._may_place = may_place
         self._ask = ask
         #: Cold models with calls waiting here -> how many, in the order they began
-        #: waiting (room goes to the first of them whose load has not begun).
+        #: waiting (room goes to the one most in demand whose load has not begun,
+        #: the first of them among equals).
         self._waiting: dict[str, int] = {}
         #: model -> set when the cold load this gateway began for it ends.
         self._warming: dict[str, trio.Event] = {}
@@ -111,9 +113,8 @@ class ColdStarts:
             self._nursery.start_soon(self._warm_for_another, model)
 
     async def _warm_for_another(self, model: str) -> None:
-        deadline = trio.current_time() + self._placer.load_timeout_seconds
         try:
-            await self.warm(model, deadline)
+            await self.warm(model, math.inf)
         except GrpcError as exc:
             logger.warning(
                 "cold start: another gateway's call asked for a model that could not be loaded",
@@ -128,6 +129,9 @@ class ColdStarts:
                 worker can make room); DEADLINE_EXCEEDED, the deadline passed waiting.
         """
         started = trio.current_time()
+        # A call without a deadline (a stream, a metadata call) waits no longer than a
+        # load may take.
+        deadline = min(deadline, started + self._placer.load_timeout_seconds)
         ledger = self._placer.ledger
         expected = ledger.expected_load(model)
         if expected > 0 and deadline - started < expected:

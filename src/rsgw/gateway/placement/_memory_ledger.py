@@ -110,10 +110,6 @@ class MemoryLedger:
     def workers(self) -> tuple[str, ...]:
         return tuple(self._copies)
 
-    def state(self, model: str, url: str) -> CopyState | None:
-        copy = self._copies.get(url, {}).get(model)
-        return None if copy is None else copy.state
-
     def copies(self, url: str) -> Mapping[str, CopyState]:
         return MappingProxyType({m: c.state for m, c in self._copies.get(url, {}).items()})
 

@@ -82,13 +82,15 @@ class Packer:
     Args:
         known_models: model names whose arrivals count before any poll reported them
             (e.g. the discovery routing table); polls add to this set.
+        track_recency: keep each model's last call on a logical clock (`recency`), for
+            `repository.eviction: lru`; off, the request path does not pay for it.
     """
 
-    def __init__(self, known_models: Iterable[str] = ()) -> None:
+    def __init__(self, known_models: Iterable[str] = (), *, track_recency: bool = False) -> None:
         self._known: set[str] = set(known_models)
         self._arrivals: dict[str, int] = {}
         self._calls = 0
-        self._recent: dict[str, int] = {}
+        self._recent: dict[str, int] | None = {} if track_recency else None
         self._rate: dict[str, float] = {}
         self._cost: dict[str, float] = {}
         self._cost_baseline: dict[tuple[str, str], tuple[float, int]] = {}
@@ -180,15 +182,16 @@ class Packer:
         if model not in self._known:
             return False
         self._arrivals[model] = self._arrivals.get(model, 0) + count
-        self._calls += count
-        self._recent[model] = self._calls
+        if self._recent is not None:  # `eviction: lru` only: off the default hot path
+            self._calls += count
+            self._recent[model] = self._calls
         return True
 
     @property
     def recency(self) -> Mapping[str, int]:
         """model -> the number of calls counted when its last one was (a logical clock:
         the larger, the more recently used; `repository.eviction: lru`)."""
-        return self._recent
+        return self._recent if self._recent is not None else {}
 
     def take_arrivals(self) -> dict[str, int]:
         """The arrival counts not yet folded, handed over and cleared: a gateway that
