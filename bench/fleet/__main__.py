@@ -335,7 +335,8 @@ def report(
                 f"models, capacity {load.capacity / load.time_scale:.0f} req/s at time scale "
                 f"{load.time_scale:g}{batcher}"
             )
-            _report.plot_sweep(runs, args.modes, plot, title)
+            draw = _report.plot_cold if args.eviction else _report.plot_sweep
+            draw(runs, args.modes, plot, title)
             print(f"plot: {plot}")
 
 

@@ -269,8 +269,8 @@ def start_fleet(
     placer (issue 39); every gateway is ready before this returns. `eviction` ("value"
     or "lru"): the scenario's models need not fit (issue 49's long tail): the workers
     start with nothing loaded and fail a load past their GPU memory, and the gateway
-    loads on demand, evicting by value (rsgw's) or least recently used (the baseline,
-    with no minimum residency).
+    loads on demand, evicting by value (rsgw's) or least recently used (the baseline),
+    with a minimum residency of three mean loads for both.
     """
     deadline = time.monotonic() + START_TIMEOUT
     env = clean_env()
@@ -317,8 +317,11 @@ def start_fleet(
             load_s = scenario.load_ms * time_scale / 1000
             repository |= {
                 "default_weight_bytes": scenario.weight_bytes,
+                "weight_bytes": scenario.weights,
                 "eviction": eviction,
-                "min_residency_seconds": 0.0 if eviction == "lru" else 3 * load_s,
+                # The same for both (it never holds back LRU, whose youngest copies
+                # are its last to go anyway).
+                "min_residency_seconds": 3 * load_s,
             }
         scheduling_mode = "lpt_packing" if eviction else mode
         base = gateway_config(scheduling_mode, workers, settings, admission_cap, repository)

@@ -1,4 +1,5 @@
-"""The sweep plot; the tables are `rsgw.simulate._results`' (shared with the simulator)."""
+"""The sweep and cold-start plots; the tables are `rsgw.simulate._results`' (shared
+with the simulator)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from rsgw.simulate._results import (
     RunResult,
     by_mode,
+    cold_table,
     context_table,
     describe_run,
     errors_line,
@@ -23,46 +25,42 @@ __all__ = [
     "context_table",
     "describe_run",
     "errors_line",
+    "plot_cold",
     "plot_sweep",
     "results_table",
 ]
 
 
-def _spread(values: Sequence[float]) -> str:
-    """median (min-max)."""
-    finite = [v for v in values if math.isfinite(v)] or [math.nan]
-    return f"{fmt(statistics.median(values))} ({fmt(min(finite))}-{fmt(max(finite))})"
+def plot_cold(runs: Sequence[RunResult], modes: Sequence[str], path: Path, title: str) -> None:
+    """Issue 49's figures side by side per mode: cold starts per 1,000 calls and SLO
+    goodput, a bar at the median and a dot per run."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def cold_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
-    """Issue 49's figures per load and mode: cold starts per 1,000 calls, weight loads
-    per minute, SLO goodput and p99; then each figure of the LRU baseline over rsgw's."""
-    header = ("load", "mode", "cold/1k calls", "loads/min", "goodput rps", "p99 ms")
-    rows = [header]
-    medians: dict[tuple[float, str], tuple[float, ...]] = {}
-    for load in sorted({r.load for r in runs}):
-        for mode, group in by_mode([r for r in runs if r.load == load], modes):
-            cold = [1000 * (r.cold_starts or 0) / r.sent if r.sent else math.nan for r in group]
-            loads = [60 * r.loads / r.window_s for r in group]
-            good = [r.goodput_rps for r in group]
-            p99 = [r.p99_ms for r in group]
-            medians[(load, mode)] = tuple(statistics.median(v) for v in (cold, loads, good, p99))
-            rows.append(
-                (f"{load:.0%}", mode, _spread(cold), _spread(loads), _spread(good), _spread(p99))
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    for load in sorted({r.load for r in runs}):
-        ours, theirs = medians.get((load, "lpt_packing")), medians.get((load, "lru_baseline"))
-        if ours and theirs:
-            fewer = 1 - ours[0] / theirs[0] if theirs[0] else math.nan
-            lines.append(
-                f"{load:.0%}: lpt_packing has {fewer:.0%} fewer cold starts per 1,000 calls than "
-                f"the LRU baseline; goodput x{ours[2] / theirs[2] if theirs[2] else math.nan:.2f}, "
-                f"p99 x{ours[3] / theirs[3] if theirs[3] else math.nan:.2f}, loads/min "
-                f"x{ours[1] / theirs[1] if theirs[1] else math.nan:.2f}"
-            )
-    return "\n".join(lines)
+    fig, panels = plt.subplots(1, 2, figsize=(9, 4), dpi=110, layout="constrained")
+    metrics = (
+        ("cold starts per 1,000 calls", lambda r: 1000 * (r.cold_starts or 0) / max(r.sent, 1)),
+        (
+            f"SLO goodput, req/s within {fmt(runs[0].slo_ms if runs else math.nan)} ms",
+            lambda r: r.goodput_rps,
+        ),
+    )
+    groups = list(by_mode(runs, modes))
+    for ax, (name, value) in zip(panels, metrics, strict=True):
+        for x, (mode, group) in enumerate(groups):
+            values = [value(r) for r in group]
+            color = "C2" if mode == "lpt_packing" else "C3"
+            ax.bar(x, statistics.median(values), color=color, alpha=0.5, width=0.6)
+            ax.plot([x] * len(values), values, "o", color=color)
+        ax.set_xticks(range(len(groups)), [label(mode) for mode, _ in groups])
+        ax.set_ylabel(name)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_sweep(runs: Sequence[RunResult], modes: Sequence[str], path: Path, title: str) -> None:

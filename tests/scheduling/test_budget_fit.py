@@ -172,3 +172,18 @@ def test_no_budget_is_ever_exceeded(
     # Deterministic.
     again = fit_to_budgets(target, facts(sizes, budgets, terms=terms, demand=rates))
     assert again == fit
+
+
+def test_after_start_up_a_repack_loads_no_model_that_is_loaded_nowhere() -> None:
+    """A model's first copy is loaded by a call (the cold path): a repack widens or
+    keeps loaded models and tops up min_copies, but leaves the rest cold, room or not."""
+    sizes = {"loaded": 100, "tail": 100, "floor": 100}
+    target = {m: uniform(["w0", "w1"]) for m in sizes}
+    terms = {"floor": ModelTerms(min_copies=1)}
+    base = facts(sizes, {"w0": 1000, "w1": 1000}, loaded={"w0": {"loaded": 0.0}}, terms=terms)
+    later = fit_to_budgets(target, dataclasses.replace(base, loads_cold=False))
+    assert set(later.assignment) == {"loaded", "floor"}
+    assert set(later.assignment["loaded"].urls) == {"w0", "w1"}  # widened
+    assert later.cold == ("tail",)
+    at_start = fit_to_budgets(target, base)
+    assert set(at_start.assignment) == set(sizes) and not at_start.cold

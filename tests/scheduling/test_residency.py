@@ -17,6 +17,7 @@ from rsgw.scheduling.placement._residency import (
     WorkerMemory,
     copies_of,
     evictable,
+    first_for_room,
     over_budget,
     plan_cold_load,
 )
@@ -109,6 +110,29 @@ def test_the_least_valuable_per_byte_goes_first() -> None:
     assert plan == ColdLoad("new", "w0", ("cold_big",), 0.2)
 
 
+def test_by_recency_the_least_recently_used_go_first_whatever_their_size() -> None:
+    """The LRU baseline (`eviction: lru`) is size-blind, as ModelMesh's and Seldon
+    Core's caches are: a small old copy goes before a large newer one, and the worker
+    chosen is the one whose newest eviction is the oldest."""
+    old = NOW - 100
+    w0 = WorkerMemory(
+        "w0",
+        300,
+        {"small_old": ResidentCopy("small_old", 50, old), "big": ResidentCopy("big", 250, old)},
+    )
+    w1 = WorkerMemory("w1", 300, {"mid": ResidentCopy("mid", 300, old)})
+    last_use = {"small_old": 1.0, "big": 2.0, "mid": 1.5}
+    terms = {m: ModelTerms(demand=clock, reload_seconds=1.0) for m, clock in last_use.items()}
+    plan = plan_cold_load("new", 100, [w0, w1], terms, NOW, MIN_RESIDENCY, by_recency=True)
+    # On w0 room takes small_old then big (newest 2); on w1, mid alone (newest 1.5).
+    assert plan == ColdLoad("new", "w1", ("mid",), 1.5)
+    by_value = plan_cold_load("new", 50, [w0], terms, NOW, MIN_RESIDENCY)
+    assert isinstance(by_value, ColdLoad) and by_value.evict == ("big",)  # per byte: 2/250
+    assert plan_cold_load("new", 50, [w0], terms, NOW, MIN_RESIDENCY, by_recency=True) == (
+        ColdLoad("new", "w0", ("small_old",), 1.0)
+    )
+
+
 def test_busy_young_and_floored_copies_are_kept_and_the_reason_said() -> None:
     worker = WorkerMemory(
         "w0",
@@ -169,3 +193,48 @@ def test_a_tail_model_waits_for_a_cheap_copy_to_come_of_age_rather_than_evict_a_
     assert isinstance(plan, ColdLoad) and plan.evict == ("hot",)
     plan = plan_cold_load("tail2", 100, [worker], terms, NOW, MIN_RESIDENCY, wait_ratio=None)
     assert isinstance(plan, ColdLoad) and plan.evict == ("hot",)
+
+
+def test_no_waiting_when_the_cheap_copies_could_make_room_now() -> None:
+    """Greedy by value per byte picks one large copy worth more than four times the
+    small ones; the small ones could make room now, so there is nothing to wait for:
+    the plan evicts whichever gives up less in all (here the large one), and never
+    answers "wait" (it stalled every cold model behind it on the long-tail bench)."""
+    old = NOW - 100
+    copies = {"big": ResidentCopy("big", 200, old)}
+    copies |= {f"s{i}": ResidentCopy(f"s{i}", 12, old) for i in range(9)}
+    worker = WorkerMemory("w0", 308, copies)
+    terms = {"big": ModelTerms(demand=1.0, reload_seconds=1.0)}
+    terms |= {f"s{i}": ModelTerms(demand=0.2, reload_seconds=1.0) for i in range(9)}
+    plan = plan_cold_load("new", 100, [worker], terms, NOW, MIN_RESIDENCY)
+    assert plan == ColdLoad("new", "w0", ("big",), 1.0)
+    # Cheaper in all: the small ones go.
+    terms |= {f"s{i}": ModelTerms(demand=0.05, reload_seconds=1.0) for i in range(9)}
+    plan = plan_cold_load("new", 100, [worker], terms, NOW, MIN_RESIDENCY)
+    assert isinstance(plan, ColdLoad) and "big" not in plan.evict
+    assert plan.cost < 1.0
+
+
+def test_cold_models_take_turns_by_demand_but_a_long_wait_goes_first() -> None:
+    waiting = ["tail", "warm", "hot"]  # the order they began to wait
+    demand = {"hot": 5.0, "warm": 1.0, "tail": 0.01}
+    since = {"tail": 9.0, "warm": 9.5, "hot": 9.9}
+
+    def load(model: str) -> float:
+        return 0.5
+
+    assert first_for_room(waiting, demand, since, load, now=9.95) == "hot"
+    # tail has waited 2 of its loads (1 s): it goes first, whatever its demand.
+    assert first_for_room(waiting, demand, since, load, now=10.0) == "tail"
+    # Among the overdue, the longest waiting.
+    assert first_for_room(waiting, demand, since, load, now=10.6) == "tail"
+    assert first_for_room(["warm", "hot"], demand, since, load, now=10.6) == "warm"
+
+
+def test_a_model_held_everywhere_it_could_go_waits_rather_than_is_refused() -> None:
+    """Its copy is loading (start-up's placement) or loaded where the routing table does
+    not list it yet: not "cannot be loaded" (a node's first call was refused so)."""
+    loading = ResidentCopy("m0", 100, NOW, in_flight=1)
+    workers = [WorkerMemory("w0", 10**12, {"m0": loading})]
+    plan = plan_cold_load("m0", 100, workers, {}, NOW, MIN_RESIDENCY)
+    assert isinstance(plan, NoRoom) and plan.may_wait

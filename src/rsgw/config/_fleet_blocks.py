@@ -32,6 +32,8 @@ DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
 # rsgw's own (issue 49): a model loaded to make room is not evicted sooner than this,
 # so two models that take turns on one GPU do not reload each other call by call.
 DEFAULT_MIN_RESIDENCY_SECONDS = 10.0
+#: A model's demand for residency halves each this many seconds without calls.
+DEFAULT_DEMAND_HALFLIFE_SECONDS = 60.0
 
 
 def _check_models(value: object, key: str) -> tuple[str, ...]:
@@ -82,6 +84,7 @@ _REPOSITORY_CHECKS: Mapping[str, Check] = {
     "min_residency_seconds": non_negative,
     "load_seconds": non_negative,
     "eviction": ranged(check_str, lambda s: s in ("value", "lru"), "value or lru"),
+    "demand_halflife_seconds": check_positive,
     "min_copies": _named_table("model", "copies", non_negative_int),
     "max_copies": _named_table("model", "copies", positive_int),
 }
@@ -180,7 +183,8 @@ class RepositoryConfig:
     models than the budgets hold, the most valuable stay loaded and the rest are
     loaded when called (issue 49, docs/models.md). `min_copies` models are always
     loaded, `max_copies` bound a model's copies, a model loaded is not evicted within
-    `min_residency_seconds`, and a call whose deadline is shorter than a cold model's
+    `min_residency_seconds`, a model's demand forgets its calls with a half-life of
+    `demand_halflife_seconds`, and a call whose deadline is shorter than a cold model's
     load (learned, else `load_seconds`; 0: not until learned) is refused at once.
     """
 
@@ -197,6 +201,9 @@ class RepositoryConfig:
     #: `lru` (least recently used first, as ModelMesh and Seldon Core: the baseline of
     #: bench/fleet's long tail).
     eviction: str = "value"
+    #: A model's demand (its value's calls per second) is its calls counted with a
+    #: decay: each call's weight halves every this many seconds.
+    demand_halflife_seconds: float = DEFAULT_DEMAND_HALFLIFE_SECONDS
     min_copies: Mapping[str, int] = field(default_factory=FrozenTable)
     max_copies: Mapping[str, int] = field(default_factory=FrozenTable)
 
@@ -258,6 +265,7 @@ FLEET_ENV_KINDS: Mapping[str, str] = {
     "repository.min_residency_seconds": "float",
     "repository.load_seconds": "float",
     "repository.eviction": "str",
+    "repository.demand_halflife_seconds": "float",
     "coordination.etcd_endpoints": "names",
     "coordination.cluster": "str",
     "coordination.lease_ttl_seconds": "int",

@@ -62,6 +62,7 @@ from rsgw.scheduling.calls._schedulers import (
 from rsgw.scheduling.fleet._lookups import ModelLookups
 from rsgw.scheduling.fleet._stalls import StallWatch
 from rsgw.scheduling.knobs._knobs import WorkBasis
+from rsgw.scheduling.placement._demand import DecayedDemand
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._packer import Packer
 
@@ -175,8 +176,13 @@ def choose_policy(
         resolved = dataclasses.replace(
             scheduling, ema_halflife_compute_seconds=scheduling.resolved_ema_halflife
         )
-        lru = config.repository.eviction == "lru"
-        lpt = LptScheduler(resolved, Packer(track_recency=lru))
+        repository = config.repository
+        lru = repository.eviction == "lru"
+        # Residency counts every call of the handed models in a demand meter (the value
+        # of a copy, and the turn of a cold model waiting for room).
+        handed = bool(repository.models)
+        demand = DecayedDemand(repository.demand_halflife_seconds) if handed else None
+        lpt = LptScheduler(resolved, Packer(track_recency=lru, demand=demand))
         polls = Polls()
         poller = MetaPoller(
             pool,

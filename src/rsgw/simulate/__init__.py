@@ -7,8 +7,11 @@ worker's device and models (the same costs and queues the simulated worker runs)
 - `_scenario` scenarios as data, and their arrivals.
 - `_offered` the load a scenario offers.
 - `_trace` recorded arrivals.
-- `_engine` a run through the production schedulers and admission.
-- `_device` one worker's queues, weight cache and costs.
+- `_engine` a run, event by event.
+- `_gateway` the gateway's decisions through the production schedulers and admission.
+- `_cold` the cold path (issue 49: loads on demand), `_placer` placements carried out
+  by load and unload, `_ledger` the workers' memory against their budgets.
+- `_device` one worker's queues, weight cache, model control and costs.
 - `_day` a whole day, round by round.
 - `_fluid` a round's calls in closed form.
 - `_capacity` a scenario's capacity.

@@ -5,6 +5,7 @@ virtual time, with the table and JSON rows bench/fleet prints for a real run.
     rsgw simulate memory.yaml --load 0.3,0.7,1.1 --modes lpt_packing --repeat 3
     rsgw simulate memory.yaml --gpus 64 --models 1000 --load 0.7 --duration 3600
     rsgw simulate node.yaml --trace gateway.log --write-trace trace.csv
+    rsgw simulate bench/fleet/scenarios/long_tail.yaml --eviction both --repeat 3
 
 Exit 0 with the table; 2 with one line on stderr when the scenario, the trace or an
 argument is unusable.
@@ -27,6 +28,8 @@ from rsgw.simulate import _day, _engine, _offered
 from rsgw.simulate import _scenario as sc
 from rsgw.simulate._results import (
     RunResult,
+    cold_per_1k,
+    cold_table,
     context_table,
     describe_run,
     errors_line,
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", type=Path, help="a scenario file (bench/fleet/scenarios/*.yaml)")
     p.add_argument("--load", type=loads_arg, help="fraction(s) of capacity (default: its sweep)")
-    p.add_argument("--modes", type=modes_arg, default=list(_engine.MODES), help="default: all")
+    p.add_argument("--modes", type=modes_arg, help="default: all")
     p.add_argument("--repeat", type=_positive(int), default=1, help="runs per mode and load")
     p.add_argument("--warmup", type=_positive(float), help="seconds before the window (20)")
     p.add_argument("--duration", type=_positive(float), help="measured seconds (60)")
@@ -125,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--step", type=_positive(float), help="--day: seconds per prober round (default 30)"
     )
+    p.add_argument(
+        "--eviction",
+        choices=("value", "lru", "both"),
+        help="more models than the GPUs hold (issue 49, the long_tail scenario), as "
+        "bench/fleet --eviction: the workers start with nothing loaded and lpt_packing "
+        "loads on demand, evicting by value (mode lpt_packing) or least recently used "
+        "(mode lru_baseline), or both; prints cold starts per 1,000 calls too",
+    )
     p.add_argument("--json", type=Path, help="write every run's row (a JSON list)")
     return p
 
@@ -143,10 +154,29 @@ def main(argv: Sequence[str]) -> int:
         return FAILED
 
 
+def _modes(args: argparse.Namespace) -> str | None:
+    """Resolve `args.modes` (under --eviction, its labels); why not, if they clash."""
+    if args.eviction is None:
+        args.modes = args.modes or list(_engine.MODES)
+        return None
+    if args.modes is not None:
+        return "--eviction chooses the modes (lpt_packing, lru_baseline): leave out --modes"
+    if args.day:
+        return "--day has no cold path: leave out --eviction"
+    chosen = {"value": ["value"], "lru": ["lru"]}.get(args.eviction, ["value", "lru"])
+    args.modes = [_engine.EVICTION_MODES[e] for e in chosen]
+    return None
+
+
 def _main(args: argparse.Namespace) -> int:
+    clash = _modes(args)
+    if clash is not None:
+        print(f"rsgw simulate: {clash}", file=sys.stderr)
+        return USAGE
+    cold = args.eviction is not None
     try:
         scenario = sc.load_scenario(args.scenario)
-        load = _offered.derive_load(scenario)
+        load = _offered.derive_load(scenario, cold_starts=cold)
     except sc.ScenarioError as exc:
         print(f"rsgw simulate: {exc}", file=sys.stderr)
         return FAILED
@@ -155,7 +185,7 @@ def _main(args: argparse.Namespace) -> int:
             scenario = scenario.resized(
                 args.gpus or scenario.workers, args.models or scenario.count
             )
-            load = _offered.derive_load(scenario)
+            load = _offered.derive_load(scenario, cold_starts=cold)
         except sc.ScenarioError as exc:
             print(f"rsgw simulate: {exc}", file=sys.stderr)
             return USAGE
@@ -211,6 +241,7 @@ def _main(args: argparse.Namespace) -> int:
                     settings,
                     admission_cap=args.admission_cap,
                     schedule=schedule,
+                    eviction=_eviction(args, mode),
                 )
                 runs.append(run)
                 print(describe_run(run, time.monotonic() - t0), flush=True)
@@ -220,12 +251,20 @@ def _main(args: argparse.Namespace) -> int:
     print(results_table(runs, args.modes))
     print("\n" + context_table(runs, args.modes))
     print("\n" + errors_line(runs, args.modes))
+    if cold:
+        print("\nCold starts (issue 49): median (min-max) over the runs\n")
+        print(cold_table(runs, args.modes))
     print(f"\n{virtual:,.0f} virtual seconds in {took:.1f} s ({virtual / max(took, 1e-9):,.0f}x)")
     if args.json:
         rows = [{**r.to_json(), "simulated": True} for r in runs]
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"JSON: {args.json}")
     return 0
+
+
+def _eviction(args: argparse.Namespace, mode: str) -> str | None:
+    """The eviction a run of `mode` loads on demand with (None: every model resident)."""
+    return None if args.eviction is None else _engine.eviction_of(mode)
 
 
 def day(args: argparse.Namespace, scenario: sc.Scenario, load: _offered.Load) -> int:
@@ -303,17 +342,23 @@ def compare(
             load,
             dataclasses.replace(settings, measure_s=m.window_s),
             admission_cap=args.admission_cap,
+            eviction=_eviction(args, m.mode),
         )
         for m in measured
     ]
-    print(comparison_table(measured, simulated, args.modes))
+    print(comparison_table(measured, simulated, args.modes, cold=args.eviction is not None))
     return 0
 
 
 def comparison_table(
-    measured: Sequence[RunResult], simulated: Sequence[RunResult], modes: Sequence[str]
+    measured: Sequence[RunResult],
+    simulated: Sequence[RunResult],
+    modes: Sequence[str],
+    *,
+    cold: bool = False,
 ) -> str:
-    """Per load and mode: measured median, simulated median, and the relative error."""
+    """Per load and mode: measured median, simulated median, and the relative error;
+    `cold` (--eviction): issue 49's figures in place of batch depth and evictions."""
     figures: list[tuple[str, Callable[[RunResult], float]]] = [
         ("SLO goodput req/s", lambda r: r.goodput_rps),
         ("rows/dispatch", lambda r: r.rows_weighted),
@@ -321,6 +366,12 @@ def comparison_table(
         ("p50 ms", lambda r: r.p50_ms),
         ("p99 ms", lambda r: r.p99_ms),
     ]
+    if cold:
+        figures[1:3] = [
+            ("cold/1k calls", lambda r: cold_per_1k(r)),
+            ("loads/min", lambda r: 60 * r.loads / r.window_s),
+            ("failed", lambda r: r.sent - r.ok),
+        ]
     header = ["load, mode"] + [f"{name} (measured / simulated, error)" for name, _ in figures]
     rows = []
     for load in sorted({r.load for r in measured}):

@@ -10,11 +10,21 @@ device time: tensors, metas, sequences, and control commands but compaction.
 A batch's weights load before it runs and the load is device time but not compute,
 as on the worker; a call the client gave up on leaves the queue (the gateway cancels
 it), and one already in a batch is still computed and counted.
+
+Under explicit model control (`--model-control-mode explicit`, issue 49's cold path)
+the device starts with nothing loaded and serves only the models loaded on it:
+RepositoryModelLoad and Unload are control commands (`Command`), run in the order they
+came, before the next batch, as the worker's dispatch loop runs them. A load occupies
+the device for the model's load time (device time, not compute, counted in `loads`
+and `load_s`); an unload takes none, but waits its turn behind the running batch and
+the commands before it. A model reads READY (RepositoryIndex) from the moment its load
+begins, as the worker lists it once `DeviceMemory.load` has taken it back.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -54,15 +64,32 @@ def device_weights(specs: Mapping[str, ModelSpec], budget: int) -> WeightCache:
     )
 
 
+LOAD = "load"
+UNLOAD = "unload"
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """RepositoryModelLoad (`LOAD`) or Unload of `model`, asked at `asked` (the gateway
+    times a load from then: its wait behind other commands counts); `tag` is the
+    asker's own (the simulated gateway's load or eviction it belongs to)."""
+
+    kind: str
+    model: str
+    asked: float
+    tag: object = None
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """A batch on the device: its calls, and when it ends."""
+    """A batch on the device (or a control command): its calls, and when it ends."""
 
     model: str
     calls: tuple[SimCall, ...]
     rows: int
     ends: float
     compute_s: float
+    command: Command | None = None
 
 
 @dataclass(slots=True)
@@ -76,6 +103,9 @@ class SimDevice:
         weight_cache_bytes: the on-demand weight budget; 0 keeps every model resident.
         time_scale: multiplies every cost, as the worker's --time-scale does.
         load_bandwidth: bytes/s for models without a catalogue load time.
+        explicit: explicit model control: nothing loaded at start, models loaded and
+            unloaded by `control` commands only, within `weight_cache_bytes` (the
+            worker's --gpu-memory-bytes).
     """
 
     url: str
@@ -84,6 +114,7 @@ class SimDevice:
     weight_cache_bytes: int
     time_scale: float = 1.0
     load_bandwidth: float = 8 * 1024**3
+    explicit: bool = False
     queues: RequestQueues[SimCall] = field(init=False)
     cache: WeightCache = field(init=False)
     policies: dict[str, BatchPolicy] = field(init=False)
@@ -91,6 +122,9 @@ class SimDevice:
     counters: dict[str, float] = field(init=False)
     per_model: dict[str, list[float]] = field(init=False)  # compute_s, requests, rows
     running: Dispatch | None = None
+    #: Explicit model control: the models loaded, and the commands waiting their turn.
+    loaded: set[str] = field(init=False, default_factory=set)
+    commands: deque[Command] = field(init=False, default_factory=deque)
 
     def __post_init__(self) -> None:
         self.queues = RequestQueues(self.discipline)
@@ -123,6 +157,9 @@ class SimDevice:
         expired: list[SimCall] = []
         if self.running is not None:
             return None, expired
+        if self.commands:  # control commands run before the next batch
+            self.running = self._command(self.commands.popleft(), now)
+            return self.running, expired
         while self.running is None:
             batch = self.queues.next_batch(self.max_batch, now, self.policies)
             if batch is None:
@@ -132,8 +169,10 @@ class SimDevice:
                 continue
             spec = self.specs[batch.model]
             load_s = 0.0
-            load = self.cache.load(batch.model, now)
-            if load is not None:
+            if self.explicit:
+                # The gateway routes only to READY copies and unloads none with calls.
+                assert batch.model in self.loaded, (self.url, batch.model)
+            elif (load := self.cache.load(batch.model, now)) is not None:
                 load_s = spec.weight_load_seconds(load.nbytes, self.load_bandwidth)
                 load_s *= self.time_scale
                 self.counters["loads"] += 1
@@ -150,11 +189,42 @@ class SimDevice:
             call.pending = None
         return self.running, expired
 
+    def control(self, command: Command) -> None:
+        """Queue a RepositoryModelLoad or Unload (the caller starts an idle device)."""
+        self.commands.append(command)
+
+    @property
+    def ready(self) -> frozenset[str]:
+        """The models RepositoryIndex lists READY: loaded, or with their load begun."""
+        running = self.running
+        if running is not None and running.command is not None and running.command.kind == LOAD:
+            return frozenset(self.loaded | {running.model})
+        return frozenset(self.loaded)
+
+    def loaded_bytes(self) -> int:
+        return sum(self.specs[m].weight_bytes for m in self.loaded)
+
+    def _command(self, command: Command, now: float) -> Dispatch:
+        seconds = 0.0
+        if command.kind == LOAD and command.model not in self.loaded:
+            spec = self.specs[command.model]
+            # The worker fails a load past its GPU memory; the gateway's ledger never asks.
+            assert self.loaded_bytes() + spec.weight_bytes <= self.weight_cache_bytes, (
+                self.url,
+                command.model,
+            )
+            seconds = self._load_seconds(command.model)
+        return Dispatch(command.model, (), 0, now + seconds, 0.0, command)
+
     def finish(self) -> Dispatch:
-        """The running batch is over: count it, let the scheduler learn its cost."""
+        """The running batch (or command) is over: count it, let the scheduler learn its
+        cost (a command: carry it out)."""
         done = self.running
         assert done is not None
         self.running = None
+        if done.command is not None:
+            self._carry_out(done)
+            return done
         c = self.counters
         c["dispatches"] += 1
         c["rows"] += done.rows
@@ -169,6 +239,20 @@ class SimDevice:
         model[2] += done.rows
         self.queues.record(key, done.rows, done.compute_s, done.ends)
         return done
+
+    def _carry_out(self, done: Dispatch) -> None:
+        command = done.command
+        assert command is not None
+        if command.kind == UNLOAD:
+            self.loaded.discard(command.model)
+        elif command.model not in self.loaded:
+            self.loaded.add(command.model)
+            self.counters["loads"] += 1
+            self.counters["load_s"] += self._load_seconds(command.model)
+
+    def _load_seconds(self, model: str) -> float:
+        spec = self.specs[model]
+        return spec.weight_load_seconds(spec.weight_bytes, self.load_bandwidth) * self.time_scale
 
     def wake_at(self) -> float:
         """When a model held back by its batcher becomes due (inf: none is)."""

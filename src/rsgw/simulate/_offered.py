@@ -204,6 +204,7 @@ def describe(scenario: Scenario, load: Load) -> str:
         f"{scenario.item_ms:g} ms/row, load {scenario.load_ms:g} ms, weights "
         f"{scenario.weight_bytes:,} B ({scenario.slots_per_gpu} fit a worker's "
         f"{scenario.budget_bytes:,} B)"
+        + _sizes(scenario)
         + (
             f"; dynamic batcher {scenario.max_queue_delay_us} us"
             + (
@@ -231,3 +232,15 @@ def describe(scenario: Scenario, load: Load) -> str:
             f"{scenario.model_name(top + 1)} ({phase.shares[top]:.1%})"
         )
     return "\n".join(lines)
+
+
+def _sizes(scenario: Scenario) -> str:
+    """How the models' weights and loads differ, when they do."""
+    if not scenario.weight_classes:
+        return ""
+    classes = ", ".join(f"{c:g}" for c in scenario.weight_classes)
+    fixed = scenario.load_fixed_fraction
+    return (
+        f" on average: weights in classes {classes} (relative, by popularity rank in turn), "
+        f"loads {fixed:.0%} fixed and {1 - fixed:.0%} by weight"
+    )

@@ -382,3 +382,44 @@ def describe_run(r: RunResult, took: float) -> str:
         f"evicts {r.evicts}  compute s {gpu}  "
         f"failed {r.sent - r.ok}  lag p99 {r.lag_p99_ms:.1f} ms{repack}  ({took:.0f}s)"
     )
+
+
+def cold_per_1k(r: RunResult) -> float:
+    """Calls that waited for a load or were refused for one, per 1,000 sent."""
+    return 1000 * (r.cold_starts or 0) / r.sent if r.sent else math.nan
+
+
+def cold_table(runs: Sequence[RunResult], modes: Sequence[str]) -> str:
+    """Issue 49's figures per load and mode (bench/fleet's cold-start table): cold starts
+    per 1,000 calls, weight loads per minute, SLO goodput, p99 and failed calls; then,
+    per load, rsgw's residency by value against the LRU baseline."""
+    columns: list[tuple[str, Callable[[RunResult], float]]] = [
+        ("cold/1k calls", cold_per_1k),
+        ("loads/min", lambda r: 60 * r.loads / r.window_s),
+        ("SLO goodput req/s", lambda r: r.goodput_rps),
+        ("p99 ms", lambda r: r.p99_ms),
+        ("failed", lambda r: r.sent - r.ok),
+    ]
+    rows = [
+        [name, *(cell([get(r) for r in group]) for _, get in columns)]
+        for name, group in by_load_and_mode(runs, modes)
+    ]
+    lines = [table(["load, mode", *(name for name, _ in columns)], rows)]
+    for load in sorted({r.load for r in runs}):
+        medians = {
+            mode: [statistics.median(get(r) for r in group) for _, get in columns]
+            for mode, group in by_mode([r for r in runs if r.load == load], modes)
+        }
+        ours, theirs = medians.get("lpt_packing"), medians.get("lru_baseline")
+        if ours and theirs:
+            fewer = 1 - ours[0] / theirs[0] if theirs[0] else math.nan
+            lines.append(
+                f"{load:.0%}: lpt_packing has {fewer:.0%} fewer cold starts per 1,000 calls "
+                f"than the LRU baseline; goodput x{_ratio(ours[2], theirs[2])}, loads/min "
+                f"x{_ratio(ours[1], theirs[1])}"
+            )
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"

@@ -13,6 +13,7 @@ tuned against a result (`_offered.py`).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -123,6 +124,30 @@ class Scenario:
     #: How the file sized it, so `resized` can size it again.
     popularity: Mapping[str, Any] = field(default_factory=dict, compare=False)
     weight_fraction: float = 0.0
+    #: Models' weights relative to the mean (`weight_bytes`), model i taking class
+    #: i mod len (so every popularity band has every size); (): all alike.
+    weight_classes: tuple[float, ...] = ()
+    #: The part of a load that does not grow with the weights: a model's load takes
+    #: `load_ms` x (this + (1 - this) x its weight / the mean weight).
+    load_fixed_fraction: float = 1.0
+
+    def weight_of(self, i: int) -> int:
+        """Model i's (0-based, by popularity) weight in bytes."""
+        if not self.weight_classes:
+            return self.weight_bytes
+        classes = self.weight_classes
+        mean = sum(classes) / len(classes)
+        return int(self.weight_bytes * classes[i % len(classes)] / mean)
+
+    def load_ms_of(self, i: int) -> float:
+        """Model i's (0-based) load time in unscaled ms."""
+        fixed = self.load_fixed_fraction
+        return self.load_ms * (fixed + (1 - fixed) * self.weight_of(i) / self.weight_bytes)
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """model name -> weight bytes."""
+        return {name: self.weight_of(i) for i, name in enumerate(self.names)}
 
     def model_name(self, i: int) -> str:
         """Model i (1-based); zero-padded so name order is first-phase popularity order."""
@@ -145,9 +170,9 @@ class Scenario:
         return max(1, self.budget_bytes // self.weight_bytes) if self.weight_bytes else self.count
 
     def catalogue_yaml(self) -> str:
-        """The workers' model catalogue: identical GPU-shaped models, synthetic compute."""
+        """The workers' model catalogue: GPU-shaped models, synthetic compute."""
         lines = [f"# bench/fleet scenario {self.name} (generated).", "models:"]
-        for name in self.names:
+        for i, name in enumerate(self.names):
             lines += [
                 f"  - name: {name}",
                 f"    inputs: [{{name: INPUT0, datatype: FP32, shape: [-1, {ROW_ELEMENTS}]}}]",
@@ -155,8 +180,8 @@ class Scenario:
                 f"    max_batch_size: {self.max_batch}",
                 f"    launch_ms: {self.launch_ms}",
                 f"    item_ms: {self.item_ms}",
-                f"    weight_bytes: {self.weight_bytes}",
-                f"    load_ms: {self.load_ms}",
+                f"    weight_bytes: {self.weight_of(i)}",
+                f"    load_ms: {self.load_ms_of(i):g}",
             ]
             if self.max_queue_delay_us:
                 lines.append(f"    max_queue_delay_microseconds: {self.max_queue_delay_us}")
@@ -216,6 +241,20 @@ def _shares(spec: object, count: int, where: str) -> tuple[float, ...]:
     return tuple(r / total for r in raw)
 
 
+def _weight_classes(raw: object, where: str) -> tuple[float, ...]:
+    classes = tuple(float(x) for x in raw) if isinstance(raw, list | tuple) else None
+    if classes is None or any(not c > 0 for c in classes):
+        raise ScenarioError(f"{where}: models.weight_classes must be a list of numbers > 0")
+    return classes
+
+
+def _fraction(raw: object, where: str) -> float:
+    value = float(raw) if isinstance(raw, int | float) else math.nan
+    if not 0 <= value <= 1:
+        raise ScenarioError(f"{where}: models.load_fixed_fraction must be within 0..1")
+    return value
+
+
 def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
     """The scenario in the YAML file `path`; `known` names others, for the error."""
     try:
@@ -263,6 +302,8 @@ def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
             source=where,
             popularity=dict(models["popularity"]),
             weight_fraction=float(models["weight_fraction"]),
+            weight_classes=_weight_classes(models.get("weight_classes", ()), where),
+            load_fixed_fraction=_fraction(models.get("load_fixed_fraction", 1.0), where),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{where}: missing or bad key: {exc}") from None

@@ -38,9 +38,9 @@ from rsgw.base._errors import GrpcError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
 from rsgw.scheduling.placement._residency import (
-    WAIT_VALUE_RATIO,
     ColdLoad,
     NoRoom,
+    first_for_room,
     plan_cold_load,
 )
 
@@ -89,6 +89,8 @@ class ColdStarts:
         #: waiting (room goes to the one most in demand whose load has not begun,
         #: the first of them among equals).
         self._waiting: dict[str, int] = {}
+        #: model -> when its first waiting call began to wait (while any waits).
+        self._waiting_since: dict[str, float] = {}
         #: model -> set when the cold load this gateway began for it ends.
         self._warming: dict[str, trio.Event] = {}
         #: model -> (when, worker) of its last cold load that failed (bounded by the
@@ -143,12 +145,14 @@ class ColdStarts:
                 "call's deadline leaves; retry with a longer deadline",
             )
         self._waiting[model] = self._waiting.get(model, 0) + 1
+        self._waiting_since.setdefault(model, started)
         try:
             await self._warm(model, started, deadline)
         finally:
             self._waiting[model] -= 1  # in place: the model keeps its turn
             if not self._waiting[model]:
                 del self._waiting[model]
+                del self._waiting_since[model]
 
     async def _warm(self, model: str, started: float, deadline: float) -> None:
         asked = alone = False
@@ -199,11 +203,10 @@ class ColdStarts:
         """Wait for one load of `model` to end (beginning it if none runs), or for room
         to appear; the caller looks at the routing table again.
 
-        Cold models waiting for room are served by demand, then first come, first
-        served: a model may begin its load only when no model more in demand (or as
-        much, and waiting longer) still waits for room. A hot model that went cold is
-        loaded before the tail's (its calls are most of those waiting), and among
-        equals no call is passed over again and again while others get room.
+        Cold models waiting for room take turns (`first_for_room`): by demand, then
+        first come, first served, but a model waiting for long goes first. A hot model
+        that went cold is loaded before the tail's (its calls are most of those
+        waiting), and no call is passed over again and again while others get room.
         """
         ledger = self._placer.ledger
         under_way = self._warming.get(model)
@@ -215,9 +218,10 @@ class ColdStarts:
         waiting = [
             m for m in self._waiting if m not in self._warming and ledger.load_under_way(m) is None
         ]
-        demand = self._packer.demand(trio.current_time())
-        order = {m: i for i, m in enumerate(waiting)}
-        first = min(waiting, key=lambda m: (-demand.get(m, 0.0), order[m]), default=model)
+        now = trio.current_time()
+        demand = self._packer.demand(now)
+        since, expected = self._waiting_since, ledger.expected_load
+        first = first_for_room(waiting, demand, since, expected, now) if waiting else model
         plan = self.plan(model) if first == model else None
         if isinstance(plan, ColdLoad):
             await self._begin(plan).wait()
@@ -245,7 +249,7 @@ class ColdStarts:
             ledger.terms(self._packer.demand(now), self._packer.recency),
             now,
             placer.min_residency_seconds,
-            wait_ratio=None if ledger.by_recency else WAIT_VALUE_RATIO,
+            by_recency=ledger.by_recency,
         )
 
     def _begin(self, plan: ColdLoad) -> trio.Event:

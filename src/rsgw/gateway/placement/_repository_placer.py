@@ -50,6 +50,7 @@ from rsgw.scheduling.placement._repository_moves import (
     plan_moves,
     settle,
     uniform,
+    without,
 )
 
 logger = logging.getLogger(__name__)
@@ -279,15 +280,7 @@ class RepositoryPlacer:
         pairs = [pair for pair in pairs if ledger.begin_unload(*pair)]
         if not pairs:
             return set()
-        routing = dict(self._scheduler.routing)
-        for model, url in pairs:
-            placement = routing.get(model)
-            if placement is not None and url in placement.urls:
-                rest = [u for u in placement.urls if u != url]
-                if rest:
-                    routing[model] = uniform(rest)
-                else:
-                    del routing[model]
+        routing = without(self._scheduler.routing, pairs)
         self._watch_leaving(self._scheduler.routing, routing)
         self._scheduler.install(routing)
         for model, url in pairs:

@@ -14,4 +14,6 @@ Pure. Imports `rsgw.base`, `rsgw.scheduling.knobs` and `rsgw.scheduling.calls`.
 - `_repository_moves` placing by loading and unloading: what to load, route, drain, unload.
 - `_residency` which models stay in GPU memory, and where a cold one is loaded.
 - `_budget_fit` a repack's placement cut to the workers' budgets, by value.
+- `_demand` each model's demand for residency: its calls, counted with a decay.
+- `_copies` what each budgeted worker holds of the handed models: the bookkeeping.
 """

@@ -8,7 +8,12 @@ it is carried out:
 
 1. Each handed model keeps the copies it has loaded (as many as the packer gives it
    replicas: a move would be a load on a GPU), the packer's choice placing only the
-   ones still to load, then trimmed to its `max_copies`.
+   ones still to load, then trimmed to its `max_copies`. A model loaded nowhere is
+   left cold (unless it is below its `min_copies`), but at start-up: after it, a
+   model's first copy is loaded by a call asking for it (the cold path), since a
+   call is the only proof of demand a model no one has called lately has. A repack
+   that loaded the tail into room a cold load had just freed made young copies that
+   pushed the middle of the distribution out (the long-tail bench).
 2. Each budgeted worker keeps the copies placed on it in order of priority until its
    budget is full: first the ones that must stay (a model at its `min_copies` floor
    where it is loaded, a copy loaded less than the minimum residency ago), then by
@@ -47,6 +52,7 @@ class ResidencyFacts:
             value; under `eviction: lru`, its recency).
         min_residency_seconds: a copy younger than this is not dropped.
         now: the clock the copies' `loaded_at` are on.
+        loads_cold: see step 1 of the module docstring.
     """
 
     handed: frozenset[str] = frozenset()
@@ -55,6 +61,9 @@ class ResidencyFacts:
     terms: Mapping[str, ModelTerms] = field(default_factory=lambda: MappingProxyType({}))
     min_residency_seconds: float = 0.0
     now: float = 0.0
+    #: Whether a model loaded nowhere may be placed (a start-up repack); otherwise
+    #: only one below its `min_copies` is.
+    loads_cold: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +91,14 @@ def fit_to_budgets(assignment: Mapping[str, Placement], facts: ResidencyFacts) -
 
     # 1. holders on budgeted workers, trimmed to max_copies (loaded ones kept first)
     holders: dict[str, list[str]] = {}
+    left_cold: list[str] = []
     for model, placement in assignment.items():
         if model not in facts.handed:
+            continue
+        if not facts.loads_cold and not loaded_on[model] and not terms[model].min_copies:
+            holders[model] = []
+            if any(u in budgeted for u in placement.urls):
+                left_cold.append(model)
             continue
         # Sticky: a copy loaded stays where it is; the packer's choice places only the
         # copies still to load (a move is a load on a GPU, and its room made first).
@@ -118,7 +133,7 @@ def fit_to_budgets(assignment: Mapping[str, Placement], facts: ResidencyFacts) -
                 kept[model].append(url)
 
     # 3. a model left with no holder goes where room is left, or is cold
-    cold: list[str] = []
+    cold: list[str] = left_cold
     elsewhere = {
         m for m, p in assignment.items() if m in holders and any(u not in budgeted for u in p.urls)
     }

@@ -43,6 +43,7 @@ Theory of operation (docs/original.md §4.4, §4.6.2, §4.6.3, §4.6.5)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -51,6 +52,7 @@ from rsgw.scheduling.knobs._knobs import CompactionMode, Replicas
 from rsgw.scheduling.knobs._settings import SchedulingConfig
 from rsgw.scheduling.placement._assignment import compute_assignment
 from rsgw.scheduling.placement._budget_fit import fit_to_budgets
+from rsgw.scheduling.placement._demand import DecayedDemand
 from rsgw.scheduling.placement._placement import Placement
 from rsgw.scheduling.placement._reports import (
     CompactionPlan,
@@ -84,11 +86,20 @@ class Packer:
             (e.g. the discovery routing table); polls add to this set.
         track_recency: keep each model's last call on a logical clock (`recency`), for
             `repository.eviction: lru`; off, the request path does not pay for it.
+        demand: count every call in this meter, which `demand` then reads (models
+            placed by loading, issue 49); None, the request path does not pay for it.
     """
 
-    def __init__(self, known_models: Iterable[str] = (), *, track_recency: bool = False) -> None:
+    def __init__(
+        self,
+        known_models: Iterable[str] = (),
+        *,
+        track_recency: bool = False,
+        demand: DecayedDemand | None = None,
+    ) -> None:
         self._known: set[str] = set(known_models)
         self._arrivals: dict[str, int] = {}
+        self._demand = demand
         self._calls = 0
         self._recent: dict[str, int] | None = {} if track_recency else None
         self._rate: dict[str, float] = {}
@@ -158,17 +169,9 @@ class Packer:
         return MappingProxyType(dict(self._arrivals))
 
     def demand(self, now: float) -> dict[str, float]:
-        """Each model's calls per second now: its rate EWMA, or the rate of the calls
-        counted since the last repack if that is higher (a model that just became hot
-        is valued as hot before the next repack measures it; issue 49's residency)."""
-        demand = dict(self._rate)
-        elapsed = now - self._last_rebalance if self._last_rebalance is not None else 0.0
-        if elapsed > 0:
-            for model, count in self._arrivals.items():
-                recent = count / max(elapsed, 1.0)
-                if recent > demand.get(model, 0.0):
-                    demand[model] = recent
-        return demand
+        """Each model's calls per second now, for residency (issue 49): the demand
+        meter's decayed counts (see `_demand`); none without a meter."""
+        return self._demand.rates(now) if self._demand is not None else {}
 
     def rates(self) -> Mapping[str, float]:
         """A copy of the arrival-rate EWMAs (requests per wall second)."""
@@ -182,6 +185,8 @@ class Packer:
         if model not in self._known:
             return False
         self._arrivals[model] = self._arrivals.get(model, 0) + count
+        if self._demand is not None:  # residency only: off the default hot path
+            self._demand.count(model, count)
         if self._recent is not None:  # `eviction: lru` only: off the default hot path
             self._calls += count
             self._recent[model] = self._calls
@@ -331,7 +336,10 @@ class Packer:
         over_budget = result.over_budget_models
         cold: tuple[str, ...] = ()
         if poll.residency is not None:  # models loaded on budgeted workers: cut to fit
-            fit = fit_to_budgets(placed, poll.residency)
+            facts = poll.residency
+            if trigger != "startup":  # a model's first copy: loaded by a call, not a repack
+                facts = dataclasses.replace(facts, loads_cold=False)
+            fit = fit_to_budgets(placed, facts)
             placed, cold = dict(fit.assignment), fit.cold
             over_budget = tuple(m for m in over_budget if m not in poll.residency.handed)
         self._assignment = MappingProxyType(placed)

@@ -24,7 +24,7 @@ goes in two steps, each decided here and carried out by the shell
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -61,6 +61,23 @@ def uniform(urls: Collection[str]) -> Placement:
     """Equal weights over `urls` (a model routed where it happens to be loaded)."""
     ordered = sorted(set(urls))
     return Placement(tuple((url, 1.0 / len(ordered)) for url in ordered))
+
+
+def without(
+    routing: Mapping[str, Placement], pairs: Iterable[tuple[str, str]]
+) -> dict[str, Placement]:
+    """`routing` with the copies `pairs` (model, url) taken out of it, equal weights
+    over the rest (a model left nowhere is left out)."""
+    routed = dict(routing)
+    for model, url in pairs:
+        placement = routed.get(model)
+        if placement is not None and url in placement.urls:
+            rest = [u for u in placement.urls if u != url]
+            if rest:
+                routed[model] = uniform(rest)
+            else:
+                del routed[model]
+    return routed
 
 
 def plan_moves(

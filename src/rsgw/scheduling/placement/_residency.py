@@ -26,7 +26,7 @@ plan says so and why: the caller waits for a copy to become evictable, or refuse
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 #: A cold load waits for copies coming of age rather than evict one worth this many
@@ -106,6 +106,33 @@ class NoRoom:
     may_wait: bool
 
 
+#: A cold model that has waited for room this many of its expected loads goes first,
+#: whatever its demand (`first_for_room`).
+OVERDUE_LOADS = 2.0
+
+
+def first_for_room(
+    waiting: Sequence[str],
+    demand: Mapping[str, float],
+    since: Mapping[str, float],
+    expected_load: Callable[[str], float],
+    now: float,
+) -> str:
+    """Which of the cold models waiting for room (`waiting`, in the order they began
+    to wait; `since`: when) plans first: the one most in demand (a hot model that went
+    cold before the tail's), then the longest waiting; but one that has waited
+    `OVERDUE_LOADS` of its expected loads goes before any that has not (in the
+    long-tail bench a tail call passed over by hotter misses waited past its 5 s
+    deadline)."""
+    order = {m: i for i, m in enumerate(waiting)}
+
+    def turn(m: str) -> tuple[bool, float, int]:
+        overdue = now - since[m] >= OVERDUE_LOADS * expected_load(m)
+        return (not overdue, 0.0 if overdue else -demand.get(m, 0.0), order[m])
+
+    return min(waiting, key=turn)
+
+
 def copies_of(workers: Iterable[WorkerMemory]) -> dict[str, int]:
     """How many workers hold each model."""
     counts: dict[str, int] = {}
@@ -139,6 +166,8 @@ def plan_cold_load(
     min_residency_seconds: float,
     preferred: Sequence[str] = (),
     wait_ratio: float | None = WAIT_VALUE_RATIO,
+    *,
+    by_recency: bool = False,
 ) -> ColdLoad | NoRoom:
     """Where to load `model` (`size` bytes), and what to evict there first.
 
@@ -148,7 +177,10 @@ def plan_cold_load(
     evict a hot one to save a few seconds).
 
     `preferred`: workers in the packer's order of preference, for ties. `wait_ratio`:
-    None: never wait for cheaper copies (LRU, the baseline).
+    None: never wait for cheaper copies. `by_recency`: the terms' values are last-use
+    clocks (`eviction: lru`, the baseline): copies go least recently used first
+    whatever their size, on the worker whose most recent eviction is the oldest (as a
+    cache-wide LRU list evicts, ModelMesh's and Seldon Core's), never waiting.
     """
     counts = copies_of(workers)
     rank = {url: i for i, url in enumerate(preferred)}
@@ -157,7 +189,7 @@ def plan_cold_load(
     for worker in workers:
         if model in worker.copies or size > worker.budget:
             continue
-        plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds)
+        plan = _room_on(model, size, worker, terms, counts, now, min_residency_seconds, by_recency)
         if plan is None:
             blocked_by_wait |= _room_if_waiting(size, worker, terms, counts)
             continue
@@ -165,15 +197,41 @@ def plan_cold_load(
         if best is None or key[:3] < best[:3]:
             best = key
     if best is None:
+        if any(model in worker.copies for worker in workers):
+            # Loaded (or loading, or leaving) where the caller's routing table does not
+            # list it yet, e.g. the start-up placement's load: it will be routable.
+            return NoRoom(model, _HELD_ALREADY, True)
         return _no_room(model, size, workers, blocked_by_wait)
     chosen = best[3]
-    if wait_ratio is not None and _cheaper_by_waiting(
-        chosen, size, workers, terms, counts, wait_ratio
-    ):
+    if wait_ratio is None or by_recency or not chosen.evict:
+        return chosen
+    dearest = max(terms.get(m, ModelTerms()).value for m in chosen.evict)
+    below = math.nextafter(dearest / wait_ratio, -math.inf)  # strictly: 0 waits for nothing
+    if dearest <= 0:
+        return chosen
+    # Copies each worth a small part of the dearest one that could make room now: evict
+    # those if they give up less in all (greedy by value per byte preferred one large,
+    # dear copy), else the plan stands; waiting would change nothing. Waiting used to
+    # be chosen here too, and a cold model waited with nothing to wait for, holding
+    # every cold model behind it past their deadlines (the long-tail bench).
+    cheap = [
+        plan
+        for worker in workers
+        if model not in worker.copies and size <= worker.budget
+        for plan in [
+            _room_on(model, size, worker, terms, counts, now, min_residency_seconds, ceiling=below)
+        ]
+        if plan is not None
+    ]
+    if cheap:
+        cheapest = min(cheap, key=lambda p: (p.cost, rank.get(p.url, len(rank)), p.url))
+        return cheapest if cheapest.cost < chosen.cost else chosen
+    if _cheaper_by_waiting(chosen, size, workers, terms, counts, below):
         return NoRoom(model, _WAIT_FOR_CHEAPER, True)
     return chosen
 
 
+_HELD_ALREADY = "it is on a worker already (loading, unloading, or not routed yet)"
 _WAIT_FOR_CHEAPER = (
     "the copies that could make room now are worth more than ones that will come of age "
     "or finish their calls soon"
@@ -186,17 +244,15 @@ def _cheaper_by_waiting(
     workers: Sequence[WorkerMemory],
     terms: Mapping[str, ModelTerms],
     counts: Mapping[str, int],
-    ratio: float,
+    below: float,
 ) -> bool:
-    """Whether room could be made, by waiting, from copies each worth a small part
-    (1 / `ratio`) of the most valuable one `plan` evicts: a hot model is
-    not evicted for a tail one while tail copies are about to come of age, but copies
-    of about the same worth are not waited for (that would only slow the tail)."""
-    if not plan.evict:
-        return False
-    dearest = max(terms.get(m, ModelTerms()).value for m in plan.evict)
-    below = math.nextafter(dearest / ratio, -math.inf)  # strictly less: 0 waits for nothing
-    return dearest > 0 and any(
+    """Whether room could be made, by waiting, from copies each worth less than `below`
+    (a small part of the most valuable one `plan` evicts): a hot model is not evicted
+    for a tail one while tail copies are about to come of age, but copies of about the
+    same worth are not waited for (that would only slow the tail). The caller has
+    found that the cheap copies evictable now do not make room: waiting is for the
+    busy and young ones among them."""
+    return any(
         _room_if_waiting(size, worker, terms, counts, below)
         for worker in workers
         if plan.model not in worker.copies and size <= worker.budget
@@ -211,9 +267,13 @@ def _room_on(
     counts: Mapping[str, int],
     now: float,
     min_residency_seconds: float,
+    by_recency: bool = False,
+    ceiling: float = math.inf,
 ) -> ColdLoad | None:
     """The cheapest evictions that fit `size` on `worker` (greedy by value per byte,
-    then the ones not needed given back), or None if its evictable copies cannot."""
+    then the ones not needed given back), or None if its evictable copies (each
+    worth at most `ceiling`) cannot. `by_recency`: the least recently used first until
+    the room fits, each costing the newest last use among them."""
     need = size - worker.free
     if need <= 0:
         return ColdLoad(model, worker.url, (), 0.0)
@@ -227,8 +287,10 @@ def _room_on(
             now,
             min_residency_seconds,
         )
+        and _value(copy, terms) <= ceiling
     ]
-    candidates.sort(key=lambda c: (_density(c, terms), c.model))
+    order = _value if by_recency else _density
+    candidates.sort(key=lambda c: (order(c, terms), c.model))
     chosen: list[ResidentCopy] = []
     freed = 0
     for copy in candidates:
@@ -238,6 +300,9 @@ def _room_on(
         freed += copy.size
     if freed < need:
         return None
+    if by_recency:
+        newest = max(_value(c, terms) for c in chosen)
+        return ColdLoad(model, worker.url, tuple(sorted(c.model for c in chosen)), newest)
     # Give back the most valuable ones the others already cover (no needless eviction).
     for copy in sorted(chosen, key=lambda c: -_value(c, terms)):
         if freed - copy.size >= need:
