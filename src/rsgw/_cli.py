@@ -153,20 +153,27 @@ def _run_gateway(args: argparse.Namespace) -> None:
 
 
 def _run_node(args: argparse.Namespace) -> None:
-    from rsgw.node._gpus import visible_gpu_count
+    from rsgw.node._gpus import visible_gpus
     from rsgw.node._node import BUILTIN_MODEL_REPO, default_node, load_node
+    from rsgw.node._servers import check_repository
     from rsgw.node._supervision import OPERATOR_VARIABLES, operator_variables
-    from rsgw.node._supervisor import serve_node
+    from rsgw.node._supervisor import dry_run, serve_node
     from rsgw.worker.models._catalogue import named_catalogue
 
-    visible = visible_gpu_count() if args.gpus is None else None
+    chosen = {"gpus": args.gpus, "server": args.server, "command": args.worker_command}
+    visible = visible_gpus() if args.gpus is None else None
     if args.node_file is None:
-        node = default_node(visible_gpus=visible, gpus=args.gpus)
+        node = default_node(visible_gpus=visible, **chosen)
     else:
-        node = load_node(args.node_file, visible_gpus=visible, gpus=args.gpus)
+        node = load_node(args.node_file, visible_gpus=visible, **chosen)
     if args.models is not None:
-        node = dataclasses.replace(node, model_repo=args.models)
-    if node.model_repo != BUILTIN_MODEL_REPO:
+        # A server of its own is started in a folder of its own: the path must not move.
+        repo = os.path.abspath(args.models) if node.server.external else args.models
+        node = dataclasses.replace(node, model_repo=repo)
+    if node.server.external:
+        where = "--models" if args.models is not None else args.node_file or "<default node>"
+        check_repository(node.server.kind, node.model_repo, where)
+    elif node.model_repo != BUILTIN_MODEL_REPO:
         # A bad catalogue is one line now, not a restart loop of every worker.
         named_catalogue(node.model_repo)
     env = dict(os.environ)
@@ -177,12 +184,16 @@ def _run_node(args: argparse.Namespace) -> None:
         if not os.path.isfile(args.config):
             raise ConfigError(f"gateway config file not found: {args.config}")
         env["REACTANT_GATEWAY_FILE"] = os.path.abspath(args.config)
-        if len(node.workers) < 2:
+        if len(node.workers) < 2 and not node.server.external:
             logging.getLogger("rsgw.node").warning(
                 "--config not read: a one-worker node runs no gateway (its worker serves "
                 "the public ports itself)",
                 extra={"config": args.config},
             )
+    if args.dry_run:
+        text = dry_run(node, env=env, log_level=args.log_level, log_format=args.log_format)
+        sys.stdout.write(text)
+        return
     service = partial(
         serve_node, node, env=env, log_level=args.log_level, log_format=args.log_format
     )

@@ -257,12 +257,16 @@ def _add_node(commands: Commands) -> None:
     """`rsgw node`: the node supervisor."""
     node = commands.add_parser(
         "node",
-        help="run a node: one simulated worker per GPU and the gateway in front",
-        description="Run the node supervisor: one simulated worker process per GPU and, "
+        help="run a node: one worker per GPU (simulated, Triton, MLServer or any command) "
+        "and the gateway in front",
+        description="Run the node supervisor: one worker process per GPU (rsgw's simulated "
+        "worker, or with --server/--command a Triton, MLServer or any KServe V2 server) and, "
         "for two workers or more, the gateway on the public ports 8001 (gRPC), 8000 "
-        "(REST) and 8002 (metrics); a single worker serves gRPC and metrics itself. "
-        "Children that die are restarted. Without NODE_FILE: builtin models, gpus auto "
-        "(4 simulated GPUs when none is visible), workers on 8080+ and metrics on 9100+.",
+        "(REST) and 8002 (metrics); a single simulated worker serves gRPC and metrics "
+        "itself. Children that die are restarted; one that fails before it was ever ready "
+        "ends the node. Without NODE_FILE: builtin models, gpus auto (nvidia-smi -L or "
+        "CUDA_VISIBLE_DEVICES; 4 simulated GPUs when none is visible), workers on 8080+, "
+        "their REST on 8180+ (Triton, MLServer) and metrics on 9100+.",
     )
     node.add_argument("node_file", nargs="?", metavar="NODE_FILE", help="node file YAML")
     node.add_argument(
@@ -276,9 +280,28 @@ def _add_node(commands: Commands) -> None:
     )
     node.add_argument(
         "--models",
-        metavar="FILE|NAME",
-        help="the workers' model catalogue: a YAML file, builtin or triton-docs "
-        "(overrides model_repo:)",
+        metavar="DIR|FILE|NAME",
+        help="overrides model_repo: the model repository folder of a Triton or MLServer, "
+        "or the simulated workers' catalogue (a YAML file, builtin or triton-docs)",
+    )
+    what = node.add_mutually_exclusive_group()
+    what.add_argument(
+        "--server",
+        choices=("rsgw", "triton", "mlserver"),
+        help="what serves each GPU (overrides server:): rsgw's simulated worker, "
+        "tritonserver or mlserver on the --models repository (docs/gpu-box-triton.md)",
+    )
+    what.add_argument(
+        "--command",
+        dest="worker_command",
+        metavar="CMD",
+        help="any KServe V2 server as each GPU's worker, with placeholders such as "
+        "{grpc_port}, {http_port}, {metrics_port}, {gpu}, {name}, {workdir}, {model_repo}",
+    )
+    node.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each worker's command and the gateway's configuration, start nothing",
     )
     _add_mode_flag(node)
     _add_logging_flags(node)

@@ -21,8 +21,8 @@ from rsgw.node._node import (
     default_node,
     load_node,
     parse_node,
-    probe_target,
 )
+from rsgw.node._probe import probe_target
 
 
 def node(visible_gpus: int | None = None, **raw: Any) -> NodeConfig:

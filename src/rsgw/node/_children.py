@@ -6,7 +6,9 @@ starts its process, relays its output line by line to our stderr behind a
 backoff (`Backoff`, which doubles from 1 s to 30 s and starts over once a run lasted a
 minute). `WorkerChild` and `GatewayChild` say what to run (`rsgw.node._supervision`
 builds the command lines and environments, purely) and how a restart keeps the ports
-the first run reported.
+the first run reported; `CommandChild` runs a server of its own (Triton, MLServer, any
+command: `rsgw.node._servers`) on ports the node chose, and calls it ready when its
+own ServerReady says so.
 
 Invariants:
 - A port picked at start-up (port 0) is pinned: a restarted child binds the port its
@@ -14,22 +16,35 @@ Invariants:
 - A child process never outlives its task: leaving `_run_once` by any route (exit,
   cancellation, error) stops the process, SIGTERM then SIGKILL after the stop grace
   (`DEFAULT_STOP_GRACE`), shielded and bounded.
-- Children share our process group (no new session), so Ctrl-C in a terminal reaches
-  them too and they stop on their own; our SIGTERM is then a no-op.
+- rsgw's children share our process group (no new session), so Ctrl-C in a terminal
+  reaches them too and they stop on their own; our SIGTERM is then a no-op. A server of
+  its own runs in a session of its own, since it may start processes of its own
+  (Triton's Python-backend stubs): it gets SIGTERM, and once it is gone, or after the
+  grace, its whole process group gets SIGKILL, so nothing of it is left behind.
+- A child that exits with an error (status > 0) before it was ever ready is not
+  restarted: a usage or configuration error would only repeat. `ChildFailed` carries
+  the node's one line about it, and ends the node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
+from rsgw.base._errors import RsgwError
 from rsgw.node._node import NodeConfig, WorkerSpec
+from rsgw.node._probe import server_ready
+from rsgw.node._servers import exit_failure, last_line, spawn_failure, startup_failure
 from rsgw.node._supervision import (
     Backoff,
     cuda_device,
@@ -41,7 +56,7 @@ from rsgw.node._supervision import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -54,22 +69,47 @@ _RELAY_DRAIN_SECONDS = 1.0
 # A line longer than this is relayed in pieces rather than buffered without limit.
 _MAX_LINE_BYTES = 65536
 
+# How many of a child's last output lines are kept for the node's failure line.
+_TAIL_LINES = 20
+# How often a server of its own is asked ServerReady while it starts.
+READY_POLL_SECONDS = 0.5
+
 GATEWAY = "gateway"
 
 
-async def _stop_process(process: trio.Process, grace: float) -> bool:
+class ChildFailed(RsgwError):
+    """A child failed in a way a restart cannot fix; the message is the node's one line."""
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group (none left: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _stop_process(process: trio.Process, grace: float, group: bool = False) -> bool:
     """SIGTERM, wait up to `grace`, then SIGKILL; bounded. Call it shielded.
+
+    With `group` (a child in a session of its own) the leader gets the SIGTERM and the
+    whole group the SIGKILL, also after the leader exited on its own.
 
     Returns whether the process was still running (False: it had exited already).
     """
     if process.poll() is not None:
+        if group:
+            _kill_group(process.pid)
         return False
     process.terminate()
     with trio.move_on_after(grace):
         await process.wait()
+        if group:
+            _kill_group(process.pid)
         return True
     logger.warning("process ignored SIGTERM; killing it", extra={"pid": process.pid})
-    process.kill()
+    if group:
+        _kill_group(process.pid)
+    else:
+        process.kill()
     with trio.move_on_after(_KILL_WAIT):
         await process.wait()
     return True
@@ -79,6 +119,8 @@ class Child:
     """One supervised process: started, relayed, restarted. Subclasses say what to run."""
 
     serving_event = ""
+    # A server of its own: a session of its own, stopped as a process group.
+    new_session = False
 
     def __init__(self, name: str, sink: Callable[[str], None], stop_grace: float) -> None:
         self.name = name
@@ -86,12 +128,17 @@ class Child:
         self.starts = 0
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
-        # Set by the first serving line; restarts keep it set.
+        self.http_port: int | None = None
+        # Set by the first serving line (or ServerReady); restarts keep it set.
         self.serving = trio.Event()
+        self.cwd: str | None = None
         self._prefix = f"[{name}] "
         self._sink = sink
         self._stop_grace = stop_grace
         self._retired = False
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        # Called with its name when a restarted run is ready (a server of its own).
+        self.on_return: Callable[[str], Awaitable[None]] | None = None
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -110,9 +157,18 @@ class Child:
         """Run the child forever, restarting it after `backoff` whenever it exits."""
         while True:
             started = trio.current_time()
-            pid, returncode = await self._run_once()
+            try:
+                pid, returncode = await self._run_once()
+            except OSError as exc:  # the program is missing, or not executable
+                reason = f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else "")
+                if not self.serving.is_set():
+                    raise ChildFailed(spawn_failure(self.name, self.command(), reason)) from None
+                pid, returncode = 0, 127  # it ran before: retried as an exit
+                self._tail.append(reason)
             if self._retired:
                 await trio.sleep_forever()
+            if returncode > 0 and not self.serving.is_set():
+                raise ChildFailed(exit_failure(self.name, returncode, self.command(), self._tail))
             delay = backoff.after_exit(trio.current_time() - started)
             logger.warning(
                 "process exited; restarting",
@@ -122,6 +178,7 @@ class Child:
                     "returncode": returncode,
                     "ran_s": round(trio.current_time() - started, 3),
                     "restart_in_s": delay,
+                    "last_line": last_line(self._tail),
                 },
             )
             await trio.sleep(delay)
@@ -131,7 +188,7 @@ class Child:
         self._retired = True
         if self.process is not None:
             with trio.CancelScope(shield=True):
-                await _stop_process(self.process, grace)
+                await _stop_process(self.process, grace, self.new_session)
 
     async def _run_once(self) -> tuple[int, int]:
         process = await trio.lowlevel.open_process(
@@ -140,7 +197,8 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=self.environment(),
-            start_new_session=False,
+            cwd=self.cwd,
+            start_new_session=self.new_session,
         )
         # No checkpoint between the spawn and this `try`: the process cannot leak.
         try:
@@ -156,11 +214,14 @@ class Child:
             async with trio.open_nursery() as nursery:
                 assert process.stdout is not None
                 nursery.start_soon(self._relay, process.stdout, relay_scope)
+                watch = trio.CancelScope()
+                nursery.start_soon(self._watch_ready, watch)
                 try:
                     await process.wait()
                 finally:
+                    watch.cancel()
                     with trio.CancelScope(shield=True):
-                        if await _stop_process(process, self._stop_grace):
+                        if await _stop_process(process, self._stop_grace, self.new_session):
                             logger.info(
                                 "process stopped",
                                 extra={
@@ -173,7 +234,7 @@ class Child:
         finally:
             # Also reached when the relay failed; a no-op once the process has exited.
             with trio.CancelScope(shield=True):
-                await _stop_process(process, self._stop_grace)
+                await _stop_process(process, self._stop_grace, self.new_session)
             if process.returncode is not None:
                 self.process = None
         assert process.returncode is not None
@@ -193,13 +254,23 @@ class Child:
                 if pending:
                     self._line(pending)
 
+    async def _watch_ready(self, scope: trio.CancelScope) -> None:
+        """Learn when this run is ready, where the child's own log line does not say."""
+
+    def _shown(self, text: str) -> bool:
+        """Whether an output line is relayed (all are kept for the failure line)."""
+        return True
+
     def _line(self, raw: bytes) -> None:
         text = raw.decode("utf-8", "replace").rstrip("\r")
-        self._sink(self._prefix + text + "\n")
+        self._tail.append(text)
+        if self._shown(text):
+            self._sink(self._prefix + text + "\n")
         ports = parse_serving(text, self.serving_event)
         if ports is not None:
             self.grpc_port, self.metrics_port = ports
-            self.pin(*ports, http_port=serving_http_port(text))
+            self.http_port = serving_http_port(text)
+            self.pin(*ports, http_port=self.http_port)
             self.serving.set()
 
 
@@ -253,3 +324,79 @@ class GatewayChild(Child):
 
     def pin(self, grpc_port: int, metrics_port: int | None, http_port: int | None = None) -> None:
         self._env = pinned_gateway_env(self._env, grpc_port, metrics_port, http_port)
+
+    def _shown(self, text: str) -> bool:
+        # Its one-line failure (`rsgw run: ...`) is the node's to report, in the words
+        # of `rsgw node` (`exit_failure`), or logged with the restart (`last_line`).
+        return not text.startswith("rsgw run: ")
+
+
+class CommandChild(Child):
+    """A server of its own on one GPU: Triton, MLServer, any KServe V2 server.
+
+    Ready when its own ServerReady says so, polled over gRPC every
+    `READY_POLL_SECONDS` while a run starts; on its first start it has
+    `startup_seconds` to get there, or the node fails with `startup_failure`.
+    """
+
+    new_session = True
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        argv: list[str],
+        env: dict[str, str],
+        sink: Callable[[str], None],
+        stop_grace: float,
+        *,
+        cwd: str | None,
+        startup_seconds: float,
+    ) -> None:
+        super().__init__(spec.name, sink, stop_grace)
+        self.spec = spec
+        self.cwd = cwd
+        self.grpc_port, self.metrics_port = spec.port, spec.metrics_port
+        self.http_port = spec.http_port
+        self._argv = argv
+        self._env = env
+        self._startup_seconds = startup_seconds
+
+    def command(self) -> list[str]:
+        return self._argv
+
+    def environment(self) -> dict[str, str]:
+        return self._env
+
+    async def supervise(self, backoff: Backoff) -> NoReturn:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._startup_deadline)
+            await super().supervise(backoff)
+        raise AssertionError("unreachable: supervise returns only by raising")
+
+    async def _startup_deadline(self) -> None:
+        with trio.move_on_after(self._startup_seconds):
+            await self.serving.wait()
+            return
+        raise ChildFailed(startup_failure(self.name, self._startup_seconds, self._argv, self._tail))
+
+    async def _watch_ready(self, scope: trio.CancelScope) -> None:
+        with scope:
+            returning = self.serving.is_set()
+            started = trio.current_time()
+            # Polling on purpose: a server of its own tells nobody when it is ready.
+            while not await server_ready(self.spec.dial_host, self.spec.port):  # noqa: ASYNC110
+                await trio.sleep(READY_POLL_SECONDS)
+            logger.info(
+                "worker ready",
+                extra={
+                    "child": self.name,
+                    "pid": self.pid,
+                    "grpc_port": self.spec.port,
+                    "http_port": self.spec.http_port,
+                    "metrics_port": self.spec.metrics_port,
+                    "ready_after_s": round(trio.current_time() - started, 3),
+                },
+            )
+            self.serving.set()
+            if returning and self.on_return is not None:
+                await self.on_return(self.name)

@@ -15,6 +15,11 @@ Worker synthesis, in order:
    `metrics_base_port + i` when that key is set. A base of 0 gives every worker port 0
    ("pick a free port", docs/product.md §2); the supervisor then learns the bound ports.
 4. A worker's settings are `global` deep-merged with its own override blocks.
+5. `server:` says what serves each GPU (`rsgw.node._servers`): rsgw's simulated worker
+   (the default), the `triton` or `mlserver` preset, or any command. A server of its
+   own names its workers after their GPUs (gpu0..), serves REST on `http_base_port + i`
+   and metrics on `metrics_base_port + i` (defaults 8180 and 9100: Triton always
+   serves all three), and gets the worker's own `env:` on top of the server's.
 
 Checked: every port is in range and no non-zero port (gRPC or metrics) is used twice;
 worker names are unique and fit in `REACTANT_GATEWAY_WORKER_NAMES`; every worker named
@@ -35,6 +40,13 @@ from typing import Any, TypeGuard
 from rsgw.base._errors import ConfigError
 from rsgw.base._values import read_yaml, show
 from rsgw.config._blocks import MAX_MESSAGE_BYTES
+from rsgw.node._servers import (
+    DEFAULT_HTTP_BASE_PORT,
+    ServerSpec,
+    parse_env,
+    parse_server,
+    server_from_flags,
+)
 from rsgw.worker.models._catalogue import BUILTIN_SETS
 
 # The default node (docs/original.md §8.5's template): what `rsgw node` runs without a file.
@@ -65,12 +77,17 @@ _NODE_KEYS = (
     "workers",
     "models",
     "shared_host_weights",
+    "server",
+    "http_base_port",
 )
-_WORKER_KEYS = ("name", "gpu", "host", "port")
+_WORKER_KEYS = ("name", "gpu", "host", "port", "env")
 # The worker message limits the embedded gateway mirrors (docs/original.md §8.5).
 MIRRORED_LIMITS = ("max_recv_msg_bytes", "max_send_msg_bytes")
 
 GpuId = int | str
+#: What the caller saw of the machine's GPUs: a count (CUDA_VISIBLE_DEVICES, whose
+#: entries the ordinals map through), the UUIDs `nvidia-smi -L` listed, or None.
+Visible = int | tuple[str, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +101,10 @@ class WorkerSpec:
     port: int
     # None = no metrics server; 0 = pick a free port.
     metrics_port: int | None
+    # A server of its own's REST port (None for rsgw's worker, which serves none).
+    http_port: int | None = None
+    # Added to its environment (a server of its own), over the server's `env`.
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     # `global` deep-merged with this worker's own override blocks (read-only, nested).
     settings: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
@@ -112,6 +133,8 @@ class NodeConfig:
         default_factory=lambda: MappingProxyType({}), hash=False
     )
     shared_host_weights: bool = False
+    # What serves each GPU (rsgw's simulated worker by default).
+    server: ServerSpec = field(default_factory=ServerSpec)
     # What the supervisor should log (simulated GPUs, ignored keys); no part of equality.
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -155,9 +178,11 @@ def _gpu_id(value: object, key: str) -> GpuId:
     raise ConfigError(f"{key} must be a GPU ordinal >= 0 or a GPU UUID string, got {show(value)}")
 
 
-def _gpus(value: object, visible_gpus: int | None, notes: list[str]) -> tuple[GpuId, ...]:
+def _gpus(value: object, visible_gpus: Visible, notes: list[str]) -> tuple[GpuId, ...]:
     if isinstance(value, str) and value.strip().lower() == "auto":
-        if visible_gpus:
+        if isinstance(visible_gpus, tuple) and visible_gpus:
+            return visible_gpus
+        if isinstance(visible_gpus, int) and visible_gpus:
             return tuple(range(visible_gpus))
         notes.append(f"gpus: auto found no visible GPU; simulating {SIMULATED_GPUS} GPUs")
         return tuple(range(SIMULATED_GPUS))
@@ -240,12 +265,14 @@ def _workers(
     base_port: int,
     metrics_base_port: int | None,
     settings: Mapping[Hashable, Any],
+    http_base_port: int | None = None,
+    prefix: str = "worker",
 ) -> tuple[WorkerSpec, ...]:
     entries = raw.get("workers")
     if entries is None:
         if not gpus:
             raise ConfigError("gpus is 0 and there is no workers: list, so the node has no workers")
-        entries = [{"name": f"worker{i}"} for i in range(len(gpus))]
+        entries = [{"name": f"{prefix}{i}"} for i in range(len(gpus))]
     elif not isinstance(entries, list) or not entries:
         raise ConfigError(f"workers must be a non-empty list of mappings, got {show(entries)}")
     workers: list[WorkerSpec] = []
@@ -279,6 +306,10 @@ def _workers(
                 metrics_port=None
                 if metrics_base_port is None
                 else _offset(metrics_base_port, i, "metrics_base_port", name),
+                http_port=None
+                if http_base_port is None
+                else _offset(http_base_port, i, "http_base_port", name),
+                env=parse_env(m.get("env"), f"{where}.env"),
                 settings=_frozen(_deep_merge(settings, overrides)),
             )
         )
@@ -289,7 +320,7 @@ def _check_ports(workers: tuple[WorkerSpec, ...]) -> None:
     """No non-zero port may be used twice, gRPC or metrics (0 means "pick a free one")."""
     users: dict[int, str] = {}
     for w in workers:
-        for port, what in ((w.port, "gRPC"), (w.metrics_port, "metrics")):
+        for port, what in ((w.port, "gRPC"), (w.metrics_port, "metrics"), (w.http_port, "HTTP")):
             if not port:
                 continue
             user = f"worker '{w.name}' ({what})"
@@ -325,18 +356,21 @@ def parse_node(
     raw: object,
     *,
     source: str,
-    visible_gpus: int | None = None,
+    visible_gpus: Visible = None,
     gpus: int | None = None,
     base_dir: str | None = None,
+    server: str | None = None,
+    command: str | None = None,
 ) -> NodeConfig:
     """Validate a node file's YAML and synthesize its workers.
 
     Args:
         raw: the YAML root, as `yaml.safe_load` returns it.
         source: where it came from; every error starts with it.
-        visible_gpus: how many GPUs the caller found (for `gpus: auto`); None or 0 means
-            none, and the node simulates `SIMULATED_GPUS`.
+        visible_gpus: the GPUs the caller found (for `gpus: auto`): a count, or the
+            UUIDs; None or none means the node simulates `SIMULATED_GPUS`.
         gpus: overrides the file's `gpus` (the `--gpus N` of `rsgw node`).
+        server, command: override the file's `server:` (`--server`, `--command`).
         base_dir: a relative `model_repo` path is taken relative to it (the file's folder).
 
     Raises:
@@ -356,14 +390,27 @@ def parse_node(
         repo = repo.strip()
         if repo not in BUILTIN_SETS and base_dir is not None:
             repo = os.path.join(base_dir, repo)
+        spec = server_from_flags(parse_server(raw.get("server")), server=server, command=command)
         base_port = _port(raw.get("base_port", DEFAULT_BASE_PORT), "base_port")
         metrics_base = raw.get("metrics_base_port")
+        if metrics_base is None and spec.external:
+            metrics_base = DEFAULT_METRICS_BASE_PORT
         metrics_base_port = (
             None if metrics_base is None else _port(metrics_base, "metrics_base_port")
         )
+        http_base = raw.get("http_base_port", DEFAULT_HTTP_BASE_PORT if spec.external else None)
+        http_base_port = None if http_base is None else _port(http_base, "http_base_port")
         gpu_ids = _gpus(raw.get("gpus", "auto") if gpus is None else gpus, visible_gpus, notes)
         settings = _global(raw.get("global"))
-        workers = _workers(raw, gpu_ids, base_port, metrics_base_port, settings)
+        workers = _workers(
+            raw,
+            gpu_ids,
+            base_port,
+            metrics_base_port,
+            settings,
+            http_base_port,
+            prefix="gpu" if spec.external else "worker",
+        )
         _check_ports(workers)
         shared = raw.get("shared_host_weights", False)
         if not isinstance(shared, bool):
@@ -378,6 +425,7 @@ def parse_node(
             models=MappingProxyType(_models(raw.get("models"), workers)),
             global_settings=_frozen(settings),
             shared_host_weights=shared,
+            server=spec,
             notes=tuple(notes),
         )
     except ConfigError as exc:
@@ -385,7 +433,12 @@ def parse_node(
 
 
 def load_node(
-    path: str | os.PathLike[str], *, visible_gpus: int | None = None, gpus: int | None = None
+    path: str | os.PathLike[str],
+    *,
+    visible_gpus: Visible = None,
+    gpus: int | None = None,
+    server: str | None = None,
+    command: str | None = None,
 ) -> NodeConfig:
     """Read and validate a node file; a relative `model_repo` is relative to the file.
 
@@ -400,36 +453,29 @@ def load_node(
         visible_gpus=visible_gpus,
         gpus=gpus,
         base_dir=os.path.dirname(os.path.abspath(source)),
+        server=server,
+        command=command,
     )
 
 
-def default_node(*, visible_gpus: int | None = None, gpus: int | None = None) -> NodeConfig:
-    """The node `rsgw node` runs without a file: `DEFAULT_NODE_TEMPLATE`."""
-    return parse_node(
-        dict(DEFAULT_NODE_TEMPLATE), source="<default node>", visible_gpus=visible_gpus, gpus=gpus
-    )
+def default_node(
+    *,
+    visible_gpus: Visible = None,
+    gpus: int | None = None,
+    server: str | None = None,
+    command: str | None = None,
+) -> NodeConfig:
+    """The node `rsgw node` runs without a file: `DEFAULT_NODE_TEMPLATE`.
 
-
-# ---------------------------------------------------------------------------
-# Where a worker is probed (the supervisor's own decisions are in `rsgw.node._supervision`).
-
-
-def probe_target(node: NodeConfig, worker: str | None = None) -> tuple[str, int]:
-    """Where `probe_worker_ready` calls ServerReady: the sole worker, or the one named.
-
-    Raises:
-        ConfigError: no worker named and the node has more than one; an unknown name; a
-            worker whose port is 0 (only known once it has started).
+    A server of its own gets no `metrics_base_port` from the template: its own default
+    applies (and so do its REST ports).
     """
-    if worker is None:
-        if len(node.workers) != 1:
-            raise ConfigError(f"node has {len(node.workers)} workers; specify which to probe")
-        spec = node.workers[0]
-    else:
-        found = node.worker(worker)
-        if found is None:
-            raise ConfigError(f"worker '{worker}' not defined in node")
-        spec = found
-    if not spec.port:
-        raise ConfigError(f"worker '{spec.name}' has port 0 (picked at start-up); cannot probe it")
-    return spec.dial_host, spec.port
+    raw = dict(DEFAULT_NODE_TEMPLATE)
+    return parse_node(
+        raw,
+        source="<default node>",
+        visible_gpus=visible_gpus,
+        gpus=gpus,
+        server=server,
+        command=command,
+    )

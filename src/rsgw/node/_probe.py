@@ -15,20 +15,32 @@ counts them, so `gpus: auto` synthesizes the same workers here as there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Mapping
+from typing import Protocol
 
 import trio
 from google.protobuf.message import DecodeError
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.base._errors import ConfigError
 from rsgw.base._methods import Method
 from rsgw.grpc._client import Channel
 from rsgw.node._gpus import visible_gpu_count
-from rsgw.node._node import LOOPBACK, NodeConfig, load_node, probe_target
+from rsgw.node._node import LOOPBACK, NodeConfig, load_node
 from rsgw.node._supervision import public_addresses
 from rsgw.runtime._net import split_host_port
+
+logger = logging.getLogger(__name__)
+
+
+class HasPort(Protocol):
+    """What `repack_after_return` reads of the gateway child: its bound gRPC port."""
+
+    grpc_port: int | None
+
 
 # docs/original.md §8.5: the probe's deadline.
 PROBE_DEADLINE_SECONDS = 5.0
@@ -45,7 +57,8 @@ def probe_address(
             specify which to probe`), an unknown name (`worker '<w>' not defined in
             node`), or a port picked at start-up (0), which no file can tell us.
     """
-    if len(node.workers) != 1:
+    if len(node.workers) != 1 or node.server.external:
+        # A server of its own is always behind the gateway, on its own port.
         return probe_target(node, worker)
     if worker is not None and node.worker(worker) is None:
         raise ConfigError(f"worker '{worker}' not defined in node")
@@ -57,6 +70,27 @@ def probe_address(
             "(picked at start-up); cannot probe it"
         )
     return LOOPBACK, port
+
+
+def probe_target(node: NodeConfig, worker: str | None = None) -> tuple[str, int]:
+    """Where `probe_worker_ready` calls ServerReady: the sole worker, or the one named.
+
+    Raises:
+        ConfigError: no worker named and the node has more than one; an unknown name; a
+            worker whose port is 0 (only known once it has started).
+    """
+    if worker is None:
+        if len(node.workers) != 1:
+            raise ConfigError(f"node has {len(node.workers)} workers; specify which to probe")
+        spec = node.workers[0]
+    else:
+        found = node.worker(worker)
+        if found is None:
+            raise ConfigError(f"worker '{worker}' not defined in node")
+        spec = found
+    if not spec.port:
+        raise ConfigError(f"worker '{spec.name}' has port 0 (picked at start-up); cannot probe it")
+    return spec.dial_host, spec.port
 
 
 async def server_ready(host: str, port: int) -> bool:
@@ -102,3 +136,48 @@ async def probe_worker_ready(node_file: str | os.PathLike[str], worker: str | No
     node = load_node(node_file, visible_gpus=gpus)
     host, port = probe_address(node, worker)
     return await server_ready(host, port)
+
+
+async def request_repack(host: str, port: int) -> str | None:
+    """Ask the gateway on `host:port` for a repack now, as `rsgw ctl repack --wait 0` does.
+
+    The node asks when a server of its own came back from a restart under lpt_packing:
+    it comes back empty (explicit model control), and the gateway carries its placement
+    out again at a repack, loading there what it places there.
+
+    Returns:
+        None when the gateway took the request, else why not (one line: refused,
+        TLS or a token required, no answer within `PROBE_DEADLINE_SECONDS`).
+    """
+    request = cpb.RepackRequest(wait_seconds=0).SerializeToString()
+    with trio.move_on_after(PROBE_DEADLINE_SECONDS):
+        try:
+            async with trio.open_nursery() as nursery:
+                channel = Channel(f"{host}:{port}", nursery)
+                try:
+                    deadline = trio.current_time() + PROBE_DEADLINE_SECONDS
+                    await channel.unary(Method.REPACK.wire, request, deadline=deadline)
+                finally:
+                    await channel.aclose()
+                    nursery.cancel_scope.cancel()
+        except Exception as exc:  # whatever went wrong, the node reports it and goes on
+            return str(exc) or type(exc).__name__
+        return None
+    return f"no answer within {PROBE_DEADLINE_SECONDS:g} s"
+
+
+async def repack_after_return(gateway: HasPort, env: Mapping[str, str], worker: str) -> None:
+    """`request_repack` of the node's gateway (on its bound gRPC port and the public gRPC
+    host, loopback for a wildcard), logged either way."""
+    port = gateway.grpc_port
+    if port is None:
+        return
+    host = split_host_port(public_addresses(env)[0])[0]
+    problem = await request_repack(LOOPBACK if host in ("", "0.0.0.0", "::") else host, port)
+    if problem is None:
+        logger.info("asked the gateway to repack: a worker came back", extra={"worker": worker})
+    else:
+        logger.warning(
+            "could not ask the gateway to repack (rsgw ctl repack does the same)",
+            extra={"worker": worker, "error": problem},
+        )

@@ -26,17 +26,22 @@ Invariants:
 - Children share our process group (no new session), so Ctrl-C in a terminal reaches
   them too and they stop on their own; our SIGTERM is then a no-op.
 
-A single-worker node runs no gateway: its worker binds the public addresses itself
+A server of its own (`server: triton`, `mlserver` or a command; `rsgw.node._servers`)
+runs as `rsgw.node._plan` lays it out: its ports picked free here when
+the node file says 0 (it cannot report what it bound), ready when its own ServerReady
+says so, and always behind the gateway, even on one GPU, so the public ports stay
+rsgw's. The gateway's configuration is checked here, before any process starts: a bad
+value in `--config` is one line, not a gateway restarting forever. A child that exits
+with an error before it was ever ready ends the node with one line (`ChildFailed`).
+
+A single rsgw worker runs no gateway: its worker binds the public addresses itself
 (`REACTANT_GATEWAY_LISTEN_GRPC` / `_METRICS`, default 0.0.0.0:8001 / 0.0.0.0:8002), so a
 client's endpoint does not change between one GPU and eight. Its node-file host and
 ports are not used (they are the internal ports behind a gateway); `rsgw probe` knows
 this (`probe_address`).
 
-What to run is decided in `rsgw.node._supervision` (pure: backoff, GPUs, addresses, command
-and log lines); `rsgw.node._children` runs each process and this module the node. Of a
-worker's node-file settings we pass on `scheduler.discipline` (`--discipline`),
-`memory.weight_cache_bytes` (`--weight-cache-bytes`) and the node's `models:` residency
-(`--pin`).
+What to run is decided in `rsgw.node._supervision` and `rsgw.node._plan` (pure);
+`rsgw.node._children` runs each process and this module the node.
 
 Not done: a single worker ignores `listen:` in a mounted gateway.yml (only the
 environment is read); the rest of a worker's node-file settings is not passed to
@@ -49,31 +54,50 @@ the supervisor is PID 1 and its children die with it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from rsgw.base._errors import ListenError
-from rsgw.config._blocks import DEFAULT_LISTEN_HTTP, DEFAULT_SHUTDOWN_GRACE_SECONDS, check_listen
-from rsgw.config._config import config_file_root, env_name, find_config_file
-from rsgw.node._children import DEFAULT_STOP_GRACE, GATEWAY, Child, GatewayChild, WorkerChild
+from rsgw.config._blocks import DEFAULT_SHUTDOWN_GRACE_SECONDS
+from rsgw.node._children import (
+    DEFAULT_STOP_GRACE,
+    GATEWAY,
+    Child,
+    CommandChild,
+    GatewayChild,
+    WorkerChild,
+)
 from rsgw.node._node import NodeConfig, WorkerSpec
+from rsgw.node._plan import (
+    LPT_PACKING,
+    GatewayRun,
+    ServerRun,
+    check_gateway,
+    external_layout,
+    layout,
+    plan_text,
+    scheduling_mode,
+)
+from rsgw.node._probe import repack_after_return
 from rsgw.node._supervision import (
     Backoff,
     drain_grace,
     gateway_environment,
-    public_addresses,
-    sole_worker,
 )
 from rsgw.runtime._logging import resolve_format
-from rsgw.runtime._net import bind_tcp, split_host_port
+from rsgw.runtime._net import bind_tcp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,6 +130,12 @@ class RunningNode:
     #: Seconds the public child gets to drain on `aclose()` (the gateway's
     #: `shutdown.grace_seconds` as the node's environment sets it).
     drain_grace: float = DEFAULT_DRAIN_GRACE
+
+    @property
+    def http_port(self) -> int | None:
+        """The public REST port (the gateway's; None without a gateway)."""
+        gateway = self._children.get(GATEWAY)
+        return None if gateway is None else gateway.http_port
 
     @property
     def has_gateway(self) -> bool:
@@ -210,24 +240,31 @@ async def serve_node(
         worker_start_wait: how long start-up waits for a fixed-port worker.
 
     Raises:
-        ConfigError: a bad public address, or `REACTANT_GATEWAY_FILE` names no file.
+        ConfigError: a bad public address, `REACTANT_GATEWAY_FILE` names no file, or the
+            gateway would refuse its configuration (`gateway: ...`).
         ListenError: a fixed port (a worker's, or the public ones) is already taken.
-        Both are raised before any process starts.
+        These are raised before any process starts.
+        ChildFailed: a child exited with an error before it was ever ready, could not be
+            started, or (a server of its own) was not ready within its start-up time;
+            every other child is stopped first.
 
     Cancellation:
         Every child is stopped (SIGTERM, SIGKILL after `stop_grace`) in parallel,
         shielded, before this returns; nothing is left running.
 
     Error handling:
-        A child that exits, for any reason, is restarted after its backoff; the exit
-        is logged with its return code. Its own output says why.
+        A child that exits after it was ready, or dies of a signal, is restarted after
+        its backoff; the exit is logged with its return code and last line.
     """
     for note in node.notes:
         logger.warning(note)
     log_format = resolve_format(log_format)
     logging_flags = ["--log-level", log_level, "--log-format", log_format]
     specs, gateway_yml = _plan(node, env)
-    workers = [WorkerChild(s, node, env, logging_flags, sink, stop_grace) for s in specs]
+    logs = (log_level, log_format)
+    workers, front = _worker_children(
+        node, env, specs, gateway_yml, logs, logging_flags, sink, stop_grace
+    )
     children: dict[str, Child] = {w.name: w for w in workers}
     stopped = trio.Event()
     try:
@@ -236,19 +273,20 @@ async def serve_node(
                 nursery.start_soon(worker.supervise, backoff())
             async with trio.open_nursery() as waits:
                 for worker in workers:
-                    bound = math.inf if worker.spec.port == 0 else worker_start_wait
+                    later = isinstance(worker, WorkerChild) and worker.spec.port == 0
+                    bound = math.inf if later else worker_start_wait
                     waits.start_soon(_wait_serving, worker, bound)
             public: Child = workers[0]
-            if len(node.workers) > 1:
-                gateway_env = gateway_environment(
-                    node,
-                    env,
-                    gateway_yml=gateway_yml,
-                    workers=[w.spec for w in workers],
-                    logging=(log_level, log_format),
+            if front is not None or len(node.workers) > 1:
+                gateway_env = (
+                    front.env
+                    if front is not None
+                    else _gateway_env(node, env, gateway_yml, workers, logs)
                 )
-                public = children[GATEWAY] = GatewayChild(gateway_env, sink, stop_grace)
+                public = children[GATEWAY] = GatewayChild(dict(gateway_env), sink, stop_grace)
                 nursery.start_soon(public.supervise, backoff())
+                if front is not None and scheduling_mode(env, gateway_yml) == LPT_PACKING:
+                    _repack_on_return(workers, public, env)
             await public.serving.wait()
             assert public.grpc_port is not None
             running = RunningNode(
@@ -264,52 +302,163 @@ async def serve_node(
             task_status.started(running)
             await trio.sleep_forever()
     finally:
+        if node.server.external and node.server.work_dir is None and workers[0].cwd:
+            # The folder we made for this run's workers (their children are gone).
+            shutil.rmtree(os.path.dirname(workers[0].cwd), ignore_errors=True)
         stopped.set()
         logger.info("node stopped")
+
+
+def _worker_children(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    specs: list[WorkerSpec],
+    gateway_yml: Mapping[Any, Any] | None,
+    logs: tuple[str, str],
+    logging_flags: list[str],
+    sink: Callable[[str], None],
+    stop_grace: float,
+) -> tuple[list[Child], GatewayRun | None]:
+    """The workers to run, and for servers of their own the gateway in front (checked
+    before any process starts, as rsgw's workers' gateway is)."""
+    if node.server.external:
+        runs, front = _external(node, env, specs, gateway_yml, logs)
+        return [_command_child(run, node, env, sink, stop_grace) for run in runs], front
+    check_gateway(node, env, specs, gateway_yml, logs)
+    workers: list[Child] = [
+        WorkerChild(s, node, env, logging_flags, sink, stop_grace) for s in specs
+    ]
+    return workers, None
+
+
+def _repack_on_return(workers: list[Child], gateway: Child, env: Mapping[str, str]) -> None:
+    """A server back from a restart is empty: the gateway places on it again."""
+    for worker in workers:
+        worker.on_return = partial(repack_after_return, gateway, env)
+
+
+def _gateway_env(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    gateway_yml: Mapping[Any, Any] | None,
+    workers: list[Child],
+    logging: tuple[str, str],
+) -> dict[str, str]:
+    """The environment of the gateway in front of rsgw's workers, their ports bound."""
+    specs = [w.spec for w in workers if isinstance(w, WorkerChild)]
+    return gateway_environment(node, env, gateway_yml=gateway_yml, workers=specs, logging=logging)
 
 
 def _plan(
     node: NodeConfig, env: Mapping[str, str]
 ) -> tuple[list[WorkerSpec], Mapping[Any, Any] | None]:
-    """The workers to start and the gateway.yml to hand the gateway (read now, so a bad
-    file is one line before any process starts), once every fixed port is free.
+    """`layout`, logged, once every fixed port is free.
 
     Raises:
         ConfigError: a bad public address, or `REACTANT_GATEWAY_FILE` names no file.
         ListenError: a fixed port is already taken.
     """
-    grpc, metrics = public_addresses(env)
-    gateway_yml: Mapping[Any, Any] | None = None
-    public_ports: list[tuple[str, int]] = []
-    if len(node.workers) == 1:
-        specs = [sole_worker(node, env)]
-        if split_host_port(grpc)[0] != split_host_port(metrics)[0]:
-            logger.warning(
-                "single worker binds its metrics on the public gRPC host",
-                extra={"grpc": grpc, "metrics": metrics},
+    laid = layout(node, env)
+    if laid.split_hosts:
+        logger.warning("single worker binds its metrics on the public gRPC host")
+    _check_free(laid.addresses)
+    return laid.specs, laid.gateway_yml
+
+
+def _pick_ports(specs: list[WorkerSpec]) -> list[WorkerSpec]:
+    """`specs` with every port 0 replaced by a free one: a server of its own cannot say
+    which port it bound. All are held open until all are picked, so none repeats."""
+    held = []
+    try:
+        picked = []
+        for spec in specs:
+            ports = []
+            for port in (spec.port, spec.http_port, spec.metrics_port):
+                if port == 0:
+                    held.append(bind_tcp(spec.host, 0, backlog=1))
+                    port = int(held[-1].getsockname()[1])
+                ports.append(port)
+            grpc, http, metrics = ports
+            assert grpc is not None
+            picked.append(
+                dataclasses.replace(spec, port=grpc, http_port=http, metrics_port=metrics)
             )
-    else:
-        specs = list(node.workers)
-        yml_path = find_config_file(env)
-        gateway_yml = None if yml_path is None else config_file_root(yml_path)
-        if gateway_yml is None:  # with a gateway.yml its listen addresses are its own
-            http = env.get(env_name("listen.http"), "").strip() or DEFAULT_LISTEN_HTTP
-            http = check_listen(http, env_name("listen.http"))
-            public_ports = [split_host_port(a) for a in (grpc, metrics, http)]
-    _check_free(public_ports + [(s.host, p) for s in specs for p in (s.port, s.metrics_port) if p])
-    return specs, gateway_yml
+        return picked
+    finally:
+        for sock in held:
+            sock.close()
 
 
-def _log_serving(running: RunningNode, workers: list[WorkerChild]) -> None:
+def _external(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    specs: list[WorkerSpec],
+    gateway_yml: Mapping[Any, Any] | None,
+    logging: tuple[str, str],
+) -> tuple[list[ServerRun], GatewayRun]:
+    """`external_layout` on free ports picked now and a new work folder (unless the node
+    file names one)."""
+    root = node.server.work_dir or tempfile.mkdtemp(prefix="rsgw-node-")
+    runs, front = external_layout(
+        node, env, _pick_ports(specs), gateway_yml, logging, os.path.abspath(root), sys.executable
+    )
+    assert front is not None  # every port is picked
+    return runs, front
+
+
+def _command_child(
+    run: ServerRun,
+    node: NodeConfig,
+    env: Mapping[str, str],
+    sink: Callable[[str], None],
+    stop_grace: float,
+) -> CommandChild:
+    os.makedirs(run.cwd, exist_ok=True)
+    return CommandChild(
+        run.spec,
+        list(run.argv),
+        {**env, **run.additions},
+        sink,
+        stop_grace,
+        cwd=run.cwd,
+        startup_seconds=node.server.startup_seconds,
+    )
+
+
+def dry_run(
+    node: NodeConfig,
+    *,
+    env: Mapping[str, str] = os.environ,
+    log_level: str = "info",
+    log_format: str = "auto",
+) -> str:
+    """What `serve_node` would run, as `rsgw node --dry-run` prints it (`plan_text`);
+    nothing starts, and busy ports are not checked: what runs now need not be what will.
+
+    Raises:
+        ConfigError: as `serve_node` would before its first process.
+    """
+    logging_pair = (log_level, resolve_format(log_format))
+    root = os.path.join(tempfile.gettempdir(), "rsgw-node-XXXXXX")  # made at start-up
+    return plan_text(node, env, logging_pair, sys.executable, root)
+
+
+def _log_serving(running: RunningNode, workers: list[Child]) -> None:
     pids = running.pids()
     logger.info(
         "node serving",
         extra={
             "grpc_port": running.grpc_port,
             "metrics_port": running.metrics_port,
+            "http_port": running.http_port,
             "gateway_pid": pids.get(GATEWAY),
             "workers": {
-                w.name: {"pid": w.pid, "grpc_port": w.grpc_port, "metrics_port": w.metrics_port}
+                w.name: {
+                    "pid": w.pid,
+                    "grpc_port": w.grpc_port,
+                    "metrics_port": w.metrics_port,
+                    "http_port": w.http_port,
+                }
                 for w in workers
             },
             "gpus": [str(g) for g in running.node.gpus],
