@@ -76,12 +76,16 @@ def launch(directory: Path, *args: str, drop: tuple[str, ...] = ()) -> NodeProce
 
 
 @contextlib.contextmanager
-def serving(directory: Path, *args: str) -> Iterator[NodeProcess]:
+def serving(
+    directory: Path, *args: str, start_seconds: float = START_SECONDS
+) -> Iterator[NodeProcess]:
+    """`rsgw node ARGS` until it serves (within `start_seconds`); every server's session
+    and the node's group killed on the way out."""
     node = launch(directory, *args)
     try:
         wait_until(
             lambda: bool(node.events("node serving")) or node.process.poll() is not None,
-            START_SECONDS,
+            start_seconds,
             what="node serving",
         )
         assert node.process.poll() is None, f"rsgw node exited; its log:\n{node.log()}"

@@ -10,7 +10,6 @@ lines say which. Skipped, saying why, where no Triton is installed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -29,7 +28,7 @@ import yaml
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.scheduling.calls._routing import is_ready_state
 from tests.helpers import wait_until
-from tests.node.test_own_servers import environ, group_alive, launch
+from tests.node.test_own_servers import environ, group_alive, serving
 from tests.node.test_supervisor import STOP_SECONDS, NodeProcess, alive
 from tests.thirdparty import triton
 
@@ -88,24 +87,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     gateway_yml.write_text(
         yaml.safe_dump({"scheduling": {"models": {SHARED: {"replicas": "all"}}}})
     )
-    process = launch(
-        directory, str(path), "--gpus", "2", "--mode", "lpt_packing", "--config", str(gateway_yml)
-    )
-    try:
-        wait_until(
-            lambda: bool(process.events("node serving")) or process.process.poll() is not None,
-            START_SECONDS,
-            interval=0.2,
-            what="node serving",
-        )
-        assert process.process.poll() is None, f"rsgw node exited; its log:\n{process.log()}"
-        process.serving = process.events("node serving")[0]
+    args = (str(path), "--gpus", "2", "--mode", "lpt_packing", "--config", str(gateway_yml))
+    with serving(directory, *args, start_seconds=START_SECONDS) as process:
         yield process
-    finally:
-        for entry in process.events("process started"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(entry["pid"], signal.SIGKILL)
-        process.kill_group()
 
 
 def ready_on(port: int) -> set[str]:
