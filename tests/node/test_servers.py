@@ -166,7 +166,7 @@ def test_triton_workers_get_their_gpu_ports_and_env(tmp_path: Path) -> None:
 
 def test_ordinals_map_through_the_nodes_own_cuda_visible_devices(tmp_path: Path) -> None:
     n = node(gpus=2, server="triton")
-    runs = server_runs(n, {"CUDA_VISIBLE_DEVICES": "4,5"}, n.workers, str(tmp_path), load_all=1)
+    runs = server_runs(n, {"CUDA_VISIBLE_DEVICES": "4,5"}, n.workers, str(tmp_path), load_all=True)
     assert [r.additions["NVIDIA_VISIBLE_DEVICES"] for r in runs] == ["4", "5"]
 
 
