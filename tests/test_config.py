@@ -30,6 +30,7 @@ from rsgw.config._config import (
     RoutingPolicy,
     SchedulingConfig,
     SchedulingMode,
+    TracingConfig,
     WorkBasis,
     env_name,
     find_config_file,
@@ -37,6 +38,7 @@ from rsgw.config._config import (
     parse_config,
 )
 from rsgw.config._endpoints import ConfiguredWorker, Pairing
+from rsgw.config._tracing import OTEL_GENERAL, OTEL_SWITCHES, OTEL_VARIABLES
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 W = "REACTANT_GATEWAY_"
@@ -160,6 +162,15 @@ DEFAULTS: list[tuple[str, object]] = [
     ("scheduling.compaction_mode", CompactionMode.EAGER),
     ("scheduling.compaction_interval", 1),
     ("scheduling.models", {}),
+    ("tracing.endpoint", ""),
+    ("tracing.protocol", "http/protobuf"),
+    ("tracing.service_name", "rsgw"),
+    ("tracing.sampler", "parentbased_always_on"),
+    ("tracing.sampler_arg", 1.0),
+    ("tracing.max_queue_size", 2048),
+    ("tracing.max_export_batch_size", 512),
+    ("tracing.schedule_delay_millis", 5000),
+    ("tracing.export_timeout_millis", 30000),
     ("startup_wait_seconds", 0.0),
     ("health_interval_seconds", 10.0),
     ("wedge_exit_rounds", 3),
@@ -298,6 +309,88 @@ def test_every_yaml_key_has_a_default_test() -> None:
     paths = {k for k in dumped if not isinstance(dumped[k], dict)} - {"endpoints"}
     paths |= {f"{b}.{k}" for b, block in dumped.items() if isinstance(block, dict) for k in block}
     assert paths <= {p for p, _ in DEFAULTS}
+
+
+# -- tracing: gateway.yml's block and OpenTelemetry's own variables (issue 51) ----------------
+
+
+def test_tracing_is_off_unless_an_exporter_is_configured() -> None:
+    assert not parse().tracing.enabled
+    on = parse({"tracing": {"endpoint": "http://collector:4318/v1/traces"}})
+    assert on.tracing.enabled and on.tracing.endpoint == "http://collector:4318/v1/traces"
+    # The SDK's default collector on localhost is not assumed: a sampler alone is not on.
+    assert not parse(OTEL_TRACES_SAMPLER="always_on").tracing.enabled
+
+
+def test_opentelemetry_variables_set_the_tracing_block_and_beat_the_file() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318/",
+        "OTEL_SERVICE_NAME": "edge-gateway",
+        "OTEL_TRACES_SAMPLER": "ParentBased_TraceIdRatio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_BSP_EXPORT_TIMEOUT": "1000",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
+    cfg = parse({"tracing": {"endpoint": "http://file:4318/v1/traces", "sampler_arg": 0.5}}, **env)
+    assert cfg.tracing == TracingConfig(
+        endpoint="http://otel:4318/v1/traces",  # the base URL, with v1/traces appended
+        service_name="edge-gateway",
+        sampler="parentbased_traceidratio",
+        sampler_arg=0.01,
+        max_queue_size=100,
+        max_export_batch_size=10,
+        schedule_delay_millis=200,
+        export_timeout_millis=1000,
+    )
+    assert set(env) <= set(cfg.env_overrides)
+    # The traces variable is the URL itself, and beats the general one.
+    traces = "http://traces:4318/custom"
+    cfg = parse(**env, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces)
+    assert cfg.tracing.endpoint == traces
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in cfg.env_overrides
+    assert parse_config(cfg.to_mapping()) == cfg  # the block round-trips through YAML
+
+
+@pytest.mark.parametrize(
+    "switch", [{"OTEL_TRACES_EXPORTER": "none"}, {"OTEL_SDK_DISABLED": "TRUE"}]
+)
+def test_opentelemetry_switches_turn_tracing_off(switch: dict[str, str]) -> None:
+    on = {"tracing": {"endpoint": "http://collector:4318/v1/traces"}}
+    cfg = parse(on, OTEL_EXPORTER_OTLP_ENDPOINT="http://otel:4318", **switch)
+    assert not cfg.tracing.enabled
+    assert parse(on, OTEL_TRACES_EXPORTER="otlp", OTEL_SDK_DISABLED="false").tracing.enabled
+
+
+@pytest.mark.parametrize(
+    ("raw", "env", "fragment"),
+    [
+        ({"endpoint": "collector:4318"}, {}, "tracing.endpoint must be an http:// or https://"),
+        ({"endpoint": 4318}, {}, "'tracing.endpoint' must be a string"),
+        ({}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "tracing.protocol must be http/protobuf"),
+        ({"protocol": "http/json"}, {}, "rsgw exports OTLP over HTTP only"),
+        ({"sampler": "sometimes"}, {}, "tracing.sampler must be 'always_on', 'always_off'"),
+        ({"sampler_arg": 2}, {}, "tracing.sampler_arg must be between 0 and 1, got 2"),
+        (
+            {},
+            {"OTEL_TRACES_SAMPLER_ARG": "nan"},
+            'OTEL_TRACES_SAMPLER_ARG has invalid number value "nan"',
+        ),
+        ({}, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"}, "OTEL_BSP_MAX_QUEUE_SIZE has invalid integer"),
+        ({"max_queue_size": 0}, {}, "tracing.max_queue_size must be positive, got 0"),
+        ({"max_queue_size": 10, "max_export_batch_size": 11}, {}, "must not be more than"),
+        ({"service_name": " "}, {}, "tracing.service_name must be a non-empty name"),
+        ({}, {"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER must be otlp or none"),
+    ],
+)
+def test_bad_tracing_settings_name_the_key(
+    raw: dict[str, object], env: dict[str, str], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({"tracing": raw}, **env)
+    assert fragment in str(caught.value)
 
 
 # -- derived values (docs/original.md §3.4) -----------------------------------------------------
@@ -1140,6 +1233,9 @@ def test_docs_name_every_key_and_variable() -> None:
     text = DOCS.read_text(encoding="utf-8")
     for var in (
         *ENV_VARIABLES,
+        *OTEL_VARIABLES,
+        *OTEL_GENERAL,
+        *OTEL_SWITCHES,
         W + "FILE",
         W + "STARTUP_WAIT_SECONDS",
         W + "HEALTH_INTERVAL_SECONDS",

@@ -1,4 +1,5 @@
-"""gateway.yml and the `REACTANT_GATEWAY_*` environment, checked into `GatewayConfig`.
+"""gateway.yml and the `REACTANT_GATEWAY_*` (and `OTEL_*`) environment, checked into
+`GatewayConfig`.
 
 Pure. Imports `rsgw.base` and the scheduling knobs and fleet cores
 (`rsgw.scheduling.knobs`, `rsgw.scheduling.fleet`), whose settings it checks. The
@@ -8,5 +9,6 @@ gateway, the node and the simulator import it.
 - `_schema` `GatewayConfig`: the frozen object the gateway reads.
 - `_blocks` the small blocks: listen, TLS, auth, limits, logging, connections, ...
 - `_fleet_blocks` the fleet's blocks: discovery, coordination, repository.
+- `_tracing` the tracing block, set by OpenTelemetry's own `OTEL_*` variables.
 - `_endpoints` the worker lists, each entry checked, and the walk that pairs them.
 """

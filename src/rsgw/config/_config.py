@@ -66,6 +66,8 @@ from rsgw.config._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
 )
 from rsgw.config._schema import GatewayConfig as GatewayConfig
+from rsgw.config._tracing import TracingConfig as TracingConfig
+from rsgw.config._tracing import otel_overrides
 from rsgw.scheduling.knobs._knobs import SCHEDULING_KNOBS, check_fill_factor, check_replicas
 from rsgw.scheduling.knobs._knobs import CompactionMode as CompactionMode
 from rsgw.scheduling.knobs._knobs import FillMode as FillMode
@@ -292,6 +294,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "repository": RepositoryConfig,
         "coordination": CoordinationConfig,
         "scheduling": SchedulingConfig,
+        "tracing": TracingConfig,
     }
 )
 _LISTS = ("endpoints", "metrics_endpoints", "worker_names")
@@ -385,6 +388,10 @@ def parse_config(
             target[parent] = dict(_block(target.get(parent), parent))
             target = target[parent]
         target[leaf] = _env_value(var, kind, text)
+    otel, used = otel_overrides(env)  # OpenTelemetry's own variables (`_tracing`)
+    if otel:
+        merged["tracing"] = {**_block(merged.get("tracing"), "tracing"), **otel}
+        applied += used
 
     notes: list[str] = unknown_variables(env)
     _note_unknown(merged, "", (*_LISTS, *_BLOCKS), notes)

@@ -42,6 +42,7 @@ from rsgw.config._blocks import (
 )
 from rsgw.config._endpoints import Pairing, check_names, check_targets, pair_workers
 from rsgw.config._fleet_blocks import CoordinationConfig, DiscoveryConfig, RepositoryConfig
+from rsgw.config._tracing import TracingConfig
 from rsgw.scheduling.knobs._knobs import check_positive
 from rsgw.scheduling.knobs._settings import SchedulingConfig
 
@@ -93,6 +94,7 @@ class GatewayConfig:
     repository: RepositoryConfig = field(default_factory=RepositoryConfig)
     coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
     startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
@@ -227,6 +229,7 @@ class GatewayConfig:
                 "repository",
                 "coordination",
                 "scheduling",
+                "tracing",
             )
         }
         blocks["scheduling"]["models"] = {
