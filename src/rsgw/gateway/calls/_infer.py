@@ -33,7 +33,7 @@ from rsgw.base._body import Body, Gathered
 from rsgw.base._errors import DecodeError, GrpcError, RsgwError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
-from rsgw.gateway.observe._access import REQUEST_ID, request_id
+from rsgw.gateway.observe._propagation import upstream_metadata
 from rsgw.grpc._metering import Meter, metered
 from rsgw.grpc.protocol._compression import Compressed, inflate_prefix
 from rsgw.grpc.protocol._metadata import HeaderBlock
@@ -213,9 +213,9 @@ class InferProxy:
                     self.admission.refuse(verdict, model, where)
         meter.timed = True
         walk = RouteWalk(model, order, replicas, ledger.max_per_worker)
-        # The client's request id goes on to the worker (its logs can name the call).
-        rid = request_id(call.metadata) if call.metadata else None
-        metadata = () if rid is None else ((REQUEST_ID, rid),)
+        # The client's request id and trace context go on to the worker
+        # (`rsgw.gateway.observe._propagation`).
+        metadata = upstream_metadata(call.metadata) if call.metadata else ()
         # The handler's scope ends the call at the deadline (at a gate, say), answering
         # as the gateway's deadline; `trio.Cancelled` passes through here.
         call.limit(deadline, partial(gateway_deadline, model))

@@ -32,6 +32,7 @@ import trio
 from rsgw.base._errors import DecodeError, GrpcError, RsgwError, WorkerUnavailable
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
+from rsgw.gateway.observe._propagation import upstream_metadata
 from rsgw.grpc._metering import metered
 from rsgw.runtime._logging import log_limited
 from rsgw.scheduling.calls._sequences import SequenceTable
@@ -78,7 +79,9 @@ class StreamProxy:
                         try:
                             upstream = await opened.enter_async_context(
                                 self.pool.channels[url].stream(
-                                    Method.MODEL_STREAM_INFER.wire, deadline=stream.call.deadline
+                                    Method.MODEL_STREAM_INFER.wire,
+                                    deadline=stream.call.deadline,
+                                    metadata=upstream_metadata(stream.call.metadata),
                                 )
                             )
                         except RsgwError as exc:

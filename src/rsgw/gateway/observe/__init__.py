@@ -6,5 +6,6 @@ cores and `rsgw.coordination` (for their types), no other room.
 - `_metrics` `GatewayMetrics`: the registry and the hot-path helpers that write to it.
 - `_collectors` the series read at scrape time, over live state.
 - `_access` the sampled access log.
+- `_propagation` what of a caller's metadata goes on to the worker (request id, trace).
 - `_log_settings` Triton's LogSettings and TraceSetting, answered for the gateway.
 """
