@@ -71,6 +71,8 @@ async def serve_gateway(
     async with trio.open_nursery() as nursery, _scrape_client(config) as http:
         fleet = build_fleet(config, nursery, network)
         service = build_service(config, fleet)
+        if service.infer.tracer is not None:  # the spans still queued go when it stops
+            nursery.start_soon(_at_stop, service.infer.tracer.close)
         members, discovery, intake = build_members(config, nursery, fleet, service)
         tls, guard = Tls.load(config), Guard(config.auth)  # files that do not load stop here
         await nursery.start(guard.watch)
@@ -104,6 +106,14 @@ async def serve_gateway(
             nursery.start_soon(_watch_config, config_file, stamp, reload)
         task_status.started(running)
         await trio.sleep_forever()
+
+
+async def _at_stop(close: Callable[[], None]) -> None:
+    """Call `close` when the gateway stops."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        close()
 
 
 def _announce(config: GatewayConfig) -> None:

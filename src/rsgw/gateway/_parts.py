@@ -28,6 +28,7 @@ import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -65,6 +66,9 @@ from rsgw.scheduling.knobs._knobs import WorkBasis
 from rsgw.scheduling.placement._demand import DecayedDemand
 from rsgw.scheduling.placement._lpt import LptScheduler
 from rsgw.scheduling.placement._packer import Packer
+
+if TYPE_CHECKING:
+    from rsgw.gateway.observe._tracing import Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +288,28 @@ def build_service(config: GatewayConfig, fleet: Fleet) -> GatewayService:
         measured=None if poller is None else poller.measured,
         cold=None if packing is None or not packing.placer.handed else packing.cold,
         forecast=fleet.forecast,
+        tracer=_tracer(config, fleet.metrics),
     )
+
+
+def _tracer(config: GatewayConfig, metrics: GatewayMetrics) -> Tracer | None:
+    """The gateway's tracer when `tracing:` has an exporter, else None (the default:
+    OpenTelemetry is not even imported, `rsgw.gateway.observe._tracing`)."""
+    if not config.tracing.enabled:
+        return None
+    try:
+        from rsgw.gateway.observe._tracing import Tracer
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing.endpoint is set but OpenTelemetry is not installed ({exc.name}): "
+            "install rsgw[tracing]"
+        ) from None
+    dropped = metrics.spans_dropped
+
+    def count(reason: str, spans: int) -> None:
+        dropped.labels(reason).inc(spans)
+
+    return Tracer(config.tracing, count, mode=str(config.scheduling.mode))
 
 
 def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:

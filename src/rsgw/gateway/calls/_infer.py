@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._access import AccessLog
     from rsgw.gateway.observe._metrics import GatewayMetrics
+    from rsgw.gateway.observe._tracing import CallSpan, Tracer
     from rsgw.scheduling.calls._ledger import Ticket
     from rsgw.scheduling.calls._reported import MeasuredCounters
     from rsgw.scheduling.calls._schedulers import AnyReservation, Scheduler
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MODEL_INFER = Method.MODEL_INFER
+_RPC = Method.MODEL_INFER.rpc
 _NONE: frozenset[Method] = frozenset()
 
 
@@ -95,6 +97,7 @@ class InferProxy:
         max_message_bytes: int,
         access: AccessLog | None = None,
         measured: MeasuredCounters | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -117,18 +120,23 @@ class InferProxy:
         self.access = access
         #: Where each answered call's service time goes (workers the gateway measures).
         self.measured = measured
+        #: The gateway's spans, when `tracing:` has an exporter (else None: no cost).
+        self.tracer = tracer
         #: What failover may add to the fleet's load (`rsgw.scheduling.calls._budget`).
         self.retries = RetryBudget()
         metrics.track_failovers(lambda: self.retries.spent, lambda: self.retries.refused)
         self._observe_infer = metrics.observer(Method.MODEL_INFER.rpc)
 
     async def model_infer(self, body: Body, call: CallContext) -> Body:
+        tracer = self.tracer
+        traced = None if tracer is None else tracer.server(_RPC, call.metadata, call.protocol)
         # A slot now, unless the cap is full or others already wait for one.
         ticket = None if self.queue.waiting else self.ledger.admit()
         if ticket is None:
-            ticket = await self.admission.queue_for_slot(
-                Method.MODEL_INFER.rpc, call.deadline, call.protocol
-            )
+            if traced is None:
+                ticket = await self.admission.queue_for_slot(_RPC, call.deadline, call.protocol)
+            else:
+                ticket = await self._traced_queue(call, traced)
         self.retries.deposit()
         started = trio.current_time()
         access = self.access
@@ -136,17 +144,45 @@ class InferProxy:
         meter = metered(call, self._observe_infer)
         try:
             with meter:
-                return await self._infer(body, call, ticket, meter)
+                return await self._infer(body, call, ticket, meter, traced)
+        except BaseException as exc:
+            if traced is not None:
+                traced.failed(exc)
+            raise
         finally:
             elapsed = trio.current_time() - started
             self.queue.observe(elapsed)
             self.admission.release(ticket)
             if logged:
                 assert access is not None
-                access.write(call, meter, Method.MODEL_INFER.rpc, elapsed)
+                access.write(call, meter, _RPC, elapsed)
+            if traced is not None:
+                traced.end(
+                    meter.label,
+                    meter.upstream and self.pool.public_name(meter.upstream),
+                    meter.code,
+                )
+
+    async def _traced_queue(self, call: CallContext, traced: CallSpan) -> Ticket[AnyReservation]:
+        """`Admission.queue_for_slot` for a traced call: the wait is an event on its
+        span, a refusal ends the span with its reason."""
+        started = trio.current_time()
+        try:
+            ticket = await self.admission.queue_for_slot(_RPC, call.deadline, call.protocol)
+        except BaseException as exc:
+            traced.failed(exc)
+            traced.end("", "", call.status_for(exc))
+            raise
+        traced.event("admission wait", seconds=trio.current_time() - started)
+        return ticket
 
     async def _infer(
-        self, body: Body, call: CallContext, ticket: Ticket[AnyReservation], meter: Meter
+        self,
+        body: Body,
+        call: CallContext,
+        ticket: Ticket[AnyReservation],
+        meter: Meter,
+        traced: CallSpan | None,
     ) -> Body:
         meter.timed = False  # refused before routing: counted, but no latency observed
         try:
@@ -169,7 +205,11 @@ class InferProxy:
         if not replicas:
             try:
                 deadline = min(call.deadline, trio.current_time() + self.request_timeout)
-                replicas = await resolver.resolve(model, _MODEL_INFER, deadline)
+                if traced is None:
+                    replicas = await resolver.resolve(model, _MODEL_INFER, deadline)
+                else:
+                    with traced.child("load wait", model=model):
+                        replicas = await resolver.resolve(model, _MODEL_INFER, deadline)
             except GrpcError:
                 meter.timed = True
                 meter.label = resolver.label(model)
@@ -220,7 +260,9 @@ class InferProxy:
         # as the gateway's deadline; `trio.Cancelled` passes through here.
         call.limit(deadline, partial(gateway_deadline, model))
         try:
-            response = await self._forward(body, walk, ticket, deadline, metadata)
+            if traced is not None:
+                traced.event("routed", order=",".join(map(self.pool.public_name, order)))
+            response = await self._forward(body, walk, ticket, deadline, metadata, traced)
         except Shed:
             meter.timed = False  # the replicas filled up meanwhile: still a refusal
             raise
@@ -258,6 +300,7 @@ class InferProxy:
         ticket: Ticket[AnyReservation],
         deadline: float,
         metadata: HeaderBlock = (),
+        traced: CallSpan | None = None,
     ) -> Body:
         """Send to the replicas the walk names until one answers (`RouteWalk` decides)."""
         pool = self.pool
@@ -268,6 +311,9 @@ class InferProxy:
             if walk.last is not None and not self.retries.withdraw():
                 raise walk.outcome()  # the retry budget cannot pay: the failure it has
             position = ledger.hold(ticket, url)  # before any wait: the gate queue counts too
+            attempt = None
+            if traced is not None:
+                attempt, metadata = traced.attempt(pool.public_name(url), metadata)
             started = clock()
             if position == 1:
                 forecast.busy_from(url, started)
@@ -285,6 +331,8 @@ class InferProxy:
                 walk.answered = url
                 return response
             except RsgwError as exc:
+                if attempt is not None:
+                    attempt.failed(exc)
                 expired = trio.current_time() >= deadline
                 answer = walk.failed(url, exc, expired=expired, who=pool.public_name(url))
                 if exc.code is StatusCode.NOT_FOUND:
@@ -294,6 +342,8 @@ class InferProxy:
                         self._log_worker_error(walk.model, url, answer.code)
                     raise answer from exc
             finally:
+                if attempt is not None:  # ended as its call was: answered, failed, cut short
+                    attempt.end(walk.answered == url)
                 now = clock()
                 held = ledger.unhold(ticket)
                 elapsed = now - started

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from rsgw.config._config import ServerMetadataConfig
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.fleet._prober import Prober
+    from rsgw.gateway.observe._tracing import Tracer
     from rsgw.grpc._streams import StreamHandler
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class GatewayService:
         measured: MeasuredCounters | None = None,
         cold: ColdPath | None = None,
         forecast: Forecast | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -103,6 +105,7 @@ class GatewayService:
             max_message_bytes=max_message_bytes,
             access=access,
             measured=measured,
+            tracer=tracer,
         )
         #: Which workers each fan-out asks, and the rules that merge their answers.
         self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))

@@ -134,6 +134,13 @@ class GatewayMetrics:
             "as they would not finish in time.",
             registry=r,
         )
+        self.spans_dropped = Counter(
+            "gateway_trace_spans_dropped",
+            "Spans the gateway made but did not export (tracing on): its export queue "
+            "was full (queue_full) or the collector did not take them (export_failed).",
+            ["reason"],
+            registry=r,
+        )
         refusals = Counter(
             "gateway_admission_refusals",
             "ModelInfer calls refused at arrival (also in gateway_requests_shed_total): "

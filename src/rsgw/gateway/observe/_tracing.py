@@ -1,0 +1,316 @@
+"""The gateway's own spans: OpenTelemetry's SDK, exported over OTLP/HTTP.
+
+Imported only when `tracing:` has an exporter endpoint (`rsgw.gateway._parts`), so a
+gateway that traces nothing neither loads the SDK nor pays for it on a call: the
+request path tests one attribute for None. The SDK is the `tracing` extra
+(`pip install rsgw[tracing]`); without it a configured endpoint is a start-up error
+that says so.
+
+What a traced ModelInfer records (`CallSpan`): a SERVER span named for the RPC, the
+child of the caller's span when it sent a valid `traceparent`
+(`rsgw.base._trace_context` reads it, the caller's `tracestate` kept), with the model,
+the scheduling mode, the worker that answered, the attempts and the gRPC status; an
+event for a wait for admission; a `load wait` child span for a cold model's load; and a
+CLIENT child span for each attempt at a worker (a failover makes two), whose id is the
+parent the worker is told (`traceparent`), so Triton's `InferRequest` nests under it.
+
+Export never blocks or slows a call (`BoundedExport`): a finished span goes into a
+bounded queue that a thread of its own empties in batches; a full queue drops the span
+and an export that fails (the collector is away) loses its batch, both counted in
+`gateway_trace_spans_dropped_total{reason}`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider, sampling
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+
+from rsgw.base._errors import RsgwError
+from rsgw.base._status import StatusCode as GrpcCode
+from rsgw.base._trace_context import (
+    TRACEPARENT,
+    TRACESTATE,
+    TraceContext,
+    TraceParent,
+    trace_context,
+)
+from rsgw.grpc.protocol._metadata import HeaderBlock
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+_TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
+
+#: reason -> spans lost; called from the export thread.
+Dropped = Callable[[str, int], None]
+
+
+class TracingConfig(Protocol):
+    """What the tracer reads of `tracing:` (`rsgw.config._tracing.TracingConfig`,
+    which this room may not import: the wiring above hands it in)."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def service_name(self) -> str: ...
+    @property
+    def sampler(self) -> str: ...
+    @property
+    def sampler_arg(self) -> float: ...
+    @property
+    def max_queue_size(self) -> int: ...
+    @property
+    def max_export_batch_size(self) -> int: ...
+    @property
+    def schedule_delay_millis(self) -> int: ...
+    @property
+    def export_timeout_millis(self) -> int: ...
+
+
+def sampler(config: TracingConfig) -> sampling.Sampler:
+    """The sampler `OTEL_TRACES_SAMPLER` / `tracing.sampler` names."""
+    ratio = sampling.TraceIdRatioBased(config.sampler_arg)
+    chosen: dict[str, sampling.Sampler] = {
+        "always_on": sampling.ALWAYS_ON,
+        "always_off": sampling.ALWAYS_OFF,
+        "traceidratio": ratio,
+        "parentbased_always_on": sampling.ParentBased(sampling.ALWAYS_ON),
+        "parentbased_always_off": sampling.ParentBased(sampling.ALWAYS_OFF),
+        "parentbased_traceidratio": sampling.ParentBased(ratio),
+    }
+    return chosen[config.sampler]
+
+
+class BoundedExport(SpanProcessor):
+    """Batches finished spans to an exporter from a thread, never making a call wait.
+
+    The SDK's own batch processor drops silently when its queue is full; this one
+    counts what it drops (`dropped`), and what an export that failed lost.
+    """
+
+    def __init__(self, exporter: SpanExporter, config: TracingConfig, dropped: Dropped) -> None:
+        self._exporter = exporter
+        self._max_queue = config.max_queue_size
+        self._batch = config.max_export_batch_size
+        self._delay = config.schedule_delay_millis / 1000
+        self._timeout = config.export_timeout_millis / 1000
+        self._dropped = dropped
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._lock = threading.Lock()
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="rsgw-span-export", daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Span, parent_context: object = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Queue a sampled span, or count it dropped when the queue is full."""
+        context = span.context
+        if context is None or not context.trace_flags.sampled or self._stopped:
+            return
+        with self._lock:
+            if len(self._queue) >= self._max_queue:
+                full = True
+            else:
+                full = False
+                self._queue.append(span)
+                batch_ready = len(self._queue) >= self._batch
+        if full:
+            self._dropped("queue_full", 1)
+        elif batch_ready:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            self._export_queued()
+        self._export_queued()  # what the stop left
+        self._exporter.shutdown()
+
+    def _export_queued(self) -> None:
+        with self._export_lock:
+            while True:
+                with self._lock:
+                    count = min(self._batch, len(self._queue))
+                    batch = [self._queue.popleft() for _ in range(count)]
+                if not batch:
+                    return
+                try:
+                    result = self._exporter.export(batch)
+                except Exception:  # an exporter's bug must not end the thread
+                    result = SpanExportResult.FAILURE
+                if result is not SpanExportResult.SUCCESS:
+                    self._dropped("export_failed", len(batch))
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export what is queued now (blocking: call it from a thread)."""
+        self._export_queued()
+        return True
+
+    def close(self) -> None:
+        """Stop taking spans; the thread exports what is queued, then ends (no wait)."""
+        self._stopped = True
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        """`close`, and wait for the last export (at most its timeout; at exit)."""
+        self.close()
+        self._thread.join(self._timeout)
+
+
+class Tracer:
+    """The gateway's tracer: makes `CallSpan`s (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TracingConfig,
+        dropped: Dropped,
+        *,
+        mode: str = "",
+        exporter: SpanExporter | None = None,
+    ) -> None:
+        resource = Resource.create({"service.name": config.service_name})
+        self.provider = TracerProvider(resource=resource, sampler=sampler(config))
+        if exporter is None:
+            timeout = config.export_timeout_millis / 1000
+            exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=timeout)
+        self.export = BoundedExport(exporter, config, dropped)
+        self.provider.add_span_processor(self.export)
+        self._tracer = self.provider.get_tracer("rsgw.gateway")
+        # A call's first attributes, by its door (the SDK copies them into the span).
+        self._rest = {"rsgw.protocol": "rest", "rsgw.mode": mode}
+        self._grpc = {
+            **self._rest,
+            "rsgw.protocol": "grpc",
+            "rpc.system": "grpc",
+            "rpc.service": "inference.GRPCInferenceService",
+            "rpc.method": "ModelInfer",
+        }
+
+    def server(self, rpc: str, metadata: HeaderBlock, protocol: str) -> CallSpan:
+        """The span of one call, the child of the caller's when it sent a context."""
+        caller = trace_context(metadata) if metadata else None
+        parent = None if caller is None else _remote(caller)
+        span = self._tracer.start_span(
+            rpc,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=self._grpc if protocol == "grpc" else self._rest,
+        )
+        return CallSpan(self._tracer, span, caller)
+
+    def close(self) -> None:
+        """The gateway stops: what is queued is exported from the export thread,
+        without keeping the stop waiting."""
+        self.export.close()
+
+
+def _remote(caller: TraceContext) -> Context:
+    parent = caller.parent
+    context = SpanContext(
+        parent.trace_id,
+        parent.span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(parent.flags & TraceFlags.SAMPLED),
+        trace_state=TraceState(list(caller.state)),
+    )
+    return trace.set_span_in_context(NonRecordingSpan(context))
+
+
+class CallSpan:
+    """One call's spans: its own, and a child for each attempt at a worker."""
+
+    __slots__ = ("_attempts", "_caller", "_error", "_tracer", "span")
+
+    def __init__(self, tracer: trace.Tracer, span: trace.Span, caller: TraceContext | None) -> None:
+        self._tracer = tracer
+        self.span = span
+        self._caller = caller
+        self._attempts = 0
+        self._error = ""
+
+    def event(self, name: str, **attributes: str | int | float) -> None:
+        """Something that happened in the call (an admission wait, a routing choice)."""
+        self.span.add_event(name, attributes=attributes)
+
+    def child(self, name: str, **attributes: str | int | float) -> trace.Span:
+        """A child span of the call (a cold model's load wait); the caller ends it."""
+        context = trace.set_span_in_context(self.span)
+        return self._tracer.start_span(name, context=context, attributes=attributes)
+
+    def attempt(self, worker: str, metadata: HeaderBlock) -> tuple[Attempt, HeaderBlock]:
+        """A span for the next attempt at `worker`, and the metadata that names it as
+        the worker's parent (`metadata` without any `traceparent` / `tracestate`)."""
+        self._attempts += 1
+        context = trace.set_span_in_context(self.span)
+        span = self._tracer.start_span(
+            "attempt",
+            context=context,
+            kind=SpanKind.CLIENT,
+            attributes={"rsgw.worker": worker, "rsgw.attempt": self._attempts},
+        )
+        own = span.get_span_context()
+        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
+        caller = self._caller
+        if caller is not None:
+            headers = caller.headers(own.span_id, own.trace_flags.sampled)
+        else:
+            parent = TraceParent(own.trace_id, own.span_id, int(own.trace_flags))
+            headers = TraceContext(parent).headers()
+        return Attempt(span), kept + headers
+
+    def failed(self, exc: BaseException) -> None:
+        """Why the call failed, when it says (a refusal names its reason)."""
+        if isinstance(exc, RsgwError):
+            self._error = exc.message
+
+    def end(self, model: str, worker: str, code: GrpcCode) -> None:
+        """The call is over: its outcome on its span."""
+        span = self.span
+        if model:
+            span.set_attribute("rsgw.model", model)
+        if worker:
+            span.set_attribute("rsgw.worker", worker)
+        span.set_attribute("rsgw.attempts", self._attempts)
+        span.set_attribute("rpc.grpc.status_code", int(code))
+        if code is not GrpcCode.OK:
+            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {self._error}"))
+        span.end()
+
+
+class Attempt:
+    """One attempt at a worker: its span, ended as the attempt was."""
+
+    __slots__ = ("_code", "_error", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self._code: GrpcCode | None = None
+        self._error = ""
+
+    def failed(self, exc: RsgwError) -> None:
+        """The worker failed the attempt (or could not be reached): its status."""
+        self._code, self._error = exc.code, exc.message
+
+    def end(self, answered: bool) -> None:
+        """The attempt is over: answered, failed, or cut short (the call's deadline)."""
+        code = GrpcCode.OK if answered else self._code or GrpcCode.CANCELLED
+        span = self.span
+        span.set_attribute("rpc.grpc.status_code", int(code))
+        if code is not GrpcCode.OK:
+            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {self._error}"))
+        span.end()
