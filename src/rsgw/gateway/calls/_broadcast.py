@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._metrics import GatewayMetrics
+    from rsgw.gateway.observe._tracing import Tracer
+    from rsgw.grpc.protocol._metadata import HeaderBlock
 
 logger = logging.getLogger(__name__)
 
@@ -112,11 +114,14 @@ class FanOut:
         targets: Targets,
         *,
         request_timeout: float,
+        tracer: Tracer | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.targets = targets
         self.request_timeout = request_timeout
+        #: With tracing on, each worker's call is a span under the client call's.
+        self.tracer = tracer
 
     async def all_or_nothing(
         self,
@@ -189,15 +194,29 @@ class FanOut:
     ) -> Results:
         """The fan-out; with `gated`, each worker's register gate is closed meanwhile."""
         gate = self.pool.gate
+        tracer = self.tracer
 
         async def one(url: str) -> bytes:
             if gated:
                 gate.begin(url)
+            metadata: HeaderBlock = ()
+            attempt = None
+            if tracer is not None:
+                attempt, metadata = tracer.worker_call(self.pool.public_name(url), metadata)
             try:
-                return await self.pool.channels[url].unary(method.wire, body, deadline=deadline)
+                reply = await self.pool.channels[url].unary(
+                    method.wire, body, deadline=deadline, metadata=metadata
+                )
+            except BaseException as exc:
+                if attempt is not None:
+                    attempt.ended_by(exc)
+                raise
             finally:
                 if gated:
                     gate.end(url)
+            if attempt is not None:
+                attempt.end(answered=True)
+            return reply
 
         return await fan_out(urls, one, self._observe_worker(method.rpc))
 

@@ -109,7 +109,7 @@ class GatewayService:
         )
         #: Which workers each fan-out asks, and the rules that merge their answers.
         self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))
-        fan = FanOut(pool, metrics, self.targets, request_timeout=request_timeout)
+        fan = FanOut(pool, metrics, self.targets, request_timeout=request_timeout, tracer=tracer)
         shm = shm or ShmConfig()
         self.shm = ShmCalls(pool, metrics, fan, self.admission.admitted, shm)
         self.fleet = FleetCalls(pool, prober, metrics, fan, shm)
@@ -122,7 +122,10 @@ class GatewayService:
             request_timeout=request_timeout,
             identity=identity,
         )
-        self.streams = StreamProxy(pool, self.resolver, self.scheduler, metrics, self.sequences)
+        self.streams = StreamProxy(
+            pool, self.resolver, self.scheduler, metrics, self.sequences, tracer=tracer
+        )
+        self.tracer = tracer
 
     def resize(self, max_concurrent_requests: int) -> None:
         """A new inbound cap (the workers changed): see `Admission.resize`."""
@@ -135,6 +138,9 @@ class GatewayService:
             **self.fleet.handlers(),
             **self.models.handlers(),
         }
+        tracer = self.tracer
+        if tracer is not None:  # each a span of its own, its calls to workers under it
+            table = {method: tracer.handled(method.rpc, h) for method, h in table.items()}
         return {method.path: handler for method, handler in table.items()}
 
     def pass_through(self) -> dict[str, PassThrough]:
@@ -144,7 +150,10 @@ class GatewayService:
 
     def stream_handlers(self) -> dict[str, StreamHandler]:
         """The streaming methods: ModelStreamInfer, passed through per message."""
-        return {Method.MODEL_STREAM_INFER.path: self.streams.model_stream_infer}
+        handler: StreamHandler = self.streams.model_stream_infer
+        if self.tracer is not None:
+            handler = self.tracer.streamed(Method.MODEL_STREAM_INFER.rpc, handler)
+        return {Method.MODEL_STREAM_INFER.path: handler}
 
     @property
     def inflight(self) -> int:

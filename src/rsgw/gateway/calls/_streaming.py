@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     from rsgw.gateway.calls._resolve import Resolver
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.observe._metrics import GatewayMetrics
+    from rsgw.gateway.observe._tracing import Tracer
     from rsgw.grpc._streams import ClientStream, ServerStream
+    from rsgw.grpc.protocol._metadata import HeaderBlock
     from rsgw.scheduling.calls._schedulers import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -58,11 +60,14 @@ class StreamProxy:
         scheduler: Scheduler,
         metrics: GatewayMetrics,
         sequences: SequenceTable,
+        tracer: Tracer | None = None,
     ) -> None:
         self.pool = pool
         self.resolver = resolver
         self.scheduler = scheduler
         self.sequences = sequences
+        #: With tracing on, each worker's stream is a span under the client stream's.
+        self.tracer = tracer
         self._observe = metrics.observer(Method.MODEL_STREAM_INFER.rpc)
 
     async def model_stream_infer(self, stream: ServerStream) -> None:
@@ -76,12 +81,15 @@ class StreamProxy:
                         continue
                     upstream = upstreams.get(url)
                     if upstream is None:
+                        metadata = upstream_metadata(stream.call.metadata)
+                        if self.tracer is not None:
+                            metadata = self._traced(url, metadata, opened)
                         try:
                             upstream = await opened.enter_async_context(
                                 self.pool.channels[url].stream(
                                     Method.MODEL_STREAM_INFER.wire,
                                     deadline=stream.call.deadline,
-                                    metadata=upstream_metadata(stream.call.metadata),
+                                    metadata=metadata,
                                 )
                             )
                         except RsgwError as exc:
@@ -96,6 +104,23 @@ class StreamProxy:
                     nursery.cancel_scope.cancel()
             if failures:
                 raise failures[0]
+
+    def _traced(
+        self, url: str, metadata: HeaderBlock, opened: contextlib.AsyncExitStack
+    ) -> HeaderBlock:
+        """A span for the stream to `url`, under the client stream's, ended when that
+        stream closes; the metadata that names it."""
+        assert self.tracer is not None
+        attempt, metadata = self.tracer.worker_call(self.pool.public_name(url), metadata)
+
+        def closed(kind: type[BaseException] | None, exc: BaseException | None, _: object) -> None:
+            if exc is None:
+                attempt.end(answered=True)
+            else:
+                attempt.ended_by(exc)
+
+        opened.push(closed)
+        return metadata
 
     async def _route(self, stream: ServerStream, body: bytes) -> str | None:
         """The worker for one request, or None after answering it with an error."""

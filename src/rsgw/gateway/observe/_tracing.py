@@ -13,6 +13,10 @@ the scheduling mode, the worker that answered, the attempts and the gRPC status;
 event for a wait for admission; a `load wait` child span for a cold model's load; and a
 CLIENT child span for each attempt at a worker (a failover makes two), whose id is the
 parent the worker is told (`traceparent`), so Triton's `InferRequest` nests under it.
+Every other RPC the gateway answers (the fan-outs: shared-memory registration, model
+control; the model RPCs) and each ModelStreamInfer gets a SERVER span of its own
+(`handled`, `streamed`), current while it runs, and each call or stream it makes to a
+worker a CLIENT span under it (`worker_call`).
 
 Export never blocks or slows a call (`BoundedExport`): a finished span goes into a
 bounded queue that a thread of its own empties in batches; a full queue drops the span
@@ -48,6 +52,9 @@ from rsgw.grpc.protocol._metadata import HeaderBlock
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+
+    from rsgw.base._call import CallContext, UnaryHandler
+    from rsgw.grpc._streams import ServerStream, StreamHandler
 
 _TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
 
@@ -213,10 +220,76 @@ class Tracer:
         )
         return CallSpan(self._tracer, span, caller)
 
+    def handled(self, rpc: str, handler: UnaryHandler) -> UnaryHandler:
+        """`handler` with a SERVER span around each call (a fan-out, a model RPC),
+        current while it runs so that its calls to the workers nest under it
+        (`worker_call`)."""
+
+        async def traced(body: bytes, call: CallContext) -> bytes:
+            span = self._own_span(rpc, call)
+            with trace.use_span(span, end_on_exit=False):
+                try:
+                    reply = await handler(body, call)
+                except BaseException as exc:
+                    _ended(span, call.status_for(exc), _why(exc))
+                    raise
+            _ended(span, GrpcCode.OK)
+            return reply
+
+        return traced
+
+    def streamed(self, rpc: str, handler: StreamHandler) -> StreamHandler:
+        """`handled` for a stream: one span from its opening to its end."""
+
+        async def traced(stream: ServerStream) -> None:
+            span = self._own_span(rpc, stream.call)
+            with trace.use_span(span, end_on_exit=False):
+                try:
+                    await handler(stream)
+                except BaseException as exc:
+                    _ended(span, stream.call.status_for(exc), _why(exc))
+                    raise
+            _ended(span, GrpcCode.OK)
+
+        return traced
+
+    def worker_call(self, worker: str, metadata: HeaderBlock) -> tuple[Attempt, HeaderBlock]:
+        """A CLIENT span for a call to `worker` on behalf of the current span (a
+        fan-out's, a stream's), and `metadata` naming it as the worker's parent."""
+        span = self._tracer.start_span(
+            "worker call", kind=SpanKind.CLIENT, attributes={"rsgw.worker": worker}
+        )
+        own = span.get_span_context()
+        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
+        parent = TraceParent(own.trace_id, own.span_id, int(own.trace_flags))
+        state = tuple(own.trace_state.items())
+        return Attempt(span), kept + TraceContext(parent, state).headers()
+
+    def _own_span(self, rpc: str, call: CallContext) -> trace.Span:
+        caller = trace_context(call.metadata) if call.metadata else None
+        return self._tracer.start_span(
+            rpc,
+            context=None if caller is None else _remote(caller),
+            kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.method": rpc, "rsgw.protocol": call.protocol},
+        )
+
     def close(self) -> None:
         """The gateway stops: what is queued is exported from the export thread,
         without keeping the stop waiting."""
         self.export.close()
+
+
+def _ended(span: trace.Span, code: GrpcCode, why: str = "") -> None:
+    """End `span` with a call's outcome: its gRPC status, and why when it failed."""
+    span.set_attribute("rpc.grpc.status_code", int(code))
+    if code is not GrpcCode.OK:
+        span.set_status(Status(StatusCode.ERROR, f"{code.name}: {why}"))
+    span.end()
+
+
+def _why(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RsgwError) else ""
 
 
 def _remote(caller: TraceContext) -> Context:
@@ -286,10 +359,7 @@ class CallSpan:
         if worker:
             span.set_attribute("rsgw.worker", worker)
         span.set_attribute("rsgw.attempts", self._attempts)
-        span.set_attribute("rpc.grpc.status_code", int(code))
-        if code is not GrpcCode.OK:
-            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {self._error}"))
-        span.end()
+        _ended(span, code, self._error)
 
 
 class Attempt:
@@ -306,11 +376,13 @@ class Attempt:
         """The worker failed the attempt (or could not be reached): its status."""
         self._code, self._error = exc.code, exc.message
 
+    def ended_by(self, exc: BaseException) -> None:
+        """The attempt failed with `exc` (or was cut short): over."""
+        if isinstance(exc, RsgwError):
+            self.failed(exc)
+        self.end(answered=False)
+
     def end(self, answered: bool) -> None:
         """The attempt is over: answered, failed, or cut short (the call's deadline)."""
         code = GrpcCode.OK if answered else self._code or GrpcCode.CANCELLED
-        span = self.span
-        span.set_attribute("rpc.grpc.status_code", int(code))
-        if code is not GrpcCode.OK:
-            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {self._error}"))
-        span.end()
+        _ended(self.span, code, self._error)
