@@ -11,6 +11,7 @@ away costs spans, counted, never calls.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -179,3 +180,28 @@ def _dropped(fleet: Fleet, reason: str) -> float:
 
 def _request(seed: int = 0) -> pb.ModelInferRequest:
     return infer_request("simple", simple_inputs(seed))
+
+
+async def test_a_call_its_caller_did_not_sample_makes_no_span(worker_parents: list[str]) -> None:
+    unsampled = f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-00"
+    with otlp_receiver() as receiver:
+        async with open_fleet(1, tracing=tracing(receiver.url)) as fleet:
+            client = grpcclient.InferenceServerClient(fleet.target)
+            try:
+                for parent in (unsampled, TRACEPARENT.replace("4736", "4737")):
+                    await in_thread(
+                        partial(
+                            client.infer,
+                            "simple",
+                            _inputs(grpcclient.InferInput),
+                            headers={"traceparent": parent},
+                        )
+                    )
+            finally:
+                client.close()
+            # The sampled call's spans come; the unsampled one's never did.
+            spans = await in_thread(lambda: _trace(receiver, CALLER_TRACE + 1, 2))
+    assert not [s for s in receiver.spans if s.trace_id == CALLER_TRACE]
+    assert len(spans) == 2
+    # The worker was told the caller's own span, unsampled: it leaves the call out too.
+    assert worker_parents[0] == unsampled

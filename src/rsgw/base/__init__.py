@@ -12,6 +12,7 @@ Imports nothing of rsgw but the generated protobuf code. Everything else may imp
 - `_auth` roles, the method table, bearer tokens and mTLS identities.
 - `_usage` command lines that say which option was meant (`StrictParser`).
 - `_trace_context` W3C `traceparent` / `tracestate`: read, checked and handed on.
+- `_sampling` which calls are traced: OpenTelemetry's standard samplers, decided before any span.
 - `_call` (shell) the call context a handler sees, whichever door the call came through.
 - `_peer` (shell) who is at the other end of a connection.
 - `_shm_access` (shell) which shared memory objects a client may have mapped.

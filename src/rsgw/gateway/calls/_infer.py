@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._access import AccessLog
     from rsgw.gateway.observe._metrics import GatewayMetrics
-    from rsgw.gateway.observe._tracing import CallSpan, Tracer
+    from rsgw.gateway.observe._tracing import AnyAttempt, Traced, Tracer
     from rsgw.scheduling.calls._ledger import Ticket
     from rsgw.scheduling.calls._reported import MeasuredCounters
     from rsgw.scheduling.calls._schedulers import AnyReservation, Scheduler
@@ -163,7 +163,7 @@ class InferProxy:
                     meter.code,
                 )
 
-    async def _traced_queue(self, call: CallContext, traced: CallSpan) -> Ticket[AnyReservation]:
+    async def _traced_queue(self, call: CallContext, traced: Traced) -> Ticket[AnyReservation]:
         """`Admission.queue_for_slot` for a traced call: the wait is an event on its
         span, a refusal ends the span with its reason."""
         started = trio.current_time()
@@ -182,7 +182,7 @@ class InferProxy:
         call: CallContext,
         ticket: Ticket[AnyReservation],
         meter: Meter,
-        traced: CallSpan | None,
+        traced: Traced | None,
     ) -> Body:
         meter.timed = False  # refused before routing: counted, but no latency observed
         try:
@@ -300,7 +300,7 @@ class InferProxy:
         ticket: Ticket[AnyReservation],
         deadline: float,
         metadata: HeaderBlock = (),
-        traced: CallSpan | None = None,
+        traced: Traced | None = None,
     ) -> Body:
         """Send to the replicas the walk names until one answers (`RouteWalk` decides)."""
         pool = self.pool
@@ -311,7 +311,7 @@ class InferProxy:
             if walk.last is not None and not self.retries.withdraw():
                 raise walk.outcome()  # the retry budget cannot pay: the failure it has
             position = ledger.hold(ticket, url)  # before any wait: the gate queue counts too
-            attempt = None
+            attempt: AnyAttempt | None = None
             if traced is not None:
                 attempt, metadata = traced.attempt(pool.public_name(url), metadata)
             started = clock()

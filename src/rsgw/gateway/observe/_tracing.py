@@ -27,8 +27,11 @@ and an export that fails (the collector is away) loses its batch, both counted i
 from __future__ import annotations
 
 import collections
+import contextlib
+import random
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import trace
@@ -40,6 +43,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.status import Status, StatusCode
 
 from rsgw.base._errors import RsgwError
+from rsgw.base._sampling import Sampling
 from rsgw.base._status import StatusCode as GrpcCode
 from rsgw.base._trace_context import (
     TRACEPARENT,
@@ -82,20 +86,6 @@ class TracingConfig(Protocol):
     def schedule_delay_millis(self) -> int: ...
     @property
     def export_timeout_millis(self) -> int: ...
-
-
-def sampler(config: TracingConfig) -> sampling.Sampler:
-    """The sampler `OTEL_TRACES_SAMPLER` / `tracing.sampler` names."""
-    ratio = sampling.TraceIdRatioBased(config.sampler_arg)
-    chosen: dict[str, sampling.Sampler] = {
-        "always_on": sampling.ALWAYS_ON,
-        "always_off": sampling.ALWAYS_OFF,
-        "traceidratio": ratio,
-        "parentbased_always_on": sampling.ParentBased(sampling.ALWAYS_ON),
-        "parentbased_always_off": sampling.ParentBased(sampling.ALWAYS_OFF),
-        "parentbased_traceidratio": sampling.ParentBased(ratio),
-    }
-    return chosen[config.sampler]
 
 
 class BoundedExport(SpanProcessor):
@@ -191,7 +181,9 @@ class Tracer:
         exporter: SpanExporter | None = None,
     ) -> None:
         resource = Resource.create({"service.name": config.service_name})
-        self.provider = TracerProvider(resource=resource, sampler=sampler(config))
+        #: Which calls get spans, decided before the SDK is asked for any.
+        self.sampling = Sampling.named(config.sampler, config.sampler_arg)
+        self.provider = TracerProvider(resource=resource, sampler=sampling.ALWAYS_ON)
         if exporter is None:
             timeout = config.export_timeout_millis / 1000
             exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=timeout)
@@ -208,10 +200,18 @@ class Tracer:
             "rpc.method": "ModelInfer",
         }
 
-    def server(self, rpc: str, metadata: HeaderBlock, protocol: str) -> CallSpan:
-        """The span of one call, the child of the caller's when it sent a context."""
+    def server(self, rpc: str, metadata: HeaderBlock, protocol: str) -> CallSpan | UnsampledCall:
+        """The span of one call, the child of the caller's when it sent a context; for a
+        call the sampler leaves out, no span at all (`rsgw.base._sampling`)."""
         caller = trace_context(metadata) if metadata else None
-        parent = None if caller is None else _remote(caller)
+        if caller is None:
+            if not self.sampling.sampled(None, _random_id()):
+                return UnsampledCall(None)
+            parent = None
+        elif not self.sampling.sampled(caller.parent, caller.parent.trace_id):
+            return UnsampledCall(caller)
+        else:
+            parent = _remote(caller)
         span = self._tracer.start_span(
             rpc,
             context=parent,
@@ -227,6 +227,9 @@ class Tracer:
 
         async def traced(body: bytes, call: CallContext) -> bytes:
             span = self._own_span(rpc, call)
+            if not span.is_recording():  # not sampled: its workers are told so
+                with trace.use_span(span, end_on_exit=False):
+                    return await handler(body, call)
             with trace.use_span(span, end_on_exit=False):
                 try:
                     reply = await handler(body, call)
@@ -243,6 +246,10 @@ class Tracer:
 
         async def traced(stream: ServerStream) -> None:
             span = self._own_span(rpc, stream.call)
+            if not span.is_recording():
+                with trace.use_span(span, end_on_exit=False):
+                    await handler(stream)
+                return
             with trace.use_span(span, end_on_exit=False):
                 try:
                     await handler(stream)
@@ -253,9 +260,20 @@ class Tracer:
 
         return traced
 
-    def worker_call(self, worker: str, metadata: HeaderBlock) -> tuple[Attempt, HeaderBlock]:
+    def worker_call(
+        self, worker: str, metadata: HeaderBlock
+    ) -> tuple[Attempt | Untraced, HeaderBlock]:
         """A CLIENT span for a call to `worker` on behalf of the current span (a
-        fan-out's, a stream's), and `metadata` naming it as the worker's parent."""
+        fan-out's, a stream's), and `metadata` naming it as the worker's parent; when
+        the current span records nothing (not sampled, or none: a fan-out of the
+        gateway's own), no span, and the metadata as it was."""
+        if not trace.get_current_span().is_recording():
+            current = trace.get_current_span().get_span_context()
+            if not current.is_valid:
+                return UNTRACED, metadata
+            kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
+            unsampled = TraceParent(current.trace_id, current.span_id, 0)
+            return UNTRACED, kept + TraceContext(unsampled).headers()
         span = self._tracer.start_span(
             "worker call", kind=SpanKind.CLIENT, attributes={"rsgw.worker": worker}
         )
@@ -266,7 +284,13 @@ class Tracer:
         return Attempt(span), kept + TraceContext(parent, state).headers()
 
     def _own_span(self, rpc: str, call: CallContext) -> trace.Span:
+        """A SERVER span for a call, or a span that records nothing (but names its
+        trace, unsampled) when the sampler leaves the call out."""
         caller = trace_context(call.metadata) if call.metadata else None
+        trace_id = _random_id() if caller is None else caller.parent.trace_id
+        if not self.sampling.sampled(None if caller is None else caller.parent, trace_id):
+            unsampled = SpanContext(trace_id, _random_id() & _SPAN_BITS, is_remote=False)
+            return NonRecordingSpan(unsampled)
         return self._tracer.start_span(
             rpc,
             context=None if caller is None else _remote(caller),
@@ -386,3 +410,64 @@ class Attempt:
         """The attempt is over: answered, failed, or cut short (the call's deadline)."""
         code = GrpcCode.OK if answered else self._code or GrpcCode.CANCELLED
         _ended(self.span, code, self._error)
+
+
+class Untraced:
+    """An attempt or worker call that records nothing (its call is not sampled)."""
+
+    __slots__ = ()
+
+    def failed(self, exc: RsgwError) -> None:
+        pass
+
+    def ended_by(self, exc: BaseException) -> None:
+        pass
+
+    def end(self, answered: bool) -> None:
+        pass
+
+
+UNTRACED = Untraced()
+
+
+class UnsampledCall:
+    """A call the sampler left out: no span, but its workers are told the trace and
+    that it is not sampled, so they leave it out too (as W3C asks of a participant)."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, caller: TraceContext | None) -> None:
+        if caller is None:  # a trace begins here, unsampled
+            parent = TraceParent(_random_id(), _random_id() & _SPAN_BITS, 0)
+            self._headers = TraceContext(parent).headers()
+        else:  # the caller's span stays the parent: the gateway made none
+            self._headers = caller.headers(sampled=False)
+
+    def event(self, name: str, **attributes: str | int | float) -> None:
+        pass
+
+    def child(self, name: str, **attributes: str | int | float) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    def attempt(self, worker: str, metadata: HeaderBlock) -> tuple[Untraced, HeaderBlock]:
+        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
+        return UNTRACED, kept + self._headers
+
+    def failed(self, exc: BaseException) -> None:
+        pass
+
+    def end(self, model: str, worker: str, code: GrpcCode) -> None:
+        pass
+
+
+_SPAN_BITS = (1 << 64) - 1
+
+
+def _random_id() -> int:
+    """A new trace id (128 random bits; never zero, which W3C reserves)."""
+    return random.getrandbits(128) or 1
+
+
+#: A call's tracing, sampled or not, and an attempt's.
+Traced = CallSpan | UnsampledCall
+AnyAttempt = Attempt | Untraced
