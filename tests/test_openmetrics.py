@@ -110,7 +110,8 @@ def test_the_gateways_families_come_first_with_their_exemplars() -> None:
     text = out.decode()
     (family,) = [f for f in oracle(text) if f.name == "gateway_latency_seconds"]
     (bucket,) = [s for s in family.samples if s.exemplar is not None]
-    assert bucket.labels["le"] == "1.0" and bucket.exemplar == Exemplar(trace, 0.5, Timestamp(1_700_000_000, 0))
+    assert bucket.labels["le"] == "1.0"
+    assert bucket.exemplar == Exemplar(trace, 0.5, Timestamp(1_700_000_000, 0))
     assert parsed(out)["worker_dispatch"][1][0][1] == {"worker": "worker0", "model": "m"}
 
 
