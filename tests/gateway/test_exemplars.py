@@ -1,20 +1,23 @@
 """From metrics to traces: a traced call's trace in its latency bucket and access line.
 
 A real fleet with the gateway's tracing on (spans to `tests.otlp`'s receiver), real
-clients: `/metrics` asked for OpenMetrics (as Prometheus asks) carries an exemplar
-on the request-latency bucket whose trace and span ids are the gateway's server span's
-as the receiver got it; asked for the text format it carries none; the access line of
-a sampled call names the same ids, and that of an unsampled one does not.
+clients: `/metrics` asked for OpenMetrics (as Prometheus asks) carries an exemplar on
+the request-latency bucket of each door (gRPC, REST) whose trace and span ids are the
+gateway's server span's as the receiver got it; asked for the text format it carries
+none; the access line of a sampled call names the same ids, that of an unsampled one
+does not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from rsgw.config._config import LoggingConfig
@@ -29,6 +32,7 @@ PROMETHEUS_ACCEPT = (
     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
 UNSAMPLED = f"00-{CALLER_TRACE + 1:032x}-{CALLER_SPAN:016x}-00"
+REST_TRACE = CALLER_TRACE + 2
 
 
 async def _scrape(fleet: Fleet, accept: str | None) -> httpx.Response:
@@ -40,29 +44,35 @@ async def _scrape(fleet: Fleet, accept: str | None) -> httpx.Response:
     return response
 
 
-async def _call(fleet: Fleet, traceparent: str) -> None:
-    client = grpcclient.InferenceServerClient(fleet.target)
+async def _call(fleet: Fleet, traceparent: str, rest: bool = False) -> None:
+    """A ModelInfer through the gateway's gRPC door (tritonclient), or its REST door."""
+    kind: Any = httpclient if rest else grpcclient
+    target = f"127.0.0.1:{fleet.gateway.http_port}" if rest else fleet.target
+    client = kind.InferenceServerClient(target)
     inputs = []
     for name, array in simple_inputs(3).items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
+        tensor = kind.InferInput(name, list(array.shape), "INT32")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
+    headers = {"traceparent": traceparent}
     try:
-        await in_thread(
-            lambda: client.infer("simple", inputs, headers={"traceparent": traceparent})
-        )
+        await in_thread(lambda: client.infer("simple", inputs, headers=headers))
     finally:
         client.close()
 
 
-async def _server_span(receiver: Receiver) -> ReceivedSpan:
+async def _server_span(receiver: Receiver, trace_id: int = CALLER_TRACE) -> ReceivedSpan:
     spans = await in_thread(
         lambda: receiver.wait_for(
-            lambda got: any(s.trace_id == CALLER_TRACE and s.kind == SERVER for s in got)
+            lambda got: any(s.trace_id == trace_id and s.kind == SERVER for s in got)
         )
     )
-    (server,) = [s for s in spans if s.trace_id == CALLER_TRACE and s.kind == SERVER]
+    (server,) = [s for s in spans if s.trace_id == trace_id and s.kind == SERVER]
     return server
+
+
+def _ids(span: ReceivedSpan) -> dict[str, str]:
+    return {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
 
 
 async def test_the_latency_bucket_of_a_traced_call_names_its_trace() -> None:
@@ -70,7 +80,9 @@ async def test_the_latency_bucket_of_a_traced_call_names_its_trace() -> None:
         async with open_fleet(1, tracing=tracing(receiver.url)) as fleet:
             await _call(fleet, TRACEPARENT)
             await _call(fleet, UNSAMPLED)
+            await _call(fleet, f"00-{REST_TRACE:032x}-{CALLER_SPAN:016x}-01", rest=True)
             server = await _server_span(receiver)
+            rest_server = await _server_span(receiver, REST_TRACE)
             openmetrics = await _scrape(fleet, PROMETHEUS_ACCEPT)
             text = await _scrape(fleet, None)
     assert openmetrics.headers["content-type"] == (
@@ -81,16 +93,17 @@ async def test_the_latency_bucket_of_a_traced_call_names_its_trace() -> None:
         for f in oracle(openmetrics.text)  # it must parse
         if f.name == "gateway_request_latency_seconds"
     ]
-    exemplars = [
-        s.exemplar
+    exemplars = {
+        s.labels["protocol"]: s.exemplar
         for s in latency.samples
         if s.exemplar is not None and s.labels["model"] == "simple"
-    ]
+    }
     # The unsampled call's trace was not exported: no exemplar leads to it.
-    assert [e.labels for e in exemplars] == [
-        {"trace_id": f"{server.trace_id:032x}", "span_id": f"{server.span_id:016x}"}
-    ]
-    assert exemplars[0].value > 0 and exemplars[0].timestamp is not None
+    assert {door: e.labels for door, e in exemplars.items()} == {
+        "grpc": _ids(server),
+        "rest": _ids(rest_server),
+    }
+    assert all(e.value > 0 and e.timestamp is not None for e in exemplars.values())
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert " # {" not in text.text and "# EOF" not in text.text
     assert any(f.name == "gateway_request_latency_seconds" for f in text_families(text.text))
