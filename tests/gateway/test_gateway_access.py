@@ -35,6 +35,7 @@ async def test_every_call_gets_an_access_line_at_rate_one(
     ]
     assert lines[0]["worker"] in ("worker0", "worker1") and lines[1]["worker"] == ""
     assert lines[0]["rpc"] == "ModelInfer" and lines[0]["duration_ms"] >= 0
+    assert not [r for r in lines if "trace_id" in r or "span_id" in r]  # tracing is off
 
 
 async def test_no_access_log_by_default(

@@ -67,7 +67,8 @@ def free_port() -> int:
 class Prometheus:
     """A Prometheus server on loopback and its HTTP API."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, features: tuple[str, ...] = ()) -> None:
+        """`features`: Prometheus's `--enable-feature` flags (`exemplar-storage`)."""
         self.port = free_port()
         self.targets = work / "targets.json"
         self.targets.write_text("[]")
@@ -102,6 +103,7 @@ class Prometheus:
                 f"--config.file={work / 'prometheus.yml'}",
                 f"--storage.tsdb.path={work / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *(f"--enable-feature={feature}" for feature in features),
             ],
             stdout=self.log,
             stderr=self.log,

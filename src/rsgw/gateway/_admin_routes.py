@@ -8,6 +8,11 @@ scrape timeout with every scrape (`X-Prometheus-Scrape-Timeout-Seconds`), and a 
 that waited longer for a hung worker than Prometheus waits for the gateway would be
 marked down with everything it had. `/readyz` follows the prober's readiness, so a
 stopping gateway says "not ready" at once.
+
+A scraper whose Accept asks for OpenMetrics (Prometheus does) gets it, with the
+request-latency histogram's exemplars (traced calls' trace ids) and every worker's
+text turned into OpenMetrics (`rsgw.runtime._openmetrics`); any other gets the text
+format, as before.
 """
 
 from __future__ import annotations
@@ -19,7 +24,17 @@ import trio
 
 from rsgw.gateway.fleet._pool import fan_out
 from rsgw.runtime._admin import AdminApp, Headers, Reply, header
-from rsgw.runtime._exposition import CONTENT_TYPE, merge_expositions, relabel_exposition
+from rsgw.runtime._exposition import (
+    CONTENT_TYPE,
+    merge_expositions,
+    relabel_exposition,
+    served_families,
+)
+from rsgw.runtime._openmetrics import (
+    OPENMETRICS_CONTENT_TYPE,
+    merge_openmetrics,
+    wants_openmetrics,
+)
 
 if TYPE_CHECKING:
     from rsgw.config._config import GatewayConfig
@@ -60,12 +75,13 @@ def admin_app(
         scraped = await fan_out(list(targets), lambda url: scrape(url, targets[url], budget))
         for url, label in targets.items():
             metrics.metrics_scraped(label, isinstance(scraped[url], str))
-        texts = [metrics.render().decode()]
-        for url in targets:  # member order, not completion order
-            text = scraped[url]
-            if isinstance(text, str):
-                texts.append(text)
-        return Reply(200, merge_expositions(texts).encode(), CONTENT_TYPE)
+        # Member order, not completion order.
+        texts = [text for url in targets if isinstance(text := scraped[url], str)]
+        if wants_openmetrics(header(headers, b"accept")):
+            body = merge_openmetrics(served_families(metrics.registry), texts)
+            return Reply(200, body, OPENMETRICS_CONTENT_TYPE)
+        merged = merge_expositions([metrics.render().decode(), *texts])
+        return Reply(200, merged.encode(), CONTENT_TYPE)
 
     async def healthz(_: Headers) -> Reply:
         return Reply(200, b"ok")

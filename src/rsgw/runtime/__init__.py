@@ -7,6 +7,7 @@ door, the gateway, the worker and the node import it.
 - `_tls` TLS contexts for listeners and channels, reloading, peer identities.
 - `_admin` the admin HTTP server (`/metrics`, `/healthz`, `/readyz`) on hypercorn.
 - `_exposition` rendering a Prometheus registry the way rsgw serves it.
+- `_openmetrics` the OpenMetrics answer: workers' text turned into OpenMetrics, merged.
 - `_hot_series` counter and histogram families whose children are plain numbers.
 - `_logging` log formatting for the command line: JSON lines or text.
 - `_log_budget` how many lines of one kind a process may log.

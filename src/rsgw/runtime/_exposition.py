@@ -92,6 +92,12 @@ def render_registry(registry: CollectorRegistry) -> bytes:
     return generate_latest(_WithoutCreated(registry))
 
 
+def served_families(registry: CollectorRegistry) -> Iterator[Metric]:
+    """`registry`'s families as rsgw serves them (without `_created` series), for a
+    renderer of another format (`rsgw.runtime._openmetrics`)."""
+    return _WithoutCreated(registry).collect()
+
+
 def merge_expositions(texts: Sequence[str]) -> str:
     """Merge exposition texts so that each family has one HELP/TYPE pair.
 

@@ -11,6 +11,11 @@ and `Histogram` give (less `_created`, which rsgw never serves).
 A scrape from another thread may see an observation's bucket counted and its sum not
 yet: one observation of skew, which prometheus_client's per-value locks do not rule
 out either.
+
+A histogram child keeps an exemplar per bucket (the last observation given one, as
+prometheus_client's `observe(amount, exemplar=...)` does) only once one has been given:
+a child observed only by `observe` holds no exemplar list, and its samples are the
+plain pairs they always were.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+    from prometheus_client.samples import Exemplar
 
 
 class Count:
@@ -42,17 +48,29 @@ class Count:
 class Latencies:
     """A histogram child: how many observations fell in each bucket, and their sum."""
 
-    __slots__ = ("_bounds", "counts", "sum")
+    __slots__ = ("_bounds", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self._bounds = bounds
         #: Per bucket, not cumulative; the last is +Inf's.
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        #: Per bucket, its last exemplar; None until `observe_exemplified` first runs.
+        self.exemplars: list[Exemplar | None] | None = None
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self._bounds, value)] += 1  # (a bucket holds <= its bound)
         self.sum += value
+
+    def observe_exemplified(self, value: float, exemplar: Exemplar) -> None:
+        """`observe`, with `exemplar` kept as its bucket's (a traced call's trace)."""
+        bucket = bisect_left(self._bounds, value)
+        self.counts[bucket] += 1
+        self.sum += value
+        exemplars = self.exemplars
+        if exemplars is None:
+            exemplars = self.exemplars = [None] * len(self.counts)
+        exemplars[bucket] = exemplar
 
 
 Child = TypeVar("Child", Count, Latencies)
@@ -118,6 +136,7 @@ class HistogramFamily(_Family[Latencies]):
         # The `le` values prometheus_client's own Histogram writes (its helper is untyped).
         les: list[str] = [floatToGoString(bound) for bound in self._bounds]  # type: ignore[no-untyped-call]
         self._les = [*les, "+Inf"]
+        self._no_exemplars: list[Exemplar | None] = [None] * len(self._les)
         super().__init__(name, documentation, labelnames, registry)
 
     def _new(self) -> Latencies:
@@ -127,9 +146,13 @@ class HistogramFamily(_Family[Latencies]):
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
             running = 0
-            cumulative = []
-            for le, count in zip(self._les, child.counts, strict=True):
+            cumulative: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            exemplars = child.exemplars or self._no_exemplars
+            for le, count, exemplar in zip(self._les, child.counts, exemplars, strict=True):
                 running += count
-                cumulative.append((le, float(running)))
+                if exemplar is None:
+                    cumulative.append((le, float(running)))
+                else:
+                    cumulative.append((le, float(running), exemplar))
             family.add_metric(values, cumulative, child.sum)
         yield family

@@ -141,7 +141,12 @@ class InferProxy:
         started = trio.current_time()
         access = self.access
         logged = access is not None and access.sampled()
-        meter = metered(call, self._observe_infer)
+        # A sampled trace's ids: the latency's exemplar and the access line's fields.
+        ids = None if traced is None else traced.ids()
+        if ids is None:
+            meter = metered(call, self._observe_infer)
+        else:
+            meter = metered(call, self.metrics.traced_observer(_RPC, ids, time.time))
         try:
             with meter:
                 return await self._infer(body, call, ticket, meter, traced)
@@ -155,7 +160,7 @@ class InferProxy:
             self.admission.release(ticket)
             if logged:
                 assert access is not None
-                access.write(call, meter, _RPC, elapsed)
+                access.write(call, meter, _RPC, elapsed, ids)
             if traced is not None:
                 traced.end(
                     meter.label,

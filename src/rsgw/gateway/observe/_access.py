@@ -4,7 +4,9 @@ Off by default (`logging.access_log_sample_rate: 0`); at 1, every call. Lines ar
 held to `logging.access_log_max_per_second` by a `LogBudget`, and the next line let
 through says how many were `suppressed`, so a traffic spike cannot become a log
 spike. The sampling decision is made when a call starts (one random number), so an
-unsampled call pays nothing more.
+unsampled call pays nothing more. A call whose trace is sampled (`tracing:`) has its
+`trace_id` and `span_id` (the gateway's server span) on its line, so a line leads to
+its trace.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rsgw.base._call import CallContext
 from rsgw.grpc._metering import Meter
@@ -48,8 +50,16 @@ class AccessLog:
         """Whether the call starting now gets a line."""
         return self._rate >= 1.0 or random.random() < self._rate
 
-    def write(self, call: CallContext, meter: Meter, rpc: str, seconds: float) -> None:
-        """The call is over: its line, unless this second's budget is spent."""
+    def write(
+        self,
+        call: CallContext,
+        meter: Meter,
+        rpc: str,
+        seconds: float,
+        trace: Mapping[str, str] | None = None,
+    ) -> None:
+        """The call is over: its line, unless this second's budget is spent; `trace`
+        (`trace_id`, `span_id`) when its trace is sampled."""
         suppressed = self._budget.take("access", time.monotonic())
         if suppressed is None or not logger.isEnabledFor(logging.INFO):
             return
@@ -63,6 +73,8 @@ class AccessLog:
             "request_id": "" if rid is None else rid.decode("utf-8", "replace")[:128],
             "peer": call.peer,
         }
+        if trace is not None:
+            extra.update(trace)
         if suppressed:
             extra["suppressed"] = suppressed
         logger.info("access", extra=extra)

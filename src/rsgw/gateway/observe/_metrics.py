@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 
 from rsgw.base._methods import METHODS_BY_PATH
 from rsgw.base._status import StatusCode
@@ -309,8 +310,10 @@ class GatewayMetrics:
         code: StatusCode,
         seconds: float | None,
         protocol: str = "grpc",
+        exemplar: Exemplar | None = None,
     ) -> None:
-        """Count one handled RPC; `seconds` None records no latency (rejected at parse)."""
+        """Count one handled RPC; `seconds` None records no latency (rejected at parse).
+        `exemplar` (a traced call's) goes with the latency into its bucket."""
         key = (rpc, model, code, protocol)
         counter = self._count_children.get(key)
         if counter is None:
@@ -325,13 +328,29 @@ class GatewayMetrics:
                 latency = self._latency_children[triple] = self.request_latency.labels(
                     rpc, model, protocol
                 )
-            latency.observe(seconds)
+            if exemplar is None:
+                latency.observe(seconds)
+            else:
+                latency.observe_exemplified(seconds, exemplar)
 
     def observer(self, rpc: str) -> Callable[[StatusCode, str, float | None, str], None]:
         """`observe` for one RPC, in the shape `rsgw.grpc._metering.metered` calls."""
 
         def observe(code: StatusCode, model: str, seconds: float | None, protocol: str) -> None:
             self.observe(rpc, model, code, seconds, protocol)
+
+        return observe
+
+    def traced_observer(
+        self, rpc: str, trace: dict[str, str], clock: Callable[[], float]
+    ) -> Callable[[StatusCode, str, float | None, str], None]:
+        """`observer` for one traced call: its latency carries `trace` (the trace and
+        span ids) as the bucket's exemplar, stamped with `clock`'s wall time, so a
+        slow bucket on a dashboard leads to a trace that went into it."""
+
+        def observe(code: StatusCode, model: str, seconds: float | None, protocol: str) -> None:
+            exemplar = None if seconds is None else Exemplar(trace, seconds, clock())
+            self.observe(rpc, model, code, seconds, protocol, exemplar)
 
         return observe
 

@@ -340,6 +340,15 @@ class CallSpan:
         self._attempts = 0
         self._error = ""
 
+    def ids(self) -> dict[str, str] | None:
+        """The call's trace and span ids as OpenMetrics exemplars and the access log
+        name them, when its trace is sampled (else None: an unsampled trace is not
+        exported, so nothing could be found by its id)."""
+        context = self.span.get_span_context()
+        if not context.trace_flags.sampled:
+            return None
+        return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
     def event(self, name: str, **attributes: str | int | float) -> None:
         """Something that happened in the call (an admission wait, a routing choice)."""
         self.span.add_event(name, attributes=attributes)
