@@ -161,7 +161,7 @@ class InferProxy:
             if logged:
                 assert access is not None
                 access.write(call, meter, _RPC, elapsed, ids)
-            if traced is not None:
+            if traced is not None and traced.recording:
                 traced.end(
                     meter.label,
                     meter.upstream and self.pool.public_name(meter.upstream),
@@ -265,7 +265,7 @@ class InferProxy:
         # as the gateway's deadline; `trio.Cancelled` passes through here.
         call.limit(deadline, partial(gateway_deadline, model))
         try:
-            if traced is not None:
+            if traced is not None and traced.recording:
                 traced.event("routed", order=",".join(map(self.pool.public_name, order)))
             response = await self._forward(body, walk, ticket, deadline, metadata, traced)
         except Shed:

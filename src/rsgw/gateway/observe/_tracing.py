@@ -205,11 +205,12 @@ class Tracer:
         call the sampler leaves out, no span at all (`rsgw.base._sampling`)."""
         caller = trace_context(metadata) if metadata else None
         if caller is None:
-            if not self.sampling.sampled(None, _random_id()):
-                return UnsampledCall(None)
+            trace_id = _random_id()
+            if not self.sampling.sampled(None, trace_id):
+                return UnsampledCall.root(trace_id)
             parent = None
         elif not self.sampling.sampled(caller.parent, caller.parent.trace_id):
-            return UnsampledCall(caller)
+            return UnsampledCall.under(caller)
         else:
             parent = _remote(caller)
         span = self._tracer.start_span(
@@ -332,6 +333,8 @@ class CallSpan:
     """One call's spans: its own, and a child for each attempt at a worker."""
 
     __slots__ = ("_attempts", "_caller", "_error", "_tracer", "span")
+    #: Its span records what the call does (`UnsampledCall`'s does not).
+    recording = True
 
     def __init__(self, tracer: trace.Tracer, span: trace.Span, caller: TraceContext | None) -> None:
         self._tracer = tracer
@@ -441,16 +444,31 @@ UNTRACED = Untraced()
 
 class UnsampledCall:
     """A call the sampler left out: no span, but its workers are told the trace and
-    that it is not sampled, so they leave it out too (as W3C asks of a participant)."""
+    that it is not sampled, so they leave it out too (as W3C asks of a participant).
+
+    Made for most calls at a low sampling rate, so it costs one object and, for a
+    call without a context, one formatted header: no span, no dataclass."""
 
     __slots__ = ("_headers",)
+    #: Nothing is recorded: the call path skips what would only feed a span.
+    recording = False
 
-    def __init__(self, caller: TraceContext | None) -> None:
-        if caller is None:  # a trace begins here, unsampled
-            parent = TraceParent(_random_id(), _random_id() & _SPAN_BITS, 0)
-            self._headers = TraceContext(parent).headers()
-        else:  # the caller's span stays the parent: the gateway made none
-            self._headers = caller.headers(sampled=False)
+    def __init__(self, headers: HeaderBlock) -> None:
+        self._headers = headers
+
+    @classmethod
+    def root(cls, trace_id: int) -> UnsampledCall:
+        """A trace that begins here, unsampled."""
+        span_id = random.getrandbits(64) or 1
+        return cls(((TRACEPARENT, b"00-%032x-%016x-00" % (trace_id, span_id)),))
+
+    @classmethod
+    def under(cls, caller: TraceContext) -> UnsampledCall:
+        """The caller's span stays the worker's parent: the gateway made none."""
+        return cls(caller.headers(sampled=False))
+
+    def ids(self) -> None:
+        return None
 
     def event(self, name: str, **attributes: str | int | float) -> None:
         pass
