@@ -14,10 +14,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.helpers import WorkerProcess, start_rsgw_process
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
@@ -62,6 +64,7 @@ def gateway(tritond: Any, receiver: Receiver) -> Iterator[tuple[WorkerProcess, i
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("REACTANT_", "OTEL_"))},
         "REACTANT_GATEWAY_WORKERS": tritond.target,
+        "REACTANT_GATEWAY_WORKER_METRICS": f"127.0.0.1:{tritond.metrics_port}",
         "REACTANT_GATEWAY_LISTEN_GRPC": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_HTTP": f"127.0.0.1:{http_port}",
@@ -141,3 +144,24 @@ def test_a_call_without_a_context_starts_a_trace_triton_joins(
     server, tritons = _joined(receiver, new)
     assert server.parent_id == 0  # a root: the gateway started the trace
     assert tritons
+
+
+def test_prometheus_reads_tritons_series_through_the_gateway_as_openmetrics(
+    gateway: tuple[WorkerProcess, int],
+) -> None:
+    """With tracing on, Prometheus (which asks for OpenMetrics) gets Triton's own
+    exposition converted: valid OpenMetrics, Triton's series under their own names."""
+    process, _ = gateway
+    client = grpcclient.InferenceServerClient(process.target)
+    client.infer("simple", _inputs(grpcclient.InferInput))
+    client.close()
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    answer = httpx.get(
+        f"http://127.0.0.1:{process.metrics_port}/metrics", headers={"accept": accept}
+    )
+    assert answer.headers["content-type"].startswith("application/openmetrics-text")
+    families = list(text_string_to_metric_families(answer.text))  # type: ignore[no-untyped-call]
+    samples = {sample.name for family in families for sample in family.samples}
+    assert "nv_inference_request_success" in samples  # not renamed `_total`
+    assert "nv_inference_request_duration_us" in samples
+    assert "gateway_request_latency_seconds_bucket" in samples

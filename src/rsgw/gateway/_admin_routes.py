@@ -9,10 +9,13 @@ that waited longer for a hung worker than Prometheus waits for the gateway would
 marked down with everything it had. `/readyz` follows the prober's readiness, so a
 stopping gateway says "not ready" at once.
 
-A scraper whose Accept asks for OpenMetrics (Prometheus does) gets it, with the
-request-latency histogram's exemplars (traced calls' trace ids) and every worker's
-text turned into OpenMetrics (`rsgw.runtime._openmetrics`); any other gets the text
-format, as before.
+With tracing on, a scraper whose Accept asks for OpenMetrics (Prometheus does) gets
+it, with the request-latency histogram's exemplars (traced calls' trace ids) and every
+worker's text turned into OpenMetrics (`rsgw.runtime._openmetrics`). Any other scraper,
+and every scraper of a gateway that traces nothing (so has no exemplar to give), gets
+the text format, byte for byte as before: a worker's exposition that the conversion
+would read differently from Prometheus's text parser cannot cost a scrape that gains
+nothing from OpenMetrics.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def admin_app(
     scheme = "https" if config.worker_client.tls_ca_file else "http"
     # Metrics endpoints listed beyond the endpoints pair with no worker: scraped as named.
     unpaired = {worker.metrics: worker.label for worker in config.pairing().unpaired}
+    # Only a tracing gateway has exemplars to give (see the module docstring).
+    exemplars = config.tracing.enabled
 
     async def scrape(url: str, label: str, budget: float) -> str | None:
         """A worker's series, relabelled; None when it could not be scraped (down, slow,
@@ -77,7 +82,7 @@ def admin_app(
             metrics.metrics_scraped(label, isinstance(scraped[url], str))
         # Member order, not completion order.
         texts = [text for url in targets if isinstance(text := scraped[url], str)]
-        if wants_openmetrics(header(headers, b"accept")):
+        if exemplars and wants_openmetrics(header(headers, b"accept")):
             body = merge_openmetrics(served_families(metrics.registry), texts)
             return Reply(200, body, OPENMETRICS_CONTENT_TYPE)
         merged = merge_expositions([metrics.render().decode(), *texts])
