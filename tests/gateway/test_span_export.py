@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -64,7 +65,7 @@ class Drops:
             assert self.changed.wait_for(lambda: self.counts.get(reason, 0) >= count, 10)
 
 
-def _tracer(exporter: SpanExporter, drops: Drops, **settings: int) -> Tracer:
+def _tracer(exporter: SpanExporter, drops: Drops, **settings: Any) -> Tracer:
     config = TracingConfig(endpoint="http://127.0.0.1:1/v1/traces", **settings)
     return Tracer(config, drops, mode="round_robin", exporter=exporter)
 

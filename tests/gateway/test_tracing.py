@@ -153,7 +153,7 @@ async def test_a_failover_shows_two_attempts(
             )
     (server,) = [s for s in spans if s.attributes.get("rsgw.attempts") == 2]
     attempts = [s for s in spans if s.parent_id == server.span_id and s.kind == CLIENT]
-    assert sorted(a.attributes["rsgw.attempt"] for a in attempts) == [1, 2]
+    assert sorted(int(str(a.attributes["rsgw.attempt"])) for a in attempts) == [1, 2]
     failed = [a for a in attempts if a.attributes["rsgw.worker"] == "worker0"]
     assert len(failed) == 1 and failed[0].attributes["rpc.grpc.status_code"] == 14
     assert "worker0 is going away" in failed[0].status_message
