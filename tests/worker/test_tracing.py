@@ -185,6 +185,29 @@ async def test_two_calls_batched_together_show_the_batch_on_both() -> None:
     assert abs(batches[0].end_ns - batches[1].end_ns) < 1_000_000
 
 
+async def test_each_request_of_a_stream_is_a_span_under_the_streams_caller() -> None:
+    trace_id = 0xF5
+    metadata = ((b"traceparent", _traceparent(trace_id)),)
+    with otlp_receiver() as receiver:
+        async with (
+            open_memory_worker(_config(receiver.url)) as client,
+            client.channel.stream(Method.MODEL_STREAM_INFER.wire, metadata=metadata) as stream,
+        ):
+            for model in ("pair", "pair", "nope"):
+                await stream.send(_request(model).SerializeToString())
+            stream.end()
+            replies = [pb.ModelStreamInferResponse.FromString(r) async for r in stream]
+            assert [r.error_message for r in replies].count("") == 2
+            spans = await in_thread(lambda: _trace(receiver, trace_id, 9))
+    servers = [s for s in spans if s.name == "ModelStreamInfer"]
+    assert len(servers) == 3 and all(s.parent_id == CALLER_SPAN for s in servers)
+    (refused,) = [s for s in servers if s.status_code]
+    assert refused.attributes["rpc.grpc.status_code"] == 5  # NOT_FOUND, before any queue
+    assert "nope" in refused.status_message and "rsgw.batch.size" not in refused.attributes
+    batches = [s for s in spans if s.name == "batch"]
+    assert [b.attributes["rsgw.batch.size"] for b in batches] == [2, 2]
+
+
 async def test_no_context_is_a_root_span_and_an_unsampled_caller_none() -> None:
     unsampled = 0xC3
     with otlp_receiver() as receiver:
