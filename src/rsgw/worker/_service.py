@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from rsgw.grpc._metering import Meter
     from rsgw.grpc._streams import ServerStream, StreamHandler
     from rsgw.worker._metrics import WorkerMetrics
-    from rsgw.worker._tracing import WorkerTracer
+    from rsgw.worker._tracing import MeterFactory, WorkerTracer
     from rsgw.worker.device._batching import BatchSeen
     from rsgw.worker.device._device import Device
     from rsgw.worker.models._specs import ModelSpec
@@ -72,7 +72,6 @@ EXTENSIONS = (
 )
 
 
-_INFER, _STREAM = Method.MODEL_INFER.rpc, Method.MODEL_STREAM_INFER.rpc
 #: The request parameter asking a decoupled model for an empty final response.
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -127,6 +126,9 @@ class WorkerService:
         self.codec = RequestCodec(shm, device.catalogue.labels)
         self.stateful = StatefulModels(device)
         self.control = ModelControl(identity.name, device, on_unloaded=self.stateful.forget_model)
+        #: What meters an inference call: traced, a meter that makes its span too
+        #: (`rsgw.worker._tracing`); untraced, `Meter` itself, so no call is added.
+        self._metered: MeterFactory = metered if tracer is None else tracer.meter
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the worker serves."""
@@ -267,7 +269,7 @@ class WorkerService:
 
     async def model_infer(self, body: bytes, call: CallContext) -> bytes:
         """Validate, queue on the device, answer; counts every outcome in metrics."""
-        with self._admitted(), self._meter(call, _INFER) as meter:
+        with self._admitted(), self._metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
             job = self._prepare(body, call, meter)
             if job.spec.decoupled:
                 raise GrpcError(
@@ -294,12 +296,6 @@ class WorkerService:
         finally:
             self.inflight -= 1
 
-    def _meter(self, call: CallContext, rpc: str) -> Meter:
-        """The call's meter; traced, one that makes its span (`rsgw.worker._tracing`)."""
-        if self.tracer is None:
-            return metered(call, self._observe_infer, UNKNOWN_MODEL)
-        return self.tracer.meter(call, self._observe_infer, UNKNOWN_MODEL, rpc)
-
     def _prepare(self, body: bytes, call: CallContext, meter: Meter) -> _Job:
         """Everything checked before the request may cost device time."""
         request = parse_infer_request(body)
@@ -323,6 +319,7 @@ class WorkerService:
                     f"for '{spec.name}'"
                 )
         deadline = min(call.deadline, parameter_deadline(request, trio.current_time()))
+        # A sampled call's meter (`TracedMeter`) collects the batches it runs in.
         seen = None if self.tracer is None else getattr(meter, "seen", None)
         return _Job(spec, request, inputs, variant, batch_rows, deadline, seen)
 
@@ -385,7 +382,10 @@ class WorkerService:
         one that completes the request.
         """
         try:
-            with self._admitted(), self._meter(stream.call, _STREAM) as meter:
+            with (
+                self._admitted(),
+                self._metered(stream.call, self._observe_infer, UNKNOWN_MODEL) as meter,
+            ):
                 job = self._prepare(body, stream.call, meter)
                 if job.spec.decoupled:
                     await self._stream_decoupled(stream, job)

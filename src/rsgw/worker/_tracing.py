@@ -57,8 +57,10 @@ if TYPE_CHECKING:
 
 #: What a meter reports a call's outcome to (`WorkerService._observe_infer`).
 Observe = Callable[[GrpcCode, str, float | None, str], None]
-#: The RPCs that make spans: a unary call, and each request of a stream.
-_TRACED = (Method.MODEL_INFER.rpc, Method.MODEL_STREAM_INFER.rpc)
+#: What makes a call's meter: `Meter` itself, or `WorkerTracer.meter`.
+MeterFactory = Callable[["CallContext", Observe, str], Meter]
+#: The methods that make spans: a unary call, and each request of a stream.
+_TRACED = (Method.MODEL_INFER, Method.MODEL_STREAM_INFER)
 
 
 class WorkerTracer:
@@ -83,17 +85,18 @@ class WorkerTracer:
             "rsgw.worker": worker,
             "rsgw.gpu": gpu,
         }
-        # A call's first attributes, by its RPC (the SDK copies them into the span).
-        self._attributes = {rpc: {**common, "rpc.method": rpc} for rpc in _TRACED}
+        # A call's span name and first attributes, by its path (the SDK copies them).
+        self._by_path = {m.path: (m.rpc, {**common, "rpc.method": m.rpc}) for m in _TRACED}
 
-    def meter(self, call: CallContext, observe: Observe, label: str, rpc: str) -> Meter:
+    def meter(self, call: CallContext, observe: Observe, label: str) -> Meter:
         """The call's meter: a `TracedMeter` when the call is sampled, else a plain one."""
         caller = trace_context(call.metadata) if call.metadata else None
+        rpc, attributes = self._by_path[call.path]
         span = self._tracer.start_span(
             rpc,
             context=None if caller is None else remote_parent(caller),
             kind=SpanKind.SERVER,
-            attributes=self._attributes[rpc],
+            attributes=attributes,
         )
         if not span.is_recording():
             return Meter(call, observe, label)

@@ -416,7 +416,8 @@ class Device:
         self.busy_seconds += seconds
         # The scheduler learns the simulated (scaled) time, the same seconds the
         # counters report, so the fair split it steers is the one they show.
-        self._queues.record(batch.model, rows, seconds, trio.current_time())
+        ended = trio.current_time()
+        self._queues.record(batch.model, rows, seconds, ended)
         for pending in batch.requests:
             job = pending.payload
             assert job is not None
@@ -424,7 +425,7 @@ class Device:
                 seconds * pending.rows / rows if rows else seconds / len(batch.requests)
             )
             if job.seen is not None:
-                moments = (pending.enqueued_at, started, computing, trio.current_time())
+                moments = (pending.enqueued_at, started, computing, ended)
                 job.seen.append(BatchSeen(*moments, len(batch.requests), rows))
             if not job.internal:
                 self._compute(spec, job, pending.rows)
