@@ -3,9 +3,10 @@
 Imported only when the worker has somewhere to send spans (`WorkerConfig.tracing`,
 which `rsgw worker` reads from OpenTelemetry's variables as the gateway does), so a
 worker with no collector neither loads the SDK nor pays more on a call than a test
-of `WorkerService.tracer` for None. How spans leave the process (sampler, bounded
-export, drops counted in `worker_trace_spans_dropped_total{reason}`) is the
-gateway's too (`rsgw.runtime._spans`).
+for None (the service's tracer, the device's list of batches). How spans leave the
+process (sampler, bounded export, drops counted in
+`worker_trace_spans_dropped_total{reason}`) is the gateway's too
+(`rsgw.runtime._spans`).
 
 What a traced ModelInfer, or each request of a ModelStreamInfer, records:
 - a SERVER span named for the RPC, the child of the caller's span when it sent a
