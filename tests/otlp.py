@@ -39,7 +39,9 @@ class ReceivedSpan:
     events: tuple[str, ...] = ()
     status_code: int = 0
     status_message: str = ""
-    start_ns: int = 0  # Unix nanoseconds
+    #: The exporting process's resource (`service.instance.id`, ...).
+    resource: dict[str, object] = field(default_factory=dict)
+    start_ns: int = 0
     end_ns: int = 0
 
 
@@ -71,6 +73,7 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         events=tuple(event.name for event in span.events),
                         status_code=span.status.code,
                         status_message=span.status.message,
+                        resource=resource,
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                     )
@@ -117,6 +120,7 @@ def decode_json(body: bytes) -> list[ReceivedSpan]:
                         if not isinstance(status.get("code"), str)
                         else 0,
                         status_message=status.get("message", ""),
+                        resource=resource,
                         start_ns=int(span.get("startTimeUnixNano", 0)),
                         end_ns=int(span.get("endTimeUnixNano", 0)),
                     )

@@ -60,7 +60,16 @@ SHELL_MODULES = {
     "": {"__init__", "__main__", "_cli", "_flags"},
     # The call's context, the peer's identity and shared memory's checks touch the OS.
     "base": {"_call", "_peer", "_shm_access"},
-    "worker": {"_control", "_metrics", "_requests", "_service", "_shm", "_stateful", "_worker"},
+    "worker": {
+        "_control",
+        "_metrics",
+        "_requests",
+        "_service",
+        "_shm",
+        "_stateful",
+        "_tracing",
+        "_worker",
+    },
     "worker.device": {"_device", "_memory"},
     "node": {"_supervisor", "_children", "_probe", "_gpus"},
     "ctl": {"__init__", "_main"},

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rsgw")
 
+#: The `service.name` of a worker's spans unless `OTEL_SERVICE_NAME` names another.
+WORKER_SERVICE_NAME = "rsgw-worker"
+
 
 def worker_config(args: argparse.Namespace) -> WorkerConfig:
     """The `WorkerConfig` that `rsgw worker` serves for these parsed flags.
@@ -39,6 +42,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     Raises:
         ConfigError: a catalogue file that does not load, or a value out of range.
     """
+    from rsgw.config._tracing import tracing_from_env
     from rsgw.worker._worker import WorkerApi, WorkerConfig
     from rsgw.worker.device._batching import Discipline
     from rsgw.worker.device._memory import DEFAULT_LOAD_BANDWIDTH
@@ -70,6 +74,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         tls_client_ca_file=args.tls_client_ca,
+        # OpenTelemetry's variables, as the gateway reads them (`rsgw.config._tracing`).
+        tracing=tracing_from_env(os.environ, WORKER_SERVICE_NAME),
     )
 
 

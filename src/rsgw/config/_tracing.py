@@ -177,6 +177,26 @@ def otel_overrides(env: Mapping[str, str]) -> tuple[dict[str, object], list[str]
     return keys, used
 
 
+def tracing_from_env(env: Mapping[str, str], service_name: str) -> TracingConfig:
+    """The tracing of a process without a gateway.yml (`rsgw worker`): OpenTelemetry's
+    variables alone, its spans named `service_name` unless `OTEL_SERVICE_NAME` names
+    them otherwise.
+
+    Raises:
+        ConfigError: a variable's value is refused; the message names the variable.
+    """
+    keys, used = otel_overrides(env)
+    try:
+        return TracingConfig(**{"service_name": service_name, **keys})  # type: ignore[arg-type]
+    except ConfigError as exc:
+        message = str(exc)
+        for var in used:
+            setting = OTEL_VARIABLES.get(OTEL_GENERAL.get(var, var))
+            if setting is not None:
+                message = message.replace(f"tracing.{setting[0]}", var)
+        raise ConfigError(message) from None
+
+
 def _set(env: Mapping[str, str], var: str) -> str | None:
     value = env.get(var)
     return value if value is not None and value.strip() else None

@@ -11,5 +11,6 @@ door, the gateway, the worker and the node import it.
 - `_hot_series` counter and histogram families whose children are plain numbers.
 - `_logging` log formatting for the command line: JSON lines or text.
 - `_log_budget` how many lines of one kind a process may log.
+- `_spans` how a process's spans leave it (OpenTelemetry, imported only when tracing).
 - `_process` what a long-running process asks of the OS for itself (file limits, memory).
 """

@@ -15,4 +15,5 @@ scheduling cores it shares with the gateway (the wire decoder, capabilities).
 - `_shm` the system shared-memory registry.
 - `_triton` the catalogue and counters as Triton reports them (pure).
 - `_metrics` the worker's Prometheus series.
+- `_tracing` the worker's own spans (OpenTelemetry, imported only when configured).
 """

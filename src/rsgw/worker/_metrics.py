@@ -69,6 +69,13 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._spans_dropped = Counter(
+            "worker_trace_spans_dropped",
+            "Spans the worker made but did not export (tracing on): its export queue "
+            "was full (queue_full) or the collector did not take them (export_failed).",
+            ["worker", "gpu", "reason"],
+            registry=self.registry,
+        )
         self.registry.register(_DeviceCollector(self))
         add_runtime_series(self.registry, "worker", {"worker": worker, "gpu": gpu})
 
@@ -76,6 +83,10 @@ class WorkerMetrics:
         self._requests.labels(self.worker, self.gpu, model, code.name).inc()
         if seconds > 0:
             self._latency.labels(self.worker, self.gpu, model).observe(seconds)
+
+    def count_spans_dropped(self, reason: str, spans: int) -> None:
+        """Spans lost on their way to the collector (called from the export thread)."""
+        self._spans_dropped.labels(self.worker, self.gpu, reason).inc(spans)
 
     def render(self) -> bytes:
         return render_registry(self.registry)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rsgw.base._errors import InvalidRequest
+from rsgw.base._errors import DecodeError, InvalidRequest
+from rsgw.scheduling.calls._wire import peek_routing
 
 CorrelationId = int | str
 
@@ -139,3 +140,13 @@ class SequenceBook:
         for key in keys:
             del self._live[key]
         return len(keys)
+
+
+def sequence_key(body: bytes) -> tuple[str, CorrelationId] | None:
+    """(model, correlation id) of a streamed request that belongs to a sequence, else
+    None (a request that does not parse fails on its own, when it is served)."""
+    try:
+        model, flags = peek_routing(body)
+    except DecodeError:
+        return None
+    return None if flags is None else (model, flags.id)

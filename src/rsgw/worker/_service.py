@@ -24,7 +24,6 @@ import trio
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw._version import __version__
 from rsgw.base._errors import (
-    DecodeError,
     FailedPrecondition,
     GrpcError,
     InvalidRequest,
@@ -36,9 +35,10 @@ from rsgw.base._shm_access import check_access, may_see
 from rsgw.base._status import StatusCode
 from rsgw.grpc._metering import metered
 from rsgw.grpc._typed import typed_unary
-from rsgw.scheduling.calls._wire import peek_routing, stream_error, stream_reply
+from rsgw.scheduling.calls._wire import stream_error, stream_reply
 from rsgw.worker._control import ModelControl
 from rsgw.worker._requests import RequestCodec, parameter_deadline, parse_infer_request
+from rsgw.worker._sequences import sequence_key
 from rsgw.worker._shm import ShmRegistry, regions_named, same_ipc_namespace
 from rsgw.worker._stateful import StatefulModels
 from rsgw.worker._triton import batches_first, model_config, model_statistics
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from rsgw.grpc._metering import Meter
     from rsgw.grpc._streams import ServerStream, StreamHandler
     from rsgw.worker._metrics import WorkerMetrics
+    from rsgw.worker._tracing import MeterFactory, WorkerTracer
+    from rsgw.worker.device._batching import BatchSeen
     from rsgw.worker.device._device import Device
     from rsgw.worker.models._specs import ModelSpec
 
@@ -84,6 +86,8 @@ class _Job:
     variant: Hashable
     rows: int
     deadline: float
+    #: Where a traced call's batches go (`rsgw.worker._tracing`), else None.
+    seen: list[BatchSeen] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +109,11 @@ class WorkerService:
         metrics: WorkerMetrics,
         *,
         max_concurrent_requests: int = 64,
+        tracer: WorkerTracer | None = None,
     ) -> None:
         self.identity = identity
+        #: The worker's spans, when it has a collector (else None: no cost on a call).
+        self.tracer = tracer
         self.device = device
         self.catalogue = device.catalogue
         self.shm = shm
@@ -119,6 +126,9 @@ class WorkerService:
         self.codec = RequestCodec(shm, device.catalogue.labels)
         self.stateful = StatefulModels(device)
         self.control = ModelControl(identity.name, device, on_unloaded=self.stateful.forget_model)
+        #: What meters an inference call: traced, a meter that makes its span too
+        #: (`rsgw.worker._tracing`); untraced, `Meter` itself, so no call is added.
+        self._metered: MeterFactory = metered if tracer is None else tracer.meter
 
     def handlers(self) -> dict[str, UnaryHandler]:
         """The handler table: one row per method the worker serves."""
@@ -259,7 +269,7 @@ class WorkerService:
 
     async def model_infer(self, body: bytes, call: CallContext) -> bytes:
         """Validate, queue on the device, answer; counts every outcome in metrics."""
-        with self._admitted(), metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
+        with self._admitted(), self._metered(call, self._observe_infer, UNKNOWN_MODEL) as meter:
             job = self._prepare(body, call, meter)
             if job.spec.decoupled:
                 raise GrpcError(
@@ -309,12 +319,19 @@ class WorkerService:
                     f"for '{spec.name}'"
                 )
         deadline = min(call.deadline, parameter_deadline(request, trio.current_time()))
-        return _Job(spec, request, inputs, variant, batch_rows, deadline)
+        # A sampled call's meter (`TracedMeter`) collects the batches it runs in.
+        seen = None if self.tracer is None else getattr(meter, "seen", None)
+        return _Job(spec, request, inputs, variant, batch_rows, deadline, seen)
 
     async def _execute(self, job: _Job) -> tuple[Tensor, ...]:
         if job.spec.sequence is None:
             return await self.device.execute(
-                job.spec, job.inputs, rows=job.rows, variant=job.variant, deadline=job.deadline
+                job.spec,
+                job.inputs,
+                rows=job.rows,
+                variant=job.variant,
+                deadline=job.deadline,
+                seen=job.seen,
             )
         return await self.stateful.execute(
             job.spec,
@@ -323,6 +340,7 @@ class WorkerService:
             rows=job.rows,
             variant=job.variant,
             deadline=job.deadline,
+            seen=job.seen,
         )
 
     async def model_stream_infer(self, stream: ServerStream) -> None:
@@ -336,7 +354,7 @@ class WorkerService:
         queues: dict[tuple[str, int | str], deque[bytes]] = {}
         async with trio.open_nursery() as nursery:
             async for body in stream:
-                key = _sequence_key(body)
+                key = sequence_key(body)
                 if key is None:
                     nursery.start_soon(self._stream_one, stream, body)
                 elif key in queues:
@@ -366,7 +384,7 @@ class WorkerService:
         try:
             with (
                 self._admitted(),
-                metered(stream.call, self._observe_infer, UNKNOWN_MODEL) as meter,
+                self._metered(stream.call, self._observe_infer, UNKNOWN_MODEL) as meter,
             ):
                 job = self._prepare(body, stream.call, meter)
                 if job.spec.decoupled:
@@ -467,12 +485,3 @@ class WorkerService:
         # Only about objects the client could register: no probing of what others have.
         same = may_see(call.client, request.name) and same_ipc_namespace(request.name)
         return pb.IsSameIPCNamespaceResponse(same=same)
-
-
-def _sequence_key(body: bytes) -> tuple[str, int | str] | None:
-    """(model, correlation id) of a request that belongs to a sequence, else None."""
-    try:
-        model, flags = peek_routing(body)
-    except DecodeError:
-        return None  # the request fails on its own, in model_infer
-    return None if flags is None else (model, flags.id)

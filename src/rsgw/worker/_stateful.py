@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Hashable, Mapping
 
     from rsgw._proto import grpc_predict_v2_pb2 as pb
+    from rsgw.worker.device._batching import BatchSeen
     from rsgw.worker.device._device import Device
     from rsgw.worker.models._specs import ModelSpec
 
@@ -47,8 +48,10 @@ class StatefulModels:
         rows: int,
         variant: Hashable,
         deadline: float,
+        seen: list[BatchSeen] | None = None,
     ) -> tuple[Tensor, ...]:
-        """Run one request of a sequence of `spec` (InvalidRequest if it may not)."""
+        """Run one request of a sequence of `spec` (InvalidRequest if it may not); a
+        traced one's batch is appended to `seen`."""
         assert spec.sequence is not None
         correlation_id, start, end = sequence_flags(parameters)
         if rows != 1:
@@ -68,7 +71,7 @@ class StatefulModels:
             given = {**inputs, **control_inputs(spec, step)}
             try:
                 outputs = await self.device.execute(
-                    spec, given, rows=rows, variant=variant, deadline=deadline
+                    spec, given, rows=rows, variant=variant, deadline=deadline, seen=seen
                 )
             except BaseException:
                 self.book.abandon(spec.name, step)

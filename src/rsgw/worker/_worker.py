@@ -43,6 +43,9 @@ from rsgw.worker.models._specs import Catalogue
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from rsgw.runtime._spans import TracingConfig
+    from rsgw.worker._tracing import WorkerTracer
+
 logger = logging.getLogger(__name__)
 
 #: A worker accepts the largest messages the gateway forwards (its 512 MiB default).
@@ -126,6 +129,9 @@ class WorkerConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    #: Where the worker's spans go (`rsgw.config._tracing`, read by `rsgw worker` from
+    #: OpenTelemetry's variables); None or no endpoint: the worker traces nothing.
+    tracing: TracingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.weight_cache_bytes < 0:
@@ -242,12 +248,14 @@ async def serve_worker(
     )
     metrics = WorkerMetrics(config.name, config.gpu, device)
     shm = ShmRegistry()
+    tracer = _tracer(config, metrics)
     service = WorkerService(
         WorkerIdentity(config.name, config.gpu),
         device,
         shm,
         metrics,
         max_concurrent_requests=config.max_concurrent_requests,
+        tracer=tracer,
     )
     metrics.admission = service
     handlers = service.handlers()
@@ -283,21 +291,7 @@ async def serve_worker(
                     config.host,
                     config.metrics_port,
                 )
-            logger.info(
-                "worker serving",
-                extra={
-                    "worker": config.name,
-                    "gpu": config.gpu,
-                    "grpc_port": grpc_port,
-                    "metrics_port": metrics_port,
-                    "models": len(config.catalogue.routable),
-                    "discipline": config.discipline.value,
-                    "time_scale": config.time_scale,
-                    "weight_cache_bytes": config.weight_cache_bytes,
-                    "residency_mode": config.residency_mode.value,
-                    "api": config.api.value,
-                },
-            )
+            _log_serving(config, grpc_port, metrics_port)
             task_status.started(
                 RunningWorker(
                     config,
@@ -311,6 +305,44 @@ async def serve_worker(
             )
     finally:
         shm.close()
+        if tracer is not None:  # the spans still queued go from the export thread
+            tracer.close()
+
+
+def _log_serving(config: WorkerConfig, grpc_port: int, metrics_port: int | None) -> None:
+    """The "worker serving" line: its ports (a node reads them from it) and how it runs."""
+    logger.info(
+        "worker serving",
+        extra={
+            "worker": config.name,
+            "gpu": config.gpu,
+            "grpc_port": grpc_port,
+            "metrics_port": metrics_port,
+            "models": len(config.catalogue.routable),
+            "discipline": config.discipline.value,
+            "time_scale": config.time_scale,
+            "weight_cache_bytes": config.weight_cache_bytes,
+            "residency_mode": config.residency_mode.value,
+            "api": config.api.value,
+            "tracing": config.tracing is not None and bool(config.tracing.endpoint),
+        },
+    )
+
+
+def _tracer(config: WorkerConfig, metrics: WorkerMetrics) -> WorkerTracer | None:
+    """The worker's tracer when it has a collector, else None (the default:
+    OpenTelemetry is not even imported, `rsgw.worker._tracing`)."""
+    tracing = config.tracing
+    if tracing is None or not tracing.endpoint:
+        return None
+    try:
+        from rsgw.worker._tracing import WorkerTracer
+    except ImportError as exc:
+        raise ConfigError(
+            f"an OTLP endpoint is set ({tracing.endpoint}) but OpenTelemetry is not "
+            f"installed ({exc.name}): install rsgw[tracing]"
+        ) from None
+    return WorkerTracer(tracing, config.name, config.gpu, metrics.count_spans_dropped)
 
 
 @asynccontextmanager

@@ -18,28 +18,22 @@ control; the model RPCs) and each ModelStreamInfer gets a SERVER span of its own
 (`handled`, `streamed`), current while it runs, and each call or stream it makes to a
 worker a CLIENT span under it (`worker_call`).
 
-Export never blocks or slows a call (`BoundedExport`): a finished span goes into a
-bounded queue that a thread of its own empties in batches; a full queue drops the span
-and an export that fails (the collector is away) loses its batch, both counted in
+How spans leave the process is shared with the worker (`rsgw.runtime._spans`): the
+sampler, the bounded export queue that never makes a call wait, and the caller's
+context as a remote parent; what the export loses is counted in
 `gateway_trace_spans_dropped_total{reason}`.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import random
-import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider, sampling
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.sdk.trace import sampling
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
 from rsgw.base._errors import RsgwError
@@ -53,120 +47,15 @@ from rsgw.base._trace_context import (
     trace_context,
 )
 from rsgw.grpc.protocol._metadata import HeaderBlock
+from rsgw.runtime._spans import Dropped, Spans, TracingConfig, remote_parent
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.export import SpanExporter
 
     from rsgw.base._call import CallContext, UnaryHandler
     from rsgw.grpc._streams import ServerStream, StreamHandler
 
 _TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
-
-#: reason -> spans lost; called from the export thread.
-Dropped = Callable[[str, int], None]
-
-
-class TracingConfig(Protocol):
-    """What the tracer reads of `tracing:` (`rsgw.config._tracing.TracingConfig`,
-    which this room may not import: the wiring above hands it in)."""
-
-    @property
-    def endpoint(self) -> str: ...
-    @property
-    def service_name(self) -> str: ...
-    @property
-    def sampler(self) -> str: ...
-    @property
-    def sampler_arg(self) -> float: ...
-    @property
-    def max_queue_size(self) -> int: ...
-    @property
-    def max_export_batch_size(self) -> int: ...
-    @property
-    def schedule_delay_millis(self) -> int: ...
-    @property
-    def export_timeout_millis(self) -> int: ...
-
-
-class BoundedExport(SpanProcessor):
-    """Batches finished spans to an exporter from a thread, never making a call wait.
-
-    The SDK's own batch processor drops silently when its queue is full; this one
-    counts what it drops (`dropped`), and what an export that failed lost.
-    """
-
-    def __init__(self, exporter: SpanExporter, config: TracingConfig, dropped: Dropped) -> None:
-        self._exporter = exporter
-        self._max_queue = config.max_queue_size
-        self._batch = config.max_export_batch_size
-        self._delay = config.schedule_delay_millis / 1000
-        self._timeout = config.export_timeout_millis / 1000
-        self._dropped = dropped
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._lock = threading.Lock()
-        self._export_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="rsgw-span-export", daemon=True)
-        self._thread.start()
-
-    def on_start(self, span: Span, parent_context: object = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        """Queue a sampled span, or count it dropped when the queue is full."""
-        context = span.context
-        if context is None or not context.trace_flags.sampled or self._stopped:
-            return
-        with self._lock:
-            if len(self._queue) >= self._max_queue:
-                full = True
-            else:
-                full = False
-                self._queue.append(span)
-                batch_ready = len(self._queue) >= self._batch
-        if full:
-            self._dropped("queue_full", 1)
-        elif batch_ready:
-            self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stopped:
-            self._wake.wait(self._delay)
-            self._wake.clear()
-            self._export_queued()
-        self._export_queued()  # what the stop left
-        self._exporter.shutdown()
-
-    def _export_queued(self) -> None:
-        with self._export_lock:
-            while True:
-                with self._lock:
-                    count = min(self._batch, len(self._queue))
-                    batch = [self._queue.popleft() for _ in range(count)]
-                if not batch:
-                    return
-                try:
-                    result = self._exporter.export(batch)
-                except Exception:  # an exporter's bug must not end the thread
-                    result = SpanExportResult.FAILURE
-                if result is not SpanExportResult.SUCCESS:
-                    self._dropped("export_failed", len(batch))
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export what is queued now (blocking: call it from a thread)."""
-        self._export_queued()
-        return True
-
-    def close(self) -> None:
-        """Stop taking spans; the thread exports what is queued, then ends (no wait)."""
-        self._stopped = True
-        self._wake.set()
-
-    def shutdown(self) -> None:
-        """`close`, and wait for the last export (at most its timeout; at exit)."""
-        self.close()
-        self._thread.join(self._timeout)
 
 
 class Tracer:
@@ -180,16 +69,12 @@ class Tracer:
         mode: str = "",
         exporter: SpanExporter | None = None,
     ) -> None:
-        resource = Resource.create({"service.name": config.service_name})
-        #: Which calls get spans, decided before the SDK is asked for any.
+        resource = {"service.name": config.service_name}
+        #: Which calls get spans, decided before the SDK is asked for any (so the
+        #: SDK's own sampler samples every span it is asked for).
         self.sampling = Sampling.named(config.sampler, config.sampler_arg)
-        self.provider = TracerProvider(resource=resource, sampler=sampling.ALWAYS_ON)
-        if exporter is None:
-            timeout = config.export_timeout_millis / 1000
-            exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=timeout)
-        self.export = BoundedExport(exporter, config, dropped)
-        self.provider.add_span_processor(self.export)
-        self._tracer = self.provider.get_tracer("rsgw.gateway")
+        self.spans = Spans(config, dropped, resource, exporter=exporter, sampler=sampling.ALWAYS_ON)
+        self._tracer = self.spans.tracer("rsgw.gateway")
         # A call's first attributes, by its door (the SDK copies them into the span).
         self._rest = {"rsgw.protocol": "rest", "rsgw.mode": mode}
         self._grpc = {
@@ -212,7 +97,7 @@ class Tracer:
         elif not self.sampling.sampled(caller.parent, caller.parent.trace_id):
             return UnsampledCall.under(caller)
         else:
-            parent = _remote(caller)
+            parent = remote_parent(caller)
         span = self._tracer.start_span(
             rpc,
             context=parent,
@@ -294,7 +179,7 @@ class Tracer:
             return NonRecordingSpan(unsampled)
         return self._tracer.start_span(
             rpc,
-            context=None if caller is None else _remote(caller),
+            context=None if caller is None else remote_parent(caller),
             kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.method": rpc, "rsgw.protocol": call.protocol},
         )
@@ -302,7 +187,7 @@ class Tracer:
     def close(self) -> None:
         """The gateway stops: what is queued is exported from the export thread,
         without keeping the stop waiting."""
-        self.export.close()
+        self.spans.close()
 
 
 def _ended(span: trace.Span, code: GrpcCode, why: str = "") -> None:
@@ -315,18 +200,6 @@ def _ended(span: trace.Span, code: GrpcCode, why: str = "") -> None:
 
 def _why(exc: BaseException) -> str:
     return exc.message if isinstance(exc, RsgwError) else ""
-
-
-def _remote(caller: TraceContext) -> Context:
-    parent = caller.parent
-    context = SpanContext(
-        parent.trace_id,
-        parent.span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(parent.flags & TraceFlags.SAMPLED),
-        trace_state=TraceState(list(caller.state)),
-    )
-    return trace.set_span_in_context(NonRecordingSpan(context))
 
 
 class CallSpan:

@@ -101,6 +101,23 @@ class Batch(Generic[T]):
         return sum(p.rows for p in self.requests)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSeen:
+    """One batch a traced request ran in, as the device saw it (its clock's seconds).
+
+    What a span needs to show where the request's time went: waiting in the queue
+    (`queued` to `started`), its model's weights loading (`started` to `computing`),
+    the batch computing (`computing` to `ended`), and with how many others.
+    """
+
+    queued: float
+    started: float
+    computing: float
+    ended: float
+    requests: int
+    rows: int
+
+
 class RequestQueues(Generic[T]):
     """Per-model FIFO queues and the dispatch decision over them.
 

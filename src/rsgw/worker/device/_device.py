@@ -46,7 +46,14 @@ import trio
 
 from rsgw.base._errors import GrpcError, InvalidRequest, NotFound, RsgwError, shown
 from rsgw.base._status import StatusCode
-from rsgw.worker.device._batching import Batch, BatchPolicy, Discipline, Pending, RequestQueues
+from rsgw.worker.device._batching import (
+    Batch,
+    BatchPolicy,
+    BatchSeen,
+    Discipline,
+    Pending,
+    RequestQueues,
+)
 from rsgw.worker.device._counters import ModelCounters as ModelCounters
 from rsgw.worker.device._memory import (
     DEFAULT_LOAD_BANDWIDTH,
@@ -84,6 +91,8 @@ class _Job:
     error: Exception | None = None
     #: This request's share of its batch's device seconds.
     compute_seconds: float = 0.0
+    #: Where its batches go when the request is traced (else None: nothing recorded).
+    seen: list[BatchSeen] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -208,10 +217,12 @@ class Device:
         rows: int,
         variant: Hashable,
         deadline: float = math.inf,
+        seen: list[BatchSeen] | None = None,
     ) -> tuple[Tensor, ...]:
         """Queue one request, wait for its batch to run, return its outputs.
 
-        A meta runs through its sub-models first (module docstring).
+        A meta runs through its sub-models first (module docstring). A traced
+        request's batches (a meta's one per sub-model) are appended to `seen`.
 
         Raises:
             GrpcError: DEADLINE_EXCEEDED when `deadline` passed before the batch
@@ -221,9 +232,9 @@ class Device:
             RsgwError: the model rejected the request's values.
         """
         if spec.is_meta:
-            return await self._execute_meta(spec, inputs, rows, deadline)
-        job = await self._submit(_Job(spec, inputs, spec.name), rows, variant, deadline)
-        return job.outputs
+            return await self._execute_meta(spec, inputs, rows, deadline, seen)
+        job = _Job(spec, inputs, spec.name, seen=seen)
+        return (await self._submit(job, rows, variant, deadline)).outputs
 
     async def _submit(self, job: _Job, rows: int, variant: Hashable, deadline: float) -> _Job:
         pending: Pending[_Job] = Pending(
@@ -240,13 +251,18 @@ class Device:
         return job
 
     async def _execute_meta(
-        self, spec: ModelSpec, inputs: Mapping[str, Tensor], rows: int, deadline: float
+        self,
+        spec: ModelSpec,
+        inputs: Mapping[str, Tensor],
+        rows: int,
+        deadline: float,
+        seen: list[BatchSeen] | None,
     ) -> tuple[Tensor, ...]:
         self._meta_inflight[spec.name] += 1
         try:
             compute = 0.0
             for sub in self.catalogue.submodels(spec):
-                job = _Job(sub, {}, spec.name, internal=True)
+                job = _Job(sub, {}, spec.name, internal=True, seen=seen)
                 await self._submit(job, rows, _SUBCALL_VARIANT, deadline)
                 compute += job.compute_seconds
             outputs = run_model(spec, inputs, rows)
@@ -373,7 +389,7 @@ class Device:
         assert spec is not None
         if self.memory.unloaded and not (batch := self._without_unloaded(batch)).requests:
             return
-        started = trio.current_time()
+        started, loads = trio.current_time(), self.memory.counters.loads
         if not await self.memory.make_resident(spec):
             # Unpinned while these waited: they never run (and never count).
             for pending in batch.requests:
@@ -387,6 +403,8 @@ class Device:
             counters.queue_seconds += started - pending.enqueued_at
         counters.queue_wait_count += len(batch.requests)
         seconds = spec.execution_seconds(rows) * self.time_scale
+        # The compute starts once the weights are on the device, if the batch loaded them.
+        computing = started if self.memory.counters.loads == loads else trio.current_time()
         await trio.sleep(seconds)
         counters.dispatch_count += 1
         counters.requests_served += len(batch.requests)
@@ -398,13 +416,17 @@ class Device:
         self.busy_seconds += seconds
         # The scheduler learns the simulated (scaled) time, the same seconds the
         # counters report, so the fair split it steers is the one they show.
-        self._queues.record(batch.model, rows, seconds, trio.current_time())
+        ended = trio.current_time()
+        self._queues.record(batch.model, rows, seconds, ended)
         for pending in batch.requests:
             job = pending.payload
             assert job is not None
             job.compute_seconds = (
                 seconds * pending.rows / rows if rows else seconds / len(batch.requests)
             )
+            if job.seen is not None:
+                moments = (pending.enqueued_at, started, computing, ended)
+                job.seen.append(BatchSeen(*moments, len(batch.requests), rows))
             if not job.internal:
                 self._compute(spec, job, pending.rows)
             job.done.set()
