@@ -16,8 +16,9 @@ the same in gateway.yml, in `rsgw ctl` and on the wire.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from rsgw.base._errors import ConfigError
@@ -244,6 +245,33 @@ class TenancyConfig:
 
 #: The fields of a tenant policy, in the order the control plane's message holds them.
 TENANT_FIELDS = tuple(f.name for f in fields(TenantPolicy))
+
+
+def with_tenant(
+    config: TenancyConfig, tenant: str, mask: Sequence[str], values: Mapping[str, object]
+) -> TenancyConfig:
+    """`config` with `tenant` listed, the fields `mask` names taken from `values` and the
+    others from its policy in force (for a tenant not listed: the default quota, weight
+    1, the default priority): what `SetTenantPolicy` applies, checked as gateway.yml is.
+
+    Raises:
+        ConfigError: a bad name, an unknown field, or a bad value (the key path named).
+    """
+    try:
+        tenant_name(tenant, "tenant")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for name in mask:
+        if name not in TENANT_FIELDS:
+            raise ConfigError(
+                f"update_mask names {name!r}, not a field of a tenant's policy; "
+                f"the fields: {', '.join(TENANT_FIELDS)}"
+            )
+    if not mask:
+        return config
+    merged = {**asdict(config.policy(tenant)), **{name: values[name] for name in mask}}
+    policy = policy_from(merged, f"tenancy.tenants.{tenant}", config.priority_levels)
+    return dataclasses.replace(config, tenants={**config.tenants, tenant: policy})
 
 
 #: The environment overrides of the block's scalar keys, by the kind of value they take
