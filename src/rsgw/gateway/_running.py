@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rsgw.config._config import GatewayConfig
     from rsgw.gateway._members import Members
     from rsgw.gateway.calls._service import GatewayService
+    from rsgw.gateway.calls._tenancy import Tenancy
     from rsgw.gateway.fleet._dns_targets import Discovery
     from rsgw.gateway.placement._coordinator import Coordinator
     from rsgw.gateway.placement._packing import Packing
@@ -98,6 +99,11 @@ class RunningGateway:
         self._packing = packing
         self._cancel_scope = cancel_scope
 
+    @property
+    def tenancy(self) -> Tenancy | None:
+        """The tenants' policies, shares, quotas and counts (None without `tenancy:`)."""
+        return self._service.tenancy
+
     def reload(self) -> None:
         """Read the certificate and tokens files, and gateway.yml's workers, again now
         (what SIGHUP does).
@@ -151,7 +157,7 @@ class RunningGateway:
 
     def _reload_tenancy(self, config: GatewayConfig) -> None:
         """Apply gateway.yml's `tenancy:` block again, over any change made at run time."""
-        tenancy = self._service.tenancy
+        tenancy = self.tenancy
         if tenancy is None:
             if config.tenancy.enabled:
                 logger.warning(
