@@ -119,6 +119,55 @@ def test_quotas_change_at_run_time() -> None:
     assert quotas.admit("x", 0.0) is None
 
 
+calls = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "release", "sweep"]),
+        st.sampled_from(["a", "b", "c", "listed"]),
+        st.floats(0.0, 1.0),
+    ),
+    max_size=200,
+)
+
+
+@given(st.floats(0.5, 20.0), st.integers(1, 3), calls)
+def test_sweeping_idle_accounts_changes_no_verdict(
+    rate: float, concurrency: int, steps: list[tuple[str, str, float]]
+) -> None:
+    """Accounts opened on demand and swept whenever idle answer as if kept forever."""
+    quota = Quota(rate=rate, burst=2.0, concurrency=concurrency)
+    kept, swept = Quotas(), Quotas()
+    for quotas in (kept, swept):
+        quotas.configure("listed", quota, 0.0)
+    now = 0.0
+    for action, tenant, gap in steps:
+        now += gap
+        if action == "sweep":
+            swept.sweep({"listed"}, now)
+            assert "listed" in swept.tenants()
+            continue
+        for quotas in (kept, swept):
+            if quotas.quota(tenant) is None:
+                quotas.configure(tenant, quota, now)
+        if action == "admit":
+            assert kept.admit(tenant, now) == swept.admit(tenant, now)
+        else:
+            kept.release(tenant)
+            swept.release(tenant)
+    assert len(swept) <= len(kept)
+
+
+def test_a_sweep_keeps_accounts_in_use() -> None:
+    quotas = Quotas()
+    for tenant in ("holding", "spent", "idle", "listed"):
+        quotas.configure(tenant, Quota(rate=1.0, burst=1.0), 0.0)
+    assert quotas.admit("holding", 0.0) is None and quotas.admit("spent", 0.0) is None
+    quotas.release("spent")
+    assert quotas.sweep({"listed"}, 0.5) == 1  # idle: full, holding nothing
+    assert sorted(quotas.tenants()) == ["holding", "listed", "spent"]
+    assert quotas.sweep({"listed"}, 1.0) == 1  # spent's token is back
+    assert sorted(quotas.tenants()) == ["holding", "listed"]
+
+
 def test_quota_bounds() -> None:
     for kwargs, message in [
         ({"rate": 0.0}, "rate is calls per second, above 0"),

@@ -66,6 +66,9 @@ from rsgw.config._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
 )
 from rsgw.config._schema import GatewayConfig as GatewayConfig
+from rsgw.config._tenancy import TENANCY_ENV_KINDS, nested_entries
+from rsgw.config._tenancy import TenancyConfig as TenancyConfig
+from rsgw.config._tenancy import TenantPolicy as TenantPolicy
 from rsgw.config._tracing import TracingConfig as TracingConfig
 from rsgw.config._tracing import otel_overrides
 from rsgw.scheduling.knobs._knobs import SCHEDULING_KNOBS, check_fill_factor, check_replicas
@@ -150,6 +153,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "scheduling.routing_fill_factor": "float",
         "scheduling.forbid_memory_oversubscription": "bool",
         "scheduling.compaction_interval": "int",
+        **TENANCY_ENV_KINDS,
     }
 )
 _ENV_ALIASES = {"endpoints": "WORKERS", "metrics_endpoints": "WORKER_METRICS"}
@@ -295,6 +299,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "coordination": CoordinationConfig,
         "scheduling": SchedulingConfig,
         "tracing": TracingConfig,
+        "tenancy": TenancyConfig,
     }
 )
 _LISTS = ("endpoints", "metrics_endpoints", "worker_names")
@@ -415,6 +420,8 @@ def parse_config(
                 if isinstance(entry, Mapping):
                     _note_unknown(entry, f"scheduling.models.{model}.", _OVERRIDE_KEYS, notes)
             kwargs["models"] = _models(models)
+        for entry, where, keys in nested_entries(m) if name == "tenancy" else ():
+            _note_unknown(entry, where, keys, notes)
         blocks[name] = cls(**kwargs)
     health_interval = _health_interval(env, notes)
     if notes and strict(env):

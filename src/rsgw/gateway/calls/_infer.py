@@ -54,11 +54,11 @@ if TYPE_CHECKING:
     from rsgw.base._call import CallContext
     from rsgw.gateway.calls._admission import Admission
     from rsgw.gateway.calls._resolve import Resolver
+    from rsgw.gateway.calls._tenancy import Seat, Tenancy
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._access import AccessLog
     from rsgw.gateway.observe._metrics import GatewayMetrics
-    from rsgw.gateway.calls._tenancy import Seat, Tenancy
     from rsgw.gateway.observe._tracing import AnyAttempt, Traced, Tracer
     from rsgw.scheduling.calls._ledger import Ticket
     from rsgw.scheduling.calls._reported import MeasuredCounters
@@ -159,7 +159,7 @@ class InferProxy:
             with meter:
                 if tenancy is not None:  # who the call is for, its band, its quota
                     meter.timed = False
-                    seat = tenancy.seat(call, self._plain_head(body), trio.current_time())
+                    seat = self._seat(tenancy, body, call)
                 return await self._infer(body, call, ticket, meter, traced, seat)
         except BaseException as exc:
             if traced is not None:
@@ -296,9 +296,7 @@ class InferProxy:
             self.sequences.routed(model, sequence, walk.answered, trio.current_time())
         return response
 
-    def _take_place(
-        self, seat: Seat, url: str, per_call: float, left: float, model: str
-    ) -> None:
+    def _take_place(self, seat: Seat, url: str, per_call: float, left: float, model: str) -> None:
         """Give `seat` a place at `url`, or refuse it to keep places for the higher
         bands and the tenants within their shares (`rsgw.scheduling.calls._shares`)."""
         assert self.tenancy is not None
@@ -316,6 +314,13 @@ class InferProxy:
         shares.hold(url, seat.band, seat.tenant, now)
         seat.url = url
         self._counted(seat, ADMITTED)
+
+    def _seat(self, tenancy: Tenancy, body: Body, call: CallContext) -> Seat:
+        """The call's tenant, band and quota place (`Tenancy.seat`)."""
+        try:
+            return tenancy.seat(call, self._plain_head(body), trio.current_time())
+        except DecodeError as exc:
+            raise _malformed(exc) from exc
 
     def _counted(self, seat: Seat, outcome: str) -> None:
         assert self.tenancy is not None

@@ -22,7 +22,7 @@ series (and the configured ones).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from rsgw.base._errors import clip
@@ -130,6 +130,11 @@ class TokenBucket:
             return None
         return (1.0 - self.tokens) / self.rate
 
+    def full(self, now: float) -> bool:
+        """Whether the bucket holds its whole burst at `now` (as a new one does)."""
+        self._fill(now)
+        return self.tokens >= self.burst
+
     def configure(self, rate: float, burst: float, now: float) -> None:
         """A new rate and burst from `now`: what was saved stays, capped at the new burst."""
         self._fill(now)
@@ -156,7 +161,8 @@ class QuotaVerdict:
             what = f"rate quota of {quota.rate:g}/s (burst {quota.bucket_size:g})"
         else:
             what = f"concurrency quota of {quota.concurrency} calls at once"
-        return f"tenant '{self.tenant}' is over its {what}; retry later"
+        who = f"tenant '{self.tenant}'" if self.tenant else "the anonymous tenant"
+        return f"{who} is over its {what}; retry later"
 
 
 class _Account:
@@ -227,6 +233,33 @@ class Quotas:
                 return QuotaVerdict(tenant, RATE, quota, wait)
         account.held += 1
         return None
+
+    def __len__(self) -> int:
+        """Tenants with a quota now."""
+        return len(self._accounts)
+
+    def tenants(self) -> list[str]:
+        """The tenants with a quota now."""
+        return list(self._accounts)
+
+    def sweep(self, keep: Container[str], now: float) -> int:
+        """Forget the accounts, but those of `keep`, that hold no call and whose bucket is
+        full (or that have none) at `now`; how many went.
+
+        Such an account is exactly what `configure` would open anew, so a caller that
+        opens accounts on demand (a default quota for every tenant not listed, each
+        counted on its own) can sweep without changing a verdict, and its accounts
+        stay as many as the tenants called lately, however many names clients make up.
+        """
+        idle = []
+        for tenant, account in self._accounts.items():
+            if account.held or tenant in keep:
+                continue
+            if account.bucket is None or account.bucket.full(now):
+                idle.append(tenant)
+        for tenant in idle:
+            del self._accounts[tenant]
+        return len(idle)
 
     def release(self, tenant: str) -> None:
         """A call `admit` admitted is over."""
