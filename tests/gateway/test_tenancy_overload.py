@@ -27,8 +27,9 @@ from rsgw.base._errors import GrpcError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
 from rsgw.config._config import GrpcLimits
-from rsgw.config._tenancy import TenancyConfig
+from rsgw.config._tenancy import TenancyConfig, TenantPolicy
 from tests.gateway.fleet import Fleet, open_fleet
+from tests.gateway.test_control import ctl
 from tests.gateway.test_gateway_limits import SLOW
 from tests.helpers import catalogue_from_yaml, infer_request, simple_inputs
 
@@ -126,3 +127,56 @@ async def test_a_tenant_within_its_share_is_served_under_a_flood(
     assert a.late + b.late <= 0.01 * (a.offered + b.offered)  # refused at arrival
     if kind == "priorities":
         assert a.refused > 0.5 * a.offered  # the low band takes what the high leaves
+
+
+async def test_a_tenant_at_twice_its_rate_quota_gets_its_quota_and_ctl_changes_it() -> None:
+    """Acceptance 2, on loopback TCP with `rsgw ctl` as an operator runs it: a tenant
+    offering twice its rate quota gets the quota (the burst aside, within 5%) and
+    RESOURCE_EXHAUSTED with gRPC's pushback for the rest; another tenant's calls all go
+    through; `rsgw ctl tenant` doubles the quota without a restart."""
+    tenancy = TenancyConfig(header="x-tenant", tenants={"q": TenantPolicy(rate=20, burst=2)})
+    async with open_fleet(1, tenancy=tenancy) as fleet:
+        calls = {"q": [0, 0], "other": [0, 0]}  # answered, over quota
+        pushbacks: list[int] = []
+
+        async def one(name: str, seed: int) -> None:
+            try:
+                await fleet.channel().unary(
+                    Method.MODEL_INFER.wire,
+                    infer_request("simple", simple_inputs(seed)).SerializeToString(),
+                    metadata=((b"x-tenant", name.encode()),),
+                )
+                calls[name][0] += 1
+            except GrpcError as exc:
+                assert exc.code is StatusCode.RESOURCE_EXHAUSTED, exc
+                assert "tenant 'q' is over its rate quota of 20/s (burst 2)" in exc.message
+                trailers = dict(exc.trailers)
+                pushbacks.append(int(trailers[b"grpc-retry-pushback-ms"]))
+                calls[name][1] += 1
+
+        async def offer_for(seconds: float) -> None:
+            async with trio.open_nursery() as nursery:
+                start = trio.current_time()
+                seed = 0
+                while trio.current_time() - start < seconds:
+                    nursery.start_soon(one, "q", seed)
+                    if seed % 2 == 0:
+                        nursery.start_soon(one, "other", seed)
+                    seed += 1
+                    await trio.sleep(1 / 40)  # q at 40/s, twice its quota
+
+        started = trio.current_time()
+        await offer_for(8.0)
+        took = trio.current_time() - started
+        answered, over = calls["q"]
+        assert abs(answered / took - 20) <= 0.05 * 20 + 2 / took, (answered, over, took)
+        assert over >= 0.4 * (answered + over)
+        assert pushbacks and all(0 < p <= 1000 for p in pushbacks)
+        assert calls["other"][1] == 0 and calls["other"][0] > 0
+
+        done = await ctl(fleet, "tenant", "q", "--rate", "40", "--burst", "4")
+        assert done.returncode == 0, done.stderr
+        before = calls["q"][1]
+        await trio.sleep(0.2)  # the bucket refills to its new burst
+        await offer_for(4.0)
+        assert calls["q"][1] - before <= 0.05 * 160, calls  # now within its quota

@@ -302,16 +302,16 @@ class InferProxy:
         assert self.tenancy is not None
         shares = self.tenancy.shares
         now = trio.current_time()
-        shares.arrived(url, seat.band, seat.tenant, now)
+        shares.arrived(url, seat.band, seat.key, now)
         depth = depth_for(per_call, left, self.rule)
         held = self.ledger.held(url)
-        verdict = shares.judge(url, seat.band, seat.tenant, held, depth, per_call, now)
+        verdict = shares.judge(url, seat.band, seat.key, held, depth, per_call, now)
         if verdict is not None:
             self._counted(seat, REFUSED_BY_REASON[verdict.reason])
             self.metrics.shed.inc()
             where = f"at {self.pool.public_name(url)}"
             raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, describe_share(verdict, model, where))
-        shares.hold(url, seat.band, seat.tenant, now)
+        shares.hold(url, seat.band, seat.key, now)
         seat.url = url
         self._counted(seat, ADMITTED)
 

@@ -111,6 +111,7 @@ class GatewayService:
             access=access,
             measured=measured,
             tracer=tracer,
+            tenancy=tenancy,
         )
         #: Which workers each fan-out asks, and the rules that merge their answers.
         self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))

@@ -70,11 +70,16 @@ class Seat:
     `Tenancy.release`, and one at `url` (`Shares.hold`) from the moment it was admitted
     there."""
 
-    __slots__ = ("band", "tenant", "url")
+    __slots__ = ("band", "key", "tenant", "url")
 
-    def __init__(self, tenant: str, band: int) -> None:
+    def __init__(self, tenant: str, band: int, key: str) -> None:
         self.tenant = tenant
         self.band = band
+        #: Whose share it is at a worker: the tenant, or past `max_tenant_series` names
+        #: the one `_other_` they all fold into, so that made-up names cannot make a
+        #: call's admission cost more than that many tenants (`Shares.judge` is linear
+        #: in the tenants active at a worker).
+        self.key = key
         self.url = ""
 
 
@@ -132,12 +137,12 @@ class Tenancy:
         tenant = self.tenant_of(call)
         band = self.band(head, tenant)
         self.admit_quota(tenant, now, band)
-        return Seat(tenant, band)
+        return Seat(tenant, band, self.labels.label(tenant) if tenant else "")
 
     def release(self, seat: Seat) -> None:
         """The call of `seat` is over: its places (at its worker, in its quota) go back."""
         if seat.url:
-            self.shares.unhold(seat.url, seat.band, seat.tenant)
+            self.shares.unhold(seat.url, seat.band, seat.key)
         self.release_quota(seat.tenant)
 
     def tenant_of(self, call: CallContext) -> str:
