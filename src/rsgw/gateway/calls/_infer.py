@@ -208,7 +208,7 @@ class InferProxy:
         try:
             # What routing reads: the body itself, or the head of a compressed or
             # gathered one.
-            head = self._plain_head(body)
+            head = body if type(body) is bytes else self._head_of(body)
             model, sequence = peek_routing(head)
             regions = (
                 self.pool.regions.check_request(head, call.owner) if self.pool.regions else _NONE
@@ -318,17 +318,14 @@ class InferProxy:
     def _seat(self, tenancy: Tenancy, body: Body, call: CallContext) -> Seat:
         """The call's tenant, band and quota place (`Tenancy.seat`)."""
         try:
-            return tenancy.seat(call, self._plain_head(body), trio.current_time())
+            head = body if type(body) is bytes else self._head_of(body)
+            return tenancy.seat(call, head, trio.current_time())
         except DecodeError as exc:
             raise _malformed(exc) from exc
 
     def _counted(self, seat: Seat, outcome: str) -> None:
         assert self.tenancy is not None
         self.tenancy.counted(seat.tenant, seat.band, outcome)
-
-    def _plain_head(self, body: Body) -> bytes:
-        """The body's head as routing reads it (the body itself when plain bytes)."""
-        return body if type(body) is bytes else self._head_of(body)
 
     def _forecast_clock(self) -> Callable[[], float]:
         """The forecast's clock: the run's, which is `time.perf_counter` plus an offset

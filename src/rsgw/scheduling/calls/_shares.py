@@ -26,7 +26,8 @@ places kept free for others' next calls:
   whatever it holds: in a FIFO queue a tenant's calls are held in proportion to the
   whole queue's wait, not to its share, so what it holds says nothing of what its
   next calls need. The satisfied tenants' places are rounded once, together (a place
-  each for a crowd of light tenants would keep a worker for calls nobody sends). A tenant over its share keeps its places less what it holds, so
+  each for a crowd of light tenants would keep a worker for calls nobody sends). A
+  tenant over its share keeps its places less what it holds, so
   that among the heavy tenants each gets its weight's part of the worker. A satisfied
   tenant's call is never refused to keep places for a tenant over its share.
 Capacity nobody claims is kept for nobody (work-conserving): a tenant alone at a
