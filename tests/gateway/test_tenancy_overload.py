@@ -103,10 +103,9 @@ def p99(latencies: list[float]) -> float:
     return ordered[int(0.99 * (len(ordered) - 1))]
 
 
-@pytest.mark.parametrize("kind", ["shares", "priorities"])
-async def test_a_tenant_within_its_share_is_served_under_a_flood(
-    autojump_clock: MockClock, kind: str
-) -> None:
+async def overload(kind: str) -> dict[str, Outcomes]:
+    """Acceptance 1's run ("shares" or "priorities"; see the module docstring): what
+    became of each tenant's calls. `rsgw simulate`'s tests replay it too."""
     slow = catalogue_from_yaml(SLOW.replace("launch_ms: 300", "launch_ms: 100"))
     tenancy = TenancyConfig(header="x-tenant", priority_levels=2)
     async with open_fleet(
@@ -118,7 +117,14 @@ async def test_a_tenant_within_its_share_is_served_under_a_flood(
         tenancy=tenancy,
     ) as fleet:
         light, heavy = (1, 2) if kind == "priorities" else (0, 0)
-        got = await offer(fleet, {"b": (LIGHT, light), "a": (OFFERED - LIGHT, heavy)})
+        return await offer(fleet, {"b": (LIGHT, light), "a": (OFFERED - LIGHT, heavy)})
+
+
+@pytest.mark.parametrize("kind", ["shares", "priorities"])
+async def test_a_tenant_within_its_share_is_served_under_a_flood(
+    autojump_clock: MockClock, kind: str
+) -> None:
+    got = await overload(kind)
     b, a = got["b"], got["a"]
     assert len(b.answered) >= 0.95 * b.offered, (len(b.answered), b.refused, b.late)
     goodput = (len(a.answered) + len(b.answered)) / SECONDS
