@@ -165,6 +165,7 @@ def write(tmp_path: Path, **changes: object) -> Path:
         ({"traffic": {"b": {"share": 1, "weight": 2}}}, "traffic.b takes share and priority"),
         ({"traffic": {"caf\u00e9": {"share": 1}}}, "traffic.caf\u00e9 names a tenant"),
         ({"traffic": []}, "traffic must map tenant names to {share, priority}"),
+        ({"deadline_ms": -1}, "deadline_ms must be a number of ms >= 0, got -1"),
         (
             {"tenancy": {"tenants": {"a": {"wieght": 2}}}},
             "unknown gateway config key 'tenancy.tenants.a.wieght'",

@@ -316,6 +316,13 @@ def _traffic(raw: object, where: str) -> tuple[Traffic, ...]:
     return tuple(found)
 
 
+def _deadline_ms(raw: object, where: str) -> float:
+    value = float(raw) if isinstance(raw, int | float) else math.nan
+    if not 0 <= value < math.inf:
+        raise ScenarioError(f"{where}: deadline_ms must be a number of ms >= 0, got {show(raw)}")
+    return value
+
+
 def _tenancy(raw: object, where: str) -> dict[str, Any]:
     """`tenancy`, checked by the gateway's own parser (a misspelt key is an error here:
     a scenario has no log to warn in)."""
@@ -382,7 +389,7 @@ def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
             load_fixed_fraction=_fraction(models.get("load_fixed_fraction", 1.0), where),
             traffic=_traffic(data.get("traffic"), where),
             tenancy=_tenancy(data.get("tenancy"), where),
-            deadline_ms=float(data.get("deadline_ms", 0)),
+            deadline_ms=_deadline_ms(data.get("deadline_ms", 0), where),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{where}: missing or bad key: {exc}") from None

@@ -39,6 +39,8 @@ SHED = "shed"
 #: Why a call is refused (`SimCall.refused`), as the real gateway counts them
 #: (`gateway_tenant_calls_total{outcome}` without its `refused_`), and `SHED`.
 REASONS = ("share", "band", DEADLINE, OVER_RATE, OVER_CONCURRENCY, SHED)
+#: The status every refusal ends with (`_gateway.SHED`).
+_REFUSED_STATUS = "RESOURCE_EXHAUSTED"
 
 
 class SimTenancy:
@@ -122,7 +124,7 @@ def tenant_rows(
         in_slo = sum(1 for ms in answered if ms <= 1000 * slo_s)
         refused = dict.fromkeys(REASONS, 0)
         for c in group:
-            if c.code != OK and (c.refused or c.code == "RESOURCE_EXHAUSTED"):
+            if c.code != OK and (c.refused or c.code == _REFUSED_STATUS):
                 refused[c.refused or SHED] += 1
         late = len(group) - len(answered) - sum(refused.values())
         rows.append(
