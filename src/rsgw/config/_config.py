@@ -14,15 +14,12 @@ Theory of operation:
 3. The merged mapping is walked block by block. The walk only deals with shape (a block
    must be a mapping, a list a list, YAML null means "absent", unknown keys are noted
    and ignored); it passes leaf values to the dataclass constructors unchanged.
-4. Every dataclass (`rsgw.config._schema` and its blocks, `rsgw.config._blocks`) validates and
-   normalises its own fields, so a config built by hand, or by `dataclasses.replace` in
-   the control plane, is held to exactly the rules gateway.yml is, and every
-   `ConfigError` names the key path and the bad value. The scheduling knobs' checks
-   live in `rsgw.scheduling.knobs._knobs`, where the runtime control plane finds them too
-   (`validate_knob`, docs/original.md §3.3).
+4. Every dataclass (`rsgw.config._schema`, `rsgw.config._blocks`) checks its own fields,
+   so a config built by hand or by `dataclasses.replace` in the control plane is held to
+   the rules gateway.yml is, every `ConfigError` naming the key path and the bad value
+   (the scheduling knobs' checks: `rsgw.scheduling.knobs._knobs`, docs/original.md §3.3).
 
-The configuration object and its enums are re-exported here, so `rsgw.config._config` stays
-the one import for a caller that loads or builds a config.
+The configuration object and its enums are re-exported: one import loads or builds one.
 
 We differ from the original where docs/product.md says so (a `scheduling.models.<m>` entry
 without `replicas` inherits `default_replicas`; `logging.*` is honoured) and where it was

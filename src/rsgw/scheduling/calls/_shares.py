@@ -17,17 +17,15 @@ A tenant's claim is the fraction of the worker's drain its recent arrivals there
 would use (their decayed rate x per_call, at most 1). A call of band b (0 the
 highest) and tenant t is admitted iff `held + 1 + kept <= depth`, `kept` being the
 places kept free for others' next calls:
-- the higher bands keep `band_keep` of their claims together: `HEADROOM` times what
-  they claim of the worker. A lower band gets what the higher ones do not claim.
+- each tenant of a higher band keeps `band_keep(claim)`: `HEADROOM` times its claim
+  of the worker. A lower band gets what the higher ones do not claim.
 - the band's room (`depth` less what the higher bands keep) is divided by
   `keep_fractions`: max-min fair by weight (water-filling), so a tenant claiming no
   more than its share is *satisfied* and keeps `HEADROOM` times its claim; the tenants
   over their shares divide the rest by weight. A satisfied tenant keeps its places
   whatever it holds: in a FIFO queue a tenant's calls are held in proportion to the
   whole queue's wait, not to its share, so what it holds says nothing of what its
-  next calls need. The satisfied tenants' places are rounded once, together (a place
-  each for a crowd of light tenants would keep a worker for calls nobody sends). A
-  tenant over its share keeps its places less what it holds, so
+  next calls need. A tenant over its share keeps its places less what it holds, so
   that among the heavy tenants each gets its weight's part of the worker. A satisfied
   tenant's call is never refused to keep places for a tenant over its share.
 Capacity nobody claims is kept for nobody (work-conserving): a tenant alone at a
@@ -392,13 +390,12 @@ class Shares:
         now: float,
     ) -> ShareVerdict | None:
         idle = self._idle
-        above = 0.0  # what the higher bands claim: they keep places for their next calls
+        above_keep = 0  # places higher bands keep free for their next calls
         for level, tenants in worker.bands.items():
             if level < band:
                 for entry in tenants.values():
                     if entry.held or now - entry.last <= idle:
-                        above += self._claim(entry, now, per_call)
-        above_keep = band_keep(above, depth)
+                        above_keep += band_keep(self._claim(entry, now, per_call), depth)
         room = depth - above_keep if depth > above_keep else 0
         if held + 1 + above_keep > depth:
             return ShareVerdict(BAND, band, tenant, 0.0, 0, 0, room, held, depth)
@@ -430,20 +427,16 @@ class Shares:
             shares.append(weights.get(tenant, DEFAULT_WEIGHT))
         fractions = keep_fractions(claims, shares)
         content = fractions[names.index(tenant)][1]
-        satisfied, over_keep, own, mine = 0.0, 0, 0, 0
-        for name, (fraction, within) in zip(names, fractions, strict=True):
+        satisfied_keep, over_keep, own, mine = 0, 0, 0, 0
+        for name, (fraction, satisfied) in zip(names, fractions, strict=True):
+            keep = places(fraction, room)
             held = peers[name].held if name in peers else 0
             if name == tenant:
-                own, mine = places(fraction, room), held
-            elif within:
-                satisfied += fraction
-            else:
-                keep = places(fraction, room)
-                if keep > held:
-                    over_keep += keep - held
-        # The satisfied keep their places together, rounded once: a place each for a
-        # crowd of light tenants would keep the whole worker for calls nobody sends.
-        satisfied_keep = places(satisfied, room)
+                own, mine = keep, held
+            elif satisfied:
+                satisfied_keep += keep
+            elif keep > held:
+                over_keep += keep - held
         others = satisfied_keep if content else satisfied_keep + over_keep
         share = weights.get(tenant, DEFAULT_WEIGHT) / math.fsum(shares)
         return others, share, own, mine
