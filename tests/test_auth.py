@@ -47,6 +47,7 @@ OPERATOR = {
     Method.REPACK,
     Method.ADD_WORKER,
     Method.REMOVE_WORKER,
+    Method.SET_TENANT_POLICY,
 }
 
 

@@ -30,6 +30,7 @@ from rsgw.config._config import (
     RoutingPolicy,
     SchedulingConfig,
     SchedulingMode,
+    TenantPolicy,
     TracingConfig,
     WorkBasis,
     env_name,
@@ -171,6 +172,12 @@ DEFAULTS: list[tuple[str, object]] = [
     ("tracing.max_export_batch_size", 512),
     ("tracing.schedule_delay_millis", 5000),
     ("tracing.export_timeout_millis", 30000),
+    ("tenancy.header", ""),
+    ("tenancy.priority_levels", 1),
+    ("tenancy.default_priority", 0),
+    ("tenancy.max_tenant_series", 100),
+    ("tenancy.tenants", {}),
+    ("tenancy.default", TenantPolicy()),
     ("startup_wait_seconds", 0.0),
     ("health_interval_seconds", 10.0),
     ("wedge_exit_rounds", 3),
@@ -302,6 +309,107 @@ def test_a_repository_block_parses() -> None:
     assert hash(cfg) == hash(
         parse({"repository": {"models": ["a", "b"], "weight_bytes": {"a": 300}}})
     )
+
+
+# -- tenancy (issue 52) -------------------------------------------------------------------------
+
+
+def test_a_tenancy_block_parses_and_says_what_it_turns_on() -> None:
+    assert not parse().tenancy.enabled
+    cfg = parse(
+        {
+            "tenancy": {
+                "header": " X-Tenant-Id ",
+                "priority_levels": 3,
+                "tenants": {"batch": {"weight": 0.5, "priority": 3, "rate": 10, "burst": 20}},
+                "default": {"max_concurrent": 4},
+            }
+        }
+    )
+    tenancy = cfg.tenancy
+    assert tenancy.enabled and tenancy.header == "x-tenant-id"
+    assert tenancy.default_level == 2  # the middle of three
+    batch = tenancy.policy("batch")
+    assert (batch.weight, batch.priority, batch.rate, batch.burst) == (0.5, 3, 10.0, 20.0)
+    assert batch.quota is not None and batch.quota.bucket_size == 20.0
+    other = tenancy.policy("anyone")
+    assert other.weight == 1.0 and other.quota is not None and other.quota.concurrency == 4
+    assert parse_config(cfg.to_mapping()) == cfg and not parse_config(cfg.to_mapping()).notes
+    blocks: list[dict[str, Any]] = [
+        {"priority_levels": 2},
+        {"header": "x-t"},
+        {"tenants": {"a": {}}},
+    ]
+    for block in blocks:
+        assert parse({"tenancy": block}).tenancy.enabled, block
+    assert not parse({"tenancy": {"default": {"burst": 0}}}).tenancy.enabled
+
+
+def test_tenancy_scalars_come_from_the_environment() -> None:
+    cfg = parse(
+        {"tenancy": {"priority_levels": 2}},
+        REACTANT_GATEWAY_TENANCY_PRIORITY_LEVELS="4",
+        REACTANT_GATEWAY_TENANCY_DEFAULT_PRIORITY="4",
+        REACTANT_GATEWAY_TENANCY_HEADER="x-team",
+        REACTANT_GATEWAY_TENANCY_MAX_TENANT_SERIES="7",
+    )
+    assert (cfg.tenancy.priority_levels, cfg.tenancy.default_level) == (4, 4)
+    assert (cfg.tenancy.header, cfg.tenancy.max_tenant_series) == ("x-team", 7)
+
+
+@pytest.mark.parametrize(
+    ("block", "fragment"),
+    [
+        ({"priority_levels": 0}, "tenancy.priority_levels must be 1 to 16, got 0"),
+        ({"priority_levels": 17}, "tenancy.priority_levels must be 1 to 16, got 17"),
+        ({"priority_levels": "3"}, "config 'tenancy.priority_levels' must be an integer"),
+        (
+            {"priority_levels": 3, "default_priority": 4},
+            "tenancy.default_priority must be 0 (the middle level) to "
+            "tenancy.priority_levels (3), got 4",
+        ),
+        ({"max_tenant_series": 0}, "tenancy.max_tenant_series must be at least 1, got 0"),
+        ({"header": "x tenant"}, "tenancy.header must be a header name"),
+        ({"header": "Authorization"}, "tenancy.header cannot be 'authorization'"),
+        ({"header": "grpc-timeout"}, "tenancy.header cannot be 'grpc-timeout'"),
+        ({"header": "x-tenant-bin"}, "tenancy.header cannot be 'x-tenant-bin'"),
+        ({"tenants": ["a"]}, "tenancy.tenants must be a mapping of tenant name to policy"),
+        ({"tenants": {"a": 3}}, "tenancy.tenants.a must be a mapping of weight, priority"),
+        ({"tenants": {"a": {"weight": 0}}}, "tenancy.tenants.a.weight must be positive, got 0"),
+        ({"tenants": {"a": {"weight": "x"}}}, "config 'tenancy.tenants.a.weight' must be a"),
+        ({"tenants": {"a": {"rate": -1}}}, "tenancy.tenants.a.rate must be non-negative, got -1"),
+        ({"tenants": {"a": {"rate": 1, "burst": 0.5}}}, "tenancy.tenants.a.burst must be 0"),
+        ({"tenants": {"a": {"burst": 5}}}, "tenancy.tenants.a.burst is 5 but"),
+        ({"tenants": {"a": {"max_concurrent": -2}}}, "tenancy.tenants.a.max_concurrent must"),
+        (
+            {"tenants": {"a": {"priority": 2}}},
+            "tenancy.tenants.a.priority is 2, past tenancy.priority_levels (1)",
+        ),
+        ({"tenants": {"a": {"priority": -1}}}, "tenancy.tenants.a.priority must be 0"),
+        ({"tenants": {"": {}}}, "tenancy.tenants key '' names a tenant in 1 to 128"),
+        ({"tenants": {"t\u00e9": {}}}, "is not printable ASCII"),
+        ({"tenants": {"a" * 129: {}}}, "this value has 129 characters"),
+        ({"tenants": {7: {}}}, "tenancy.tenants keys must be tenant names, got 7"),
+        ({"default": {"rate": "fast"}}, "config 'tenancy.default.rate' must be a number"),
+        ({"default": 5}, "tenancy.default must be a mapping of rate, burst, max_concurrent"),
+    ],
+)
+def test_bad_tenancy_blocks_name_the_key(block: dict[str, object], fragment: str) -> None:
+    raises({"tenancy": block}, fragment)
+
+
+def test_tenancy_keys_it_does_not_take_are_noted() -> None:
+    cfg = parse({"tenancy": {"tenants": {"a": {"rat": 5}}, "default": {"weight": 2}}})
+    assert any("'tenancy.tenants.a.rat' ignored (did you mean" in note for note in cfg.notes)
+    assert any("'tenancy.default.weight' ignored" in note for note in cfg.notes)
+    with pytest.raises(ConfigError, match=r"tenancy\.default takes the quota"):
+        dataclasses.replace(cfg.tenancy, default=TenantPolicy(weight=2.0))
+
+
+def test_a_tenant_header_with_auth_on_is_a_warning() -> None:
+    cfg = parse({"auth": {"tokens_file": "/t.yml"}, "tenancy": {"header": "x-tenant"}})
+    assert any("tenancy.header (x-tenant) is not read" in w for w in cfg.warnings)
+    assert not any("tenancy.header" in w for w in parse({"tenancy": {"header": "x"}}).warnings)
 
 
 def test_every_yaml_key_has_a_default_test() -> None:
@@ -929,6 +1037,10 @@ def test_environment_variable_names() -> None:
             "SCHEDULING_FORBID_MEMORY_OVERSUBSCRIPTION",
             "SCHEDULING_COMPACTION_MODE",
             "SCHEDULING_COMPACTION_INTERVAL",
+            "TENANCY_HEADER",
+            "TENANCY_PRIORITY_LEVELS",
+            "TENANCY_DEFAULT_PRIORITY",
+            "TENANCY_MAX_TENANT_SERIES",
         ]
     )
     assert env_name("scheduling.default_replicas") == W + "SCHEDULING_DEFAULT_REPLICAS"
@@ -1292,6 +1404,33 @@ valid_scheduling = st.fixed_dictionaries(
         ),
     },
 )
+quota_entries = {
+    "rate": st.floats(min_value=0, max_value=1e4),
+    "max_concurrent": st.integers(0, 1000),
+}
+valid_tenancy = st.integers(1, 16).flatmap(
+    lambda levels: st.fixed_dictionaries(
+        {"priority_levels": st.just(levels)},
+        optional={
+            "header": st.sampled_from(["", "x-tenant-id", "X-Team"]),
+            "default_priority": st.integers(0, levels),
+            "max_tenant_series": st.integers(1, 10_000),
+            "tenants": st.dictionaries(
+                st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1),
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "weight": st.floats(min_value=1e-3, max_value=1e3),
+                        "priority": st.integers(0, levels),
+                        **quota_entries,
+                    },
+                ),
+                max_size=3,
+            ),
+            "default": st.fixed_dictionaries({}, optional=quota_entries),
+        },
+    )
+)
 valid_configs = st.fixed_dictionaries(
     {"endpoints": st.lists(targets, min_size=1, max_size=4)},
     optional={
@@ -1328,6 +1467,7 @@ valid_configs = st.fixed_dictionaries(
             ).filter(lambda tls: bool(tls["key_file"])),
         ),
         "scheduling": valid_scheduling,
+        "tenancy": valid_tenancy,
     },
 )
 

@@ -35,6 +35,7 @@ from rsgw.ctl._commands import (
     Repack,
     SetPolicy,
     SetReplicas,
+    SetTenant,
     ShowHelp,
     Status,
     UsageError,
@@ -49,6 +50,7 @@ from rsgw.ctl._render import (
     render_repack,
     render_reply,
     render_status,
+    render_tenant,
 )
 from rsgw.scheduling.knobs._knobs import RUNTIME_KNOBS
 from tests.helpers import WorkerProcess
@@ -199,6 +201,9 @@ def test_set_policy_keeps_the_order_given() -> None:
         (("set-policy", "mode=round_robin"), "cannot be changed at runtime"),
         (("--gateway", "localhost", "status"), "expected HOST:PORT"),
         (("--gateway", "h:99999", "status"), "port must be 1..65535"),
+        (("tenant",), "required: NAME"),
+        (("tenant", "a", "--priority", "1.5"), "--priority: not an integer: '1.5'"),
+        (("tenant", "a", "--rate", "fast"), "--rate: not a number: 'fast'"),
     ],
 )
 def test_usage_errors(argv: tuple[str, ...], expected: str) -> None:
@@ -445,6 +450,68 @@ def test_render_placement_and_policy() -> None:
     parsed = command("set-policy", "hysteresis=0.2")
     assert render_reply(parsed, reply).startswith("applied hysteresis (generation 7)")
     assert render_reply(Status(), LPT_STATUS) == LPT_TEXT
+
+
+def test_tenant_sends_the_fields_given_and_renders_the_policy_in_force() -> None:
+    parsed = command("tenant", "team-a", "--max-concurrent", "3", "--weight", "2")
+    assert parsed == SetTenant("team-a", (("weight", 2.0), ("max_concurrent", 3)))
+    call = call_for(parsed)
+    assert call.path == SERVICE + b"SetTenantPolicy"
+    assert isinstance(call.request, cpb.SetTenantPolicyRequest)
+    assert list(call.request.update_mask) == ["weight", "max_concurrent"]
+    assert (call.request.policy.weight, call.request.policy.max_concurrent) == (2.0, 3)
+    reply = cpb.SetTenantPolicyResponse(
+        tenant="team-a",
+        applied=cpb.TenantPolicy(weight=2, max_concurrent=3, rate=0.5),
+        warnings=["counted as _other_"],
+    )
+    assert render_reply(parsed, reply).splitlines() == [
+        "applied weight, max_concurrent: tenant 'team-a' weight 2, priority the default, "
+        "quota 0.5/s burst 1, 3 at once",
+        "  warning: counted as _other_",
+        "note: runtime changes are not persisted; a reload (SIGHUP) or a restart reverts to "
+        "gateway.yml's tenancy block",
+    ]
+    shown = render_tenant(SetTenant("b"), cpb.SetTenantPolicyResponse(tenant="b", applied={}))
+    assert shown == "tenant 'b' weight 0, priority the default, quota none"
+
+
+def test_render_status_shows_each_tenants_share_and_use() -> None:
+    status = cpb.GetSchedulingStatusResponse(
+        mode="round_robin",
+        tenancy=cpb.TenancyStatus(
+            header="x-tenant-id",
+            priority_levels=3,
+            default_priority=2,
+            default=cpb.TenantPolicy(rate=10),
+            tenants=[
+                cpb.TenantStatus(
+                    tenant="live",
+                    listed=True,
+                    policy=cpb.TenantPolicy(weight=3, priority=1, max_concurrent=4),
+                    inflight=2,
+                    admitted=90,
+                    refused=1,
+                    share=0.75,
+                ),
+                cpb.TenantStatus(
+                    tenant="_other_",
+                    policy=cpb.TenantPolicy(weight=1, rate=10),
+                    admitted=5,
+                    over_quota=7,
+                    share=0.25,
+                ),
+            ],
+        ),
+    )
+    assert render_status(status).splitlines()[2:] == [
+        "tenancy: tenant from header x-tenant-id; priorities 3 levels, default 2; "
+        "default quota 10/s burst 10",
+        "  tenant     weight  share  priority  quota          calls  admitted  refused",
+        "  live       3       0.75   1         4 at once      2      90        1 + 0 over quota",
+        "  _other_ *  1       0.25   2         10/s burst 10  0      5         0 + 7 over quota",
+        "  (* not listed: the default quota applies)",
+    ]
 
 
 # ---------------------------------------------------------------------------

@@ -344,8 +344,9 @@ WIRE = parse_wire_rows(WIRE_ROWS)
 
 # rsgw's own additions to WIRE.md, made by issues (an issue wins over WIRE.md): the
 # membership RPCs and the members in the status of issue 24, what each member
-# implements (issue 36), how a coordinated gateway stands (issue 39), and which
-# models are resident and what each worker's budget holds (issue 49).
+# implements (issue 36), how a coordinated gateway stands (issue 39), which
+# models are resident and what each worker's budget holds (issue 49), and the tenants'
+# policies and use (issue 52).
 RSGW_ROWS = """
 # reactant_control
 GatewayControlService AddWorker AddWorkerRequest AddWorkerResponse
@@ -381,6 +382,34 @@ Coordination 7 seconds_since_contact double
 Coordination 8 etcd_endpoints repeated string
 ModelSchedulingStatus 14 residency string
 WorkerSchedulingStatus 8 resident_weight_bytes int64
+GatewayControlService SetTenantPolicy SetTenantPolicyRequest SetTenantPolicyResponse
+GetSchedulingStatusResponse 9 tenancy TenancyStatus
+TenantPolicy 1 weight double
+TenantPolicy 2 priority int64
+TenantPolicy 3 rate double
+TenantPolicy 4 burst double
+TenantPolicy 5 max_concurrent int64
+TenantStatus 1 tenant string
+TenantStatus 2 listed bool
+TenantStatus 3 policy TenantPolicy
+TenantStatus 4 inflight int64
+TenantStatus 5 admitted uint64
+TenantStatus 6 refused uint64
+TenantStatus 7 over_quota uint64
+TenantStatus 8 share double
+TenancyStatus 1 header string
+TenancyStatus 2 priority_levels int64
+TenancyStatus 3 default_priority int64
+TenancyStatus 4 max_tenant_series int64
+TenancyStatus 5 default TenantPolicy
+TenancyStatus 6 tenants repeated TenantStatus
+SetTenantPolicyRequest 1 tenant string
+SetTenantPolicyRequest 2 update_mask repeated string
+SetTenantPolicyRequest 3 policy TenantPolicy
+SetTenantPolicyResponse 1 tenant string
+SetTenantPolicyResponse 2 applied TenantPolicy
+SetTenantPolicyResponse 3 warnings repeated string
+SetTenantPolicyResponse 4 persisted bool
 """
 
 #: What the protos must declare: WIRE.md and rsgw's additions.

@@ -117,7 +117,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "scheduling.fleet": {"base"},
     "scheduling.calls": {"base", "scheduling.knobs"},
     "scheduling.placement": {"base", "scheduling.knobs", "scheduling.calls"},
-    "config": {"base", "scheduling.knobs", "scheduling.fleet"},
+    "config": {"base", "scheduling.knobs", "scheduling.fleet", "scheduling.calls"},
     "coordination": {"base", "runtime", "grpc", "scheduling.placement"},
     "rest": {"base", "runtime", "grpc.protocol"},
     "worker.models": {"base"},

@@ -218,6 +218,8 @@ def start_node(work: Path, mode: str) -> WorkerProcess:
         "REACTANT_GATEWAY_LISTEN_METRICS": "127.0.0.1:0",
         "REACTANT_GATEWAY_LISTEN_HTTP": "127.0.0.1:0",
         "REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS": "1",
+        # Tenants told apart (issue 52): the dashboards' tenant panels have series.
+        "REACTANT_GATEWAY_TENANCY_HEADER": "x-tenant",
         "REACTANT_GATEWAY_SCHEDULING_FIRST_REBALANCE_COMPUTE_SECONDS": "0.05",
     }
     return start_rsgw_process("node", str(node_file), event="node serving", env=env, timeout=60)

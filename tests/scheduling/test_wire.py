@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from rsgw._proto import grpc_predict_v2_pb2 as pb
 from rsgw.base._errors import DecodeError
 from rsgw.scheduling.calls import _wire
-from rsgw.scheduling.calls._wire import head_length, peek_batch_size, peek_header, peek_routing
+from rsgw.scheduling.calls._wire import (
+    head_length,
+    peek_batch_size,
+    peek_header,
+    peek_priority,
+    peek_routing,
+)
 
 names = st.text(max_size=12)
 dims = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5)
@@ -221,3 +227,53 @@ def test_a_ten_byte_varint_with_bits_past_64_reads_as_protobuf_reads_it() -> Non
     body = b"\x2a" + bytes([len(shape)]) + shape
     (tensor,) = pb.ModelInferRequest.FromString(body).inputs
     assert peek_batch_size(body, "a", 1) == tensor.shape[0] == -1
+
+
+priorities = st.one_of(
+    st.none(),
+    st.tuples(st.just("int64_param"), st.integers(-(2**63), 2**63 - 1)),
+    st.tuples(st.just("uint64_param"), st.integers(0, 2**64 - 1)),
+    st.tuples(st.just("bool_param"), st.booleans()),
+    st.tuples(st.just("string_param"), st.text(max_size=4)),
+    st.tuples(st.just("double_param"), st.floats(allow_nan=False)),
+    st.just(("unset", None)),
+)
+
+
+def with_priority(request: pb.ModelInferRequest, priority: tuple[str, object] | None) -> bytes:
+    if priority is not None:
+        kind, value = priority
+        parameter = request.parameters["priority"]
+        if kind == "unset":
+            parameter.SetInParent()
+        else:
+            setattr(parameter, kind, value)
+    return request.SerializeToString()
+
+
+def expected_priority(body: bytes) -> object:
+    parameters = pb.ModelInferRequest.FromString(body).parameters
+    if "priority" not in parameters:
+        return None
+    kind = parameters["priority"].WhichOneof("parameter_choice")
+    return getattr(parameters["priority"], kind) if kind else 0
+
+
+@given(infer_requests(), st.lists(priorities, min_size=1, max_size=3))
+def test_peek_priority_agrees_with_protobuf(
+    request: pb.ModelInferRequest, chosen: list[tuple[str, object] | None]
+) -> None:
+    """Each encoding carries one priority (or none); concatenated, the last one wins."""
+    body = b"".join(with_priority(pb.ModelInferRequest(), p) for p in chosen[:-1])
+    body += with_priority(request, chosen[-1])
+    expected = expected_priority(body)
+    assert peek_priority(body) == expected
+    assert type(peek_priority(body)) is type(expected)
+    with walk_limit(1):  # protobuf's parser reads it instead: the same answer
+        assert peek_priority(body) == expected
+
+
+def test_a_request_without_parameters_has_no_priority() -> None:
+    assert peek_priority(pb.ModelInferRequest(model_name="m").SerializeToString()) is None
+    with pytest.raises(DecodeError):
+        peek_priority(b"\x0a\x01m\x22\x03\x0a\x05x")  # a parameters entry overrunning it

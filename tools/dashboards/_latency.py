@@ -2,7 +2,8 @@
 
 Latency quantiles as a client sees them (the gateway's histogram), on the gateway's calls
 to each worker, and inside the workers; calls by model and status and by protocol (gRPC
-and REST), errors, calls shed at the admission cap and failovers.
+and REST), errors, calls shed at the admission cap and failovers, and each tenant's
+calls by outcome (issue 52).
 """
 
 from __future__ import annotations
@@ -97,6 +98,19 @@ def latency_errors() -> Dashboard:
                     f'gateway_worker_forecast_wait_seconds{{{S},worker=~"$worker"}}',
                     "{{worker}} wait (s)",
                 ),
+            ),
+            graph(
+                "Tenants: calls by outcome, and calls held",
+                "Per tenant (tenancy:, issue 52): calls admitted, refused at a full worker "
+                "(refused_share: its share was taken; refused_band: higher priorities' "
+                "places; refused_deadline) or over its quota (over_rate, over_concurrency); "
+                "and the calls each tenant holds now. Tenants past "
+                "tenancy.max_tenant_series are _other_.",
+                q(
+                    f"sum by (tenant, outcome) (rate(gateway_tenant_calls_total{{{S}}}{RATE}))",
+                    "{{tenant}} {{outcome}}",
+                ),
+                q(f"sum by (tenant) (gateway_tenant_inflight_calls{{{S}}})", "{{tenant}} held"),
             ),
             graph(
                 "Worker call latency p99, per worker",

@@ -242,7 +242,7 @@ class GetSchedulingStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSchedulingStatusResponse(_message.Message):
-    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings", "members", "coordination")
+    __slots__ = ("mode", "policy", "repack", "models", "workers", "warnings", "members", "coordination", "tenancy")
     MODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REPACK_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class GetSchedulingStatusResponse(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     COORDINATION_FIELD_NUMBER: _ClassVar[int]
+    TENANCY_FIELD_NUMBER: _ClassVar[int]
     mode: str
     policy: SchedulingPolicy
     repack: RepackStatus
@@ -259,7 +260,58 @@ class GetSchedulingStatusResponse(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     members: _containers.RepeatedCompositeFieldContainer[Member]
     coordination: Coordination
-    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ...) -> None: ...
+    tenancy: TenancyStatus
+    def __init__(self, mode: _Optional[str] = ..., policy: _Optional[_Union[SchedulingPolicy, _Mapping]] = ..., repack: _Optional[_Union[RepackStatus, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelSchedulingStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSchedulingStatus, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., tenancy: _Optional[_Union[TenancyStatus, _Mapping]] = ...) -> None: ...
+
+class TenantPolicy(_message.Message):
+    __slots__ = ("weight", "priority", "rate", "burst", "max_concurrent")
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    weight: float
+    priority: int
+    rate: float
+    burst: float
+    max_concurrent: int
+    def __init__(self, weight: _Optional[float] = ..., priority: _Optional[int] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ..., max_concurrent: _Optional[int] = ...) -> None: ...
+
+class TenantStatus(_message.Message):
+    __slots__ = ("tenant", "listed", "policy", "inflight", "admitted", "refused", "over_quota", "share")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    OVER_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    listed: bool
+    policy: TenantPolicy
+    inflight: int
+    admitted: int
+    refused: int
+    over_quota: int
+    share: float
+    def __init__(self, tenant: _Optional[str] = ..., listed: _Optional[bool] = ..., policy: _Optional[_Union[TenantPolicy, _Mapping]] = ..., inflight: _Optional[int] = ..., admitted: _Optional[int] = ..., refused: _Optional[int] = ..., over_quota: _Optional[int] = ..., share: _Optional[float] = ...) -> None: ...
+
+class TenancyStatus(_message.Message):
+    __slots__ = ("header", "priority_levels", "default_priority", "max_tenant_series", "default", "tenants")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TENANT_SERIES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    header: str
+    priority_levels: int
+    default_priority: int
+    max_tenant_series: int
+    default: TenantPolicy
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
+    def __init__(self, header: _Optional[str] = ..., priority_levels: _Optional[int] = ..., default_priority: _Optional[int] = ..., max_tenant_series: _Optional[int] = ..., default: _Optional[_Union[TenantPolicy, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ...) -> None: ...
 
 class Coordination(_message.Message):
     __slots__ = ("state", "member", "placer", "epoch", "members", "last_error", "seconds_since_contact", "etcd_endpoints")
@@ -410,3 +462,25 @@ class RemoveWorkerResponse(_message.Message):
     drained_seconds: float
     workers: int
     def __init__(self, worker: _Optional[str] = ..., calls_cut_short: _Optional[int] = ..., drained_seconds: _Optional[float] = ..., workers: _Optional[int] = ...) -> None: ...
+
+class SetTenantPolicyRequest(_message.Message):
+    __slots__ = ("tenant", "update_mask", "policy")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    update_mask: _containers.RepeatedScalarFieldContainer[str]
+    policy: TenantPolicy
+    def __init__(self, tenant: _Optional[str] = ..., update_mask: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[TenantPolicy, _Mapping]] = ...) -> None: ...
+
+class SetTenantPolicyResponse(_message.Message):
+    __slots__ = ("tenant", "applied", "warnings", "persisted")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTED_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    applied: TenantPolicy
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    persisted: bool
+    def __init__(self, tenant: _Optional[str] = ..., applied: _Optional[_Union[TenantPolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., persisted: _Optional[bool] = ...) -> None: ...

@@ -53,6 +53,7 @@ class Method(enum.Enum):
     REPACK = (GATEWAY_CONTROL, "Repack")
     ADD_WORKER = (GATEWAY_CONTROL, "AddWorker")
     REMOVE_WORKER = (GATEWAY_CONTROL, "RemoveWorker")
+    SET_TENANT_POLICY = (GATEWAY_CONTROL, "SetTenantPolicy")
 
     def __init__(self, service: str, rpc: str) -> None:
         self.service = service

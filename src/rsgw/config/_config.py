@@ -14,15 +14,12 @@ Theory of operation:
 3. The merged mapping is walked block by block. The walk only deals with shape (a block
    must be a mapping, a list a list, YAML null means "absent", unknown keys are noted
    and ignored); it passes leaf values to the dataclass constructors unchanged.
-4. Every dataclass (`rsgw.config._schema` and its blocks, `rsgw.config._blocks`) validates and
-   normalises its own fields, so a config built by hand, or by `dataclasses.replace` in
-   the control plane, is held to exactly the rules gateway.yml is, and every
-   `ConfigError` names the key path and the bad value. The scheduling knobs' checks
-   live in `rsgw.scheduling.knobs._knobs`, where the runtime control plane finds them too
-   (`validate_knob`, docs/original.md §3.3).
+4. Every dataclass (`rsgw.config._schema`, `rsgw.config._blocks`) checks its own fields,
+   so a config built by hand or by `dataclasses.replace` in the control plane is held to
+   the rules gateway.yml is, every `ConfigError` naming the key path and the bad value
+   (the scheduling knobs' checks: `rsgw.scheduling.knobs._knobs`, docs/original.md §3.3).
 
-The configuration object and its enums are re-exported here, so `rsgw.config._config` stays
-the one import for a caller that loads or builds a config.
+The configuration object and its enums are re-exported: one import loads or builds one.
 
 We differ from the original where docs/product.md says so (a `scheduling.models.<m>` entry
 without `replicas` inherits `default_replicas`; `logging.*` is honoured) and where it was
@@ -66,6 +63,9 @@ from rsgw.config._schema import (
     DEFAULT_WEDGE_EXIT_ROUNDS,
 )
 from rsgw.config._schema import GatewayConfig as GatewayConfig
+from rsgw.config._tenancy import TENANCY_ENV_KINDS, nested_entries
+from rsgw.config._tenancy import TenancyConfig as TenancyConfig
+from rsgw.config._tenancy import TenantPolicy as TenantPolicy
 from rsgw.config._tracing import TracingConfig as TracingConfig
 from rsgw.config._tracing import otel_overrides
 from rsgw.scheduling.knobs._knobs import SCHEDULING_KNOBS, check_fill_factor, check_replicas
@@ -150,6 +150,7 @@ _ENV_KINDS: Mapping[str, str] = MappingProxyType(
         "scheduling.routing_fill_factor": "float",
         "scheduling.forbid_memory_oversubscription": "bool",
         "scheduling.compaction_interval": "int",
+        **TENANCY_ENV_KINDS,
     }
 )
 _ENV_ALIASES = {"endpoints": "WORKERS", "metrics_endpoints": "WORKER_METRICS"}
@@ -295,6 +296,7 @@ _BLOCKS: Mapping[str, type[Any]] = MappingProxyType(
         "coordination": CoordinationConfig,
         "scheduling": SchedulingConfig,
         "tracing": TracingConfig,
+        "tenancy": TenancyConfig,
     }
 )
 _LISTS = ("endpoints", "metrics_endpoints", "worker_names")
@@ -415,6 +417,8 @@ def parse_config(
                 if isinstance(entry, Mapping):
                     _note_unknown(entry, f"scheduling.models.{model}.", _OVERRIDE_KEYS, notes)
             kwargs["models"] = _models(models)
+        for entry, where, keys in nested_entries(m) if name == "tenancy" else ():
+            _note_unknown(entry, where, keys, notes)
         blocks[name] = cls(**kwargs)
     health_interval = _health_interval(env, notes)
     if notes and strict(env):

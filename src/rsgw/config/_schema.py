@@ -16,6 +16,7 @@ docs/configuration.md documents every key and default.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
 import math
@@ -42,6 +43,7 @@ from rsgw.config._blocks import (
 )
 from rsgw.config._endpoints import Pairing, check_names, check_targets, pair_workers
 from rsgw.config._fleet_blocks import CoordinationConfig, DiscoveryConfig, RepositoryConfig
+from rsgw.config._tenancy import QUOTA_KEYS, TenancyConfig
 from rsgw.config._tracing import TracingConfig
 from rsgw.scheduling.knobs._knobs import check_positive
 from rsgw.scheduling.knobs._settings import SchedulingConfig
@@ -95,6 +97,7 @@ class GatewayConfig:
     coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     # The process-level variables (no YAML key; docs/original.md §3.2 "other env").
     # lpt_packing's wait for every worker before serving; math.inf = forever.
     startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
@@ -168,6 +171,12 @@ class GatewayConfig:
                 f"worker_client.max_concurrent_streams ({streams}): the gateway sheds "
                 "(RESOURCE_EXHAUSTED) before a worker's streams are used"
             )
+        if self.auth.enabled and self.tenancy.header:
+            found.append(
+                f"tenancy.header ({self.tenancy.header}) is not read while authentication is "
+                "on: a call's tenant is the identity it proved (its token's name or its "
+                "certificate's identity)"
+            )
         exposed = self._unauthenticated_listeners()
         if exposed:
             found.append(self._unauthenticated_warning(exposed))
@@ -230,8 +239,11 @@ class GatewayConfig:
                 "coordination",
                 "scheduling",
                 "tracing",
+                "tenancy",
             )
         }
+        default = self.tenancy.default
+        blocks["tenancy"]["default"] = {k: getattr(default, k) for k in QUOTA_KEYS}
         blocks["scheduling"]["models"] = {
             name: {
                 k: _plain(v)
@@ -258,6 +270,8 @@ def _loopback_host(host: str) -> bool:
 
 
 def _plain(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in _frozen_fields(value).items()}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, tuple):

@@ -32,10 +32,12 @@ from rsgw.ctl._commands import (
     Repack,
     SetPolicy,
     SetReplicas,
+    SetTenant,
     ShowHelp,
     Status,
     UsageError,
     parse_float,
+    parse_int,
     parse_policy_updates,
     parse_replicas,
 )
@@ -60,6 +62,9 @@ commands:
                              a worker joins now (lpt_packing: at a repack once ready)
   remove-worker HOST:PORT|NAME [--drain-seconds S]
                              a worker leaves after its calls in flight finish
+  tenant NAME [--weight W] [--priority P] [--rate R] [--burst B] [--max-concurrent N]
+                             a tenant's share, priority and quotas (none given: show
+                             them); a reload (SIGHUP) goes back to gateway.yml
 """
 
 
@@ -258,6 +263,15 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
         metavar="S",
         help="seconds its calls in flight get (default 0: the gateway's shutdown grace)",
     )
+    tenant = sub(
+        "tenant",
+        "Set a tenant's fair-share weight, default priority and quotas at run time (checked "
+        "as gateway.yml's tenancy block is; 0 means none, or the default). With no option, "
+        "print its policy in force. A reload (SIGHUP) or a restart goes back to gateway.yml.",
+    )
+    tenant.add_argument("tenant", metavar="NAME", help="the tenant's name")
+    for flag, parse, meta, text in _TENANT_FLAGS:
+        tenant.add_argument(flag, type=_argtype(parse, flag), metavar=meta, help=text)
     return {
         "status": status,
         "repack": repack,
@@ -265,10 +279,29 @@ def _command_parsers(prog: str, output: list[str]) -> dict[str, _Parser]:
         "set-policy": policy,
         "add-worker": add,
         "remove-worker": remove,
+        "tenant": tenant,
     }
 
 
+#: `tenant`'s options: flag, how its value is read, its metavar, its help.
+_TENANT_FLAGS: tuple[tuple[str, Callable[[str, str], float | int], str, str], ...] = (
+    ("--weight", parse_float, "W", "its share of a full worker against the others' (> 0)"),
+    ("--priority", parse_int, "P", "its calls' priority when they send none (1 the highest)"),
+    ("--rate", parse_float, "R", "rate quota in calls per second (0: none)"),
+    ("--burst", parse_float, "B", "calls a burst may take at once (0: one second of the rate)"),
+    ("--max-concurrent", parse_int, "N", "calls it may hold at once (0: no limit)"),
+)
+
+
 def _command(name: str, args: argparse.Namespace, usage: str) -> Command:
+    if name == "tenant":
+        updates = []
+        for flag, *_ in _TENANT_FLAGS:
+            key = flag.removeprefix("--").replace("-", "_")
+            value = getattr(args, key)
+            if value is not None:
+                updates.append((key, value))
+        return SetTenant(args.tenant, tuple(updates))
     if name == "status":
         return Status()
     if name == "repack":

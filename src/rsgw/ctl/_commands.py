@@ -115,7 +115,23 @@ class RemoveWorker:
     drain_seconds: float = 0.0
 
 
-Command: TypeAlias = Status | Repack | SetReplicas | SetPolicy | AddWorker | RemoveWorker
+@dataclass(frozen=True, slots=True)
+class SetTenant:
+    """`tenant NAME [--weight W] [--priority P] [--rate R] [--burst B] [--max-concurrent N]`:
+    the fields given, in wire form (0: none, or the default); none given asks for the
+    tenant's policy in force."""
+
+    tenant: str
+    updates: tuple[tuple[str, float | int], ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(key for key, _ in self.updates)
+
+
+Command: TypeAlias = (
+    Status | Repack | SetReplicas | SetPolicy | AddWorker | RemoveWorker | SetTenant
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +359,14 @@ def call_for(command: Command) -> Call:
             allow_unknown_model=command.allow_unknown,
         )
         return _call("SetModelPlacement", placement, cpb.SetModelPlacementResponse)
+    if isinstance(command, SetTenant):
+        values = cpb.TenantPolicy()
+        for key, number in command.updates:
+            setattr(values, key, number)
+        tenant = cpb.SetTenantPolicyRequest(
+            tenant=command.tenant, update_mask=command.keys, policy=values
+        )
+        return _call("SetTenantPolicy", tenant, cpb.SetTenantPolicyResponse)
     policy = cpb.SchedulingPolicy()
     for key, value in command.updates:
         setattr(policy, key, value)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from rsgw._proto import reactant_control_v1_pb2 as cpb
 from rsgw.base._values import human_bytes
-from rsgw.ctl._commands import Command, SetPolicy
+from rsgw.ctl._commands import Command, SetPolicy, SetTenant
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 #: What the mutators' `persisted=false` means for the operator.
 NOT_PERSISTED_NOTE: Final = (
     "note: runtime changes are not persisted; a restart reverts to gateway.yml"
+)
+#: The same for a tenant's policy, which a reload applies again too.
+TENANT_NOT_PERSISTED_NOTE: Final = (
+    "note: runtime changes are not persisted; a reload (SIGHUP) or a restart reverts "
+    "to gateway.yml's tenancy block"
 )
 
 
@@ -82,6 +87,8 @@ def render_status(status: cpb.GetSchedulingStatusResponse) -> str:
         lines += _worker_lines(status.workers, any(m.residency for m in status.models))
     if status.members:
         lines += _member_lines(status.members)
+    if status.HasField("tenancy"):
+        lines += _tenancy_lines(status.tenancy)
     lines += warning_lines(status.warnings)
     return "\n".join(lines)
 
@@ -225,6 +232,46 @@ def _worker_lines(workers: Sequence[cpb.WorkerSchedulingStatus], residency: bool
     return ["workers:", *lines]
 
 
+def format_quota(policy: cpb.TenantPolicy) -> str:
+    """A tenant's quotas in words: `10/s burst 20, 4 at once`, or `none`."""
+    parts = []
+    if policy.rate:
+        burst = policy.burst or max(1.0, policy.rate)
+        parts.append(f"{policy.rate:g}/s burst {burst:g}")
+    if policy.max_concurrent:
+        parts.append(f"{policy.max_concurrent} at once")
+    return ", ".join(parts) or "none"
+
+
+def _tenancy_lines(tenancy: cpb.TenancyStatus) -> list[str]:
+    """Who the tenants are, and each one's share and use (issue 52)."""
+    source = f"header {tenancy.header}" if tenancy.header else "the caller's identity"
+    levels = tenancy.priority_levels
+    priorities = f"{levels} levels, default {tenancy.default_priority}" if levels > 1 else "off"
+    header = ("tenant", "weight", "share", "priority", "quota", "calls", "admitted", "refused")
+    rows = [
+        (
+            tenant.tenant + ("" if tenant.listed else " *"),
+            f"{tenant.policy.weight:g}",
+            f"{tenant.share:.2f}",
+            str(tenant.policy.priority or tenancy.default_priority) if levels > 1 else "-",
+            format_quota(tenant.policy),
+            str(tenant.inflight),
+            str(tenant.admitted),
+            f"{tenant.refused} + {tenant.over_quota} over quota",
+        )
+        for tenant in tenancy.tenants
+    ]
+    lines = [
+        f"tenancy: tenant from {source}; priorities {priorities}; "
+        f"default quota {format_quota(tenancy.default)}"
+    ]
+    if rows:
+        lines += format_table(header, rows)
+        lines.append("  (* not listed: the default quota applies)")
+    return lines
+
+
 def _free(worker: cpb.WorkerSchedulingStatus) -> str:
     """The budget left for loads: what the gateway may still load there."""
     if worker.weight_budget_bytes <= 0:
@@ -275,6 +322,21 @@ def render_policy(keys: Sequence[str], reply: cpb.SetSchedulingPolicyResponse) -
     return "\n".join(lines)
 
 
+def render_tenant(command: SetTenant, reply: cpb.SetTenantPolicyResponse) -> str:
+    """SetTenantPolicy: the tenant's policy in force, after the change if one was asked."""
+    applied = reply.applied
+    priority = str(applied.priority) if applied.priority else "the default"
+    head = "applied " + ", ".join(command.keys) + ": " if command.keys else ""
+    lines = [
+        f"{head}tenant '{reply.tenant}' weight {applied.weight:g}, priority {priority}, "
+        f"quota {format_quota(applied)}",
+        *warning_lines(reply.warnings),
+    ]
+    if command.keys and not reply.persisted:
+        lines.append(TENANT_NOT_PERSISTED_NOTE)
+    return "\n".join(lines)
+
+
 def render_reply(command: Command, reply: Message) -> str:
     """The text for the reply to `command` (the reply type `call_for(command)` names)."""
     if isinstance(reply, cpb.GetSchedulingStatusResponse):
@@ -285,6 +347,8 @@ def render_reply(command: Command, reply: Message) -> str:
         return render_placement(reply)
     if isinstance(reply, cpb.SetSchedulingPolicyResponse) and isinstance(command, SetPolicy):
         return render_policy(command.keys, reply)
+    if isinstance(reply, cpb.SetTenantPolicyResponse) and isinstance(command, SetTenant):
+        return render_tenant(command, reply)
     if isinstance(reply, cpb.AddWorkerResponse):
         return f"added {reply.worker}; {reply.workers} workers"
     if isinstance(reply, cpb.RemoveWorkerResponse):

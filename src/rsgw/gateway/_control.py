@@ -3,15 +3,19 @@
 Served on the inference port next to the data plane (docs/original.md §2.8). Status works
 in every mode; the three scheduler mutators need lpt_packing and answer
 FAILED_PRECONDITION otherwise. AddWorker and RemoveWorker (rsgw's own, issue 24) change
-the workers (`rsgw.gateway._members`). Every change is validated with the gateway.yml validators
-(`rsgw.scheduling.knobs._policy`), all-or-nothing, swapped in by reference, bumps the
-generation, and lives in memory only: every mutator's answer says `persisted=false`,
-and a restart reverts to gateway.yml.
+the workers (`rsgw.gateway._members`); SetTenantPolicy (rsgw's own, issue 52) a tenant's
+weight, priority and quotas (`rsgw.gateway.calls._tenancy`), where gateway.yml has a
+`tenancy:` block (FAILED_PRECONDITION otherwise). Every change is validated with the
+gateway.yml validators (`rsgw.scheduling.knobs._policy`, `rsgw.config._tenancy`),
+all-or-nothing, swapped in by reference (a scheduling change bumps the generation), and
+lives in memory only: every mutator's answer says `persisted=false`, and a restart (for
+a tenant's policy, a reload) reverts to gateway.yml.
 
 With coordination (several gateways, one placement: `rsgw.coordination`), a policy or
 placement change and a worker added or removed are shared with the other gateways,
 which apply them as their own, and a Repack asked of a gateway that does not place is
-carried out by the one that does.
+carried out by the one that does. A tenant's policy is each gateway's own (its quotas
+count the calls that gateway sees).
 
 Errors: a bad value is INVALID_ARGUMENT with the validator's message (the one
 gateway.yml would print); a deliberate gRPC error passes through; anything else is
@@ -33,7 +37,9 @@ from rsgw.base._errors import ConfigError, GrpcError, InvalidRequest, RsgwError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
 from rsgw.base._usage import nearest
+from rsgw.config._tenancy import TENANT_FIELDS, with_tenant
 from rsgw.gateway._members import Members, MembershipRefused
+from rsgw.gateway.calls._tenancy import Tenancy, tenant_policy_message
 from rsgw.gateway.fleet._prober import Prober
 from rsgw.gateway.observe._metrics import GatewayMetrics
 from rsgw.gateway.placement._coordinator import Coordinator, coordination_message
@@ -82,8 +88,11 @@ class GatewayControl:
         members: Members,
         counter_sources: Mapping[str, CounterSource] | None = None,
         coordinator: Coordinator | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.mode = mode
+        #: The tenants' policies in force (None: no `tenancy:` block).
+        self._tenancy = tenancy
         self._packing = packing
         self._prober = prober
         self._metrics = metrics
@@ -167,6 +176,9 @@ class GatewayControl:
             Method.ADD_WORKER: self._wrap(Method.ADD_WORKER, cpb.AddWorkerRequest, self.add_worker),
             Method.REMOVE_WORKER: self._wrap(
                 Method.REMOVE_WORKER, cpb.RemoveWorkerRequest, self.remove_worker
+            ),
+            Method.SET_TENANT_POLICY: self._wrap(
+                Method.SET_TENANT_POLICY, cpb.SetTenantPolicyRequest, self.set_tenant_policy
             ),
         }
         return {method.path: handler for method, handler in table.items()}
@@ -255,6 +267,8 @@ class GatewayControl:
         )
         if self.coordination is not None:
             status.coordination.CopyFrom(coordination_message(self.coordination))
+        if self._tenancy is not None:
+            status.tenancy.CopyFrom(self._tenancy.status(trio.current_time()))
         if packing is not None:
             members = self._members.membership.members
             loadable = set(table.loadable(m.url for m in members.values()))
@@ -267,6 +281,42 @@ class GatewayControl:
             if unplaced:
                 status.warnings.append(f"{NO_CONTROL_PLANE}: {', '.join(unplaced)}")
         return status
+
+    # -- SetTenantPolicy ----------------------------------------------------------------
+
+    async def set_tenant_policy(
+        self, request: cpb.SetTenantPolicyRequest
+    ) -> cpb.SetTenantPolicyResponse:
+        tenancy = self._tenancy
+        if tenancy is None:
+            raise GrpcError(
+                StatusCode.FAILED_PRECONDITION,
+                "this gateway has no tenancy: block, so it tells no tenants apart; add one "
+                'to gateway.yml (docs/configuration.md, "Tenancy") and restart the gateway',
+            )
+        tenant, mask = request.tenant, list(request.update_mask)
+        values = {name: getattr(request.policy, name) for name in TENANT_FIELDS}
+        try:
+            config = with_tenant(tenancy.config, tenant, mask, values)
+        except ConfigError as exc:
+            raise GrpcError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        before = tenancy.config.policy(tenant)
+        tenancy.apply(config, trio.current_time())
+        after = config.policy(tenant)
+        if mask:
+            logger.info(
+                "tenant policy changed at runtime",
+                extra={"tenant": tenant, "before": str(before), "after": str(after)},
+            )
+        warnings = []
+        if tenancy.labels.label(tenant) != tenant:
+            warnings.append(
+                f"tenancy.max_tenant_series ({config.max_tenant_series}) tenants have their "
+                f"own series already: '{tenant}' is counted as {tenancy.labels.label(tenant)}"
+            )
+        return cpb.SetTenantPolicyResponse(
+            tenant=tenant, applied=tenant_policy_message(after), warnings=warnings, persisted=False
+        )
 
     # -- SetSchedulingPolicy ------------------------------------------------------------
 

@@ -79,7 +79,7 @@ async def serve_gateway(
         admin_port = await start_admin(nursery, config, fleet, http, tls)
         await nursery.start(discovery.serve)  # the dns:/// endpoints have answered once
         await _start_fleet(nursery, fleet)
-        control = await start_control(nursery, config, fleet, members)
+        control = await start_control(nursery, config, fleet, members, service.tenancy)
         handlers = guarded_handlers(config, service, control, guard, fleet.metrics, fleet.prober)
         server = build_grpc(config, handlers, service, fleet.metrics, intake, tls)
         members.own_port = grpc_port = await start_grpc(nursery, config, server, network)

@@ -38,6 +38,7 @@ from rsgw.gateway._control import GatewayControl
 from rsgw.gateway._members import Members
 from rsgw.gateway.calls._admission import intake_limit
 from rsgw.gateway.calls._service import GatewayService
+from rsgw.gateway.calls._tenancy import Tenancy
 from rsgw.gateway.fleet._capability_probe import CapabilityProbe
 from rsgw.gateway.fleet._dns_targets import Discovery
 from rsgw.gateway.fleet._meta_poll import MetaPoller
@@ -289,6 +290,7 @@ def build_service(config: GatewayConfig, fleet: Fleet) -> GatewayService:
         cold=None if packing is None or not packing.placer.handed else packing.cold,
         forecast=fleet.forecast,
         tracer=_tracer(config, fleet.metrics),
+        tenancy=_tenancy(config, fleet.metrics),
     )
 
 
@@ -312,6 +314,22 @@ def _tracer(config: GatewayConfig, metrics: GatewayMetrics) -> Tracer | None:
     return Tracer(config.tracing, count, mode=str(config.scheduling.mode))
 
 
+def _tenancy(config: GatewayConfig, metrics: GatewayMetrics) -> Tenancy | None:
+    """The tenants' priorities, shares and quotas, or None when `tenancy:` asks for none."""
+    if not config.tenancy.enabled:
+        return None
+    tenancy = config.tenancy
+    logger.info(
+        "gateway tenancy",
+        extra={
+            "header": tenancy.header or None,
+            "priority_levels": tenancy.priority_levels,
+            "tenants": len(tenancy.tenants),
+        },
+    )
+    return Tenancy(tenancy, metrics, trio.current_time())
+
+
 def _access_log(config: GatewayConfig, pool: WorkerPool) -> AccessLog | None:
     """The access log `logging:` asks for, or None (off, the default)."""
     rate = config.logging.access_log_sample_rate
@@ -333,7 +351,11 @@ def build_members(
 
 
 async def start_control(
-    nursery: trio.Nursery, config: GatewayConfig, fleet: Fleet, members: Members
+    nursery: trio.Nursery,
+    config: GatewayConfig,
+    fleet: Fleet,
+    members: Members,
+    tenancy: Tenancy | None = None,
 ) -> GatewayControl:
     """GatewayControlService: the operator's door to scheduling and membership, applying
     the other gateways' changes from now on (with coordination)."""
@@ -346,6 +368,7 @@ async def start_control(
         members,
         None if poller is None else poller.sources,
         coordinator=None if packing is None else packing.coordination,
+        tenancy=tenancy,
     )
     await nursery.start(control.serve_changes)
     return control

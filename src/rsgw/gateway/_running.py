@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rsgw.config._config import GatewayConfig
     from rsgw.gateway._members import Members
     from rsgw.gateway.calls._service import GatewayService
+    from rsgw.gateway.calls._tenancy import Tenancy
     from rsgw.gateway.fleet._dns_targets import Discovery
     from rsgw.gateway.placement._coordinator import Coordinator
     from rsgw.gateway.placement._packing import Packing
@@ -98,13 +99,19 @@ class RunningGateway:
         self._packing = packing
         self._cancel_scope = cancel_scope
 
+    @property
+    def tenancy(self) -> Tenancy | None:
+        """The tenants' policies, shares, quotas and counts (None without `tenancy:`)."""
+        return self._service.tenancy
+
     def reload(self) -> None:
         """Read the certificate and tokens files, and gateway.yml's workers, again now
         (what SIGHUP does).
 
         Each keeps what is in force if its files do not load, and says so in the log.
         Of gateway.yml, `endpoints`, `metrics_endpoints` and `worker_names` are applied
-        (workers join, departed ones drain); any other change needs a restart, and the
+        (workers join, departed ones drain), and the `tenancy:` block (replacing the
+        tenant policies set at run time); any other change needs a restart, and the
         log says so.
         """
         for reloadable in self._reloadables:
@@ -131,12 +138,14 @@ class RunningGateway:
             endpoints=self.config.endpoints,
             metrics_endpoints=self.config.metrics_endpoints,
             worker_names=self.config.worker_names,
+            tenancy=self.config.tenancy,
         )
         if fixed != self.config:
             logger.warning(
-                "reload: only endpoints, metrics_endpoints and worker_names are applied at "
-                "run time; restart the gateway for its other changes"
+                "reload: only endpoints, metrics_endpoints, worker_names and tenancy are "
+                "applied at run time; restart the gateway for its other changes"
             )
+        self._reload_tenancy(config)
         logger.info(
             "reload: gateway.yml applied",
             extra={
@@ -145,6 +154,20 @@ class RunningGateway:
                 "workers": self._members.count,
             },
         )
+
+    def _reload_tenancy(self, config: GatewayConfig) -> None:
+        """Apply gateway.yml's `tenancy:` block again, over any change made at run time."""
+        tenancy = self.tenancy
+        if tenancy is None:
+            if config.tenancy.enabled:
+                logger.warning(
+                    "reload: the tenancy block is not applied: this gateway started without "
+                    "one, so its calls carry no tenant; restart the gateway to turn it on"
+                )
+            return
+        if config.tenancy != tenancy.config:
+            tenancy.apply(config.tenancy, trio.current_time())
+            logger.info("reload: tenancy applied", extra={"tenants": len(config.tenancy.tenants)})
 
     # -- membership ------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from rsgw.base._uploads import Share, Ticket, UploadBudget
 from rsgw.grpc.protocol._compression import plain
 from rsgw.rest._codec import RequestDraft, read_request, shape_problem
 from rsgw.rest._reply import decode_response
-from rsgw.rest._rest_errors import RestError, error_body, http_status
+from rsgw.rest._rest_errors import RestError, error_body, http_status, retry_after
 from rsgw.rest._routes import INFER, match
 from rsgw.runtime._admin import Receive, Scope, Send, header, lifespan
 
@@ -169,7 +169,7 @@ class RestDoor:
             status, reply = route.render(answer)
             return _response(status, reply, [])
         except RestError as exc:
-            return error_response(exc.status, exc.message)
+            return error_response(exc.status, exc.message, exc.headers)
         except Exception as exc:  # a bug: answered and logged, never the listener's end
             logger.exception("REST request failed", extra={"path": path[:200]})
             return error_response(500, f"internal error: {type(exc).__name__}")
@@ -316,7 +316,7 @@ class RestDoor:
         if scope.cancelled_caught:
             code, message = call.cut_short()
         if code is not StatusCode.OK:
-            raise RestError(http_status(code), message)
+            raise RestError(http_status(code), message, retry_after(call.trailers))
         return reply
 
     async def _read_body(self, receive: Receive) -> bytes:
@@ -383,9 +383,11 @@ def too_large(limit: int) -> str:
     return f"request body larger than {limit} bytes"
 
 
-def error_response(status: int, message: str) -> Response:
-    """Triton's error reply: `{"error": message}` with `status`."""
-    return _response(status, error_body(message), [])
+def error_response(
+    status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> Response:
+    """Triton's error reply: `{"error": message}` with `status` (and `headers`)."""
+    return _response(status, error_body(message), headers or [])
 
 
 def _call(headers: list[tuple[bytes, bytes]], path: str, peer: Peer) -> CallContext:

@@ -9,6 +9,8 @@ worker's device and models (the same costs and queues the simulated worker runs)
 - `_trace` recorded arrivals.
 - `_engine` a run, event by event.
 - `_gateway` the gateway's decisions through the production schedulers and admission.
+- `_tenants` tenants and priorities through the gateway's own admission core (issue 52),
+  and their figures.
 - `_cold` the cold path (issue 49: loads on demand), `_placer` placements carried out
   by load and unload, `_ledger` the workers' memory against their budgets.
 - `_device` one worker's queues, weight cache, model control and costs.

@@ -6,6 +6,7 @@ virtual time, with the table and JSON rows bench/fleet prints for a real run.
     rsgw simulate memory.yaml --gpus 64 --models 1000 --load 0.7 --duration 3600
     rsgw simulate node.yaml --trace gateway.log --write-trace trace.csv
     rsgw simulate bench/fleet/scenarios/long_tail.yaml --eviction both --repeat 3
+    rsgw simulate bench/fleet/scenarios/tenants.yaml --modes round_robin
 
 Exit 0 with the table; 2 with one line on stderr when the scenario, the trace or an
 argument is unusable.
@@ -38,6 +39,7 @@ from rsgw.simulate._results import (
     results_table,
     table,
 )
+from rsgw.simulate._tenants import tenants_table
 from rsgw.simulate._trace import TraceError, load_trace, write_csv
 
 #: bench/fleet's first seed: repetition k uses SEED + k, as there.
@@ -254,6 +256,9 @@ def _main(args: argparse.Namespace) -> int:
     if cold:
         print("\nCold starts (issue 49): median (min-max) over the runs\n")
         print(cold_table(runs, args.modes))
+    if any(r.tenants for r in runs):
+        print("\nPer tenant and priority (issue 52): median (min-max) over the runs\n")
+        print(tenants_table(runs))
     print(f"\n{virtual:,.0f} virtual seconds in {took:.1f} s ({virtual / max(took, 1e-9):,.0f}x)")
     if args.json:
         rows = [{**r.to_json(), "simulated": True} for r in runs]

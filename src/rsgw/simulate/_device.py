@@ -53,6 +53,13 @@ class SimCall:
     done: float = math.nan
     routed: float = math.nan  # when the gateway sent it to its worker
     position: int = 0  # the calls its worker held then, itself included
+    #: Issue 52: who sent it, the `priority` it carries, and the band the gateway gave it.
+    tenant: str = ""
+    priority: int = 0
+    band: int = 0
+    seated: bool = False  # it holds a place in its tenant's quota
+    placed: str = ""  # the worker where it holds a place by band and share
+    refused: str = ""  # why the gateway refused it (`_tenants.REASONS`), if it did
 
 
 def device_weights(specs: Mapping[str, ModelSpec], budget: int) -> WeightCache:

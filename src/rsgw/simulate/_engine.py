@@ -44,6 +44,7 @@ from rsgw.simulate._device import Command, SimCall, SimDevice
 from rsgw.simulate._gateway import ADMITTED, SHED, SimGateway
 from rsgw.simulate._gateway import packer_knobs as packer_knobs
 from rsgw.simulate._results import OK, Outcome, RunResult, Schedule, Snapshot, summarise
+from rsgw.simulate._tenants import tenant_rows
 from rsgw.worker.device._batching import Discipline
 from rsgw.worker.models._catalogue import parse_catalogue
 
@@ -70,8 +71,10 @@ def gateway_yaml(
     settings: sc.RunSettings,
     admission_cap: int | None,
     repository: Mapping[str, Any] | None = None,
+    tenancy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The gateway.yml of a simulated run (bench/fleet writes the same for real ones)."""
+    """The gateway.yml of a simulated run (bench/fleet writes the same for real ones;
+    `tenancy`, the scenario's block, is the simulator's alone)."""
     config: dict[str, Any] = {
         "endpoints": list(workers),
         "listen": {"grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0", "http": "127.0.0.1:0"},
@@ -82,6 +85,8 @@ def gateway_yaml(
         config["worker_client"] = {"max_concurrent_streams": admission_cap}
     if repository is not None:
         config["repository"] = dict(repository)
+    if tenancy:
+        config["tenancy"] = dict(tenancy)
     return config
 
 
@@ -146,7 +151,9 @@ def run(
     devices = _devices(scenario, ts, explicit=eviction is not None)
     repository = None if eviction is None else repository_yaml(scenario, eviction, ts)
     scheduling = mode if eviction is None else "lpt_packing"
-    yml = gateway_yaml(scheduling, list(devices), settings, admission_cap, repository)
+    yml = gateway_yaml(
+        scheduling, list(devices), settings, admission_cap, repository, scenario.tenancy
+    )
     gateway = SimGateway(parse_config(yml, {}), devices)
     deadline = call_deadline(scenario, settings, ts, eviction)
     rows = schedule.rows or [1] * len(schedule.times)
@@ -154,6 +161,12 @@ def run(
         SimCall(i, scenario.names[m], t, t + deadline, r)
         for i, (t, m, r) in enumerate(zip(schedule.times, schedule.models, rows, strict=True))
     ]
+    senders = schedule.tenants
+    if senders is None:
+        senders = sc.tenant_draws(scenario, len(calls), seed)
+    for call, sender in zip(calls, senders or (), strict=False):
+        call.tenant = scenario.traffic[sender].tenant
+        call.priority = scenario.traffic[sender].priority
     outcome = Outcome(schedule, [0.0] * len(calls), [math.nan] * len(calls), [""] * len(calls))
     events = _Events(gateway, devices, calls, outcome, watch)
     gateway.attach(events)
@@ -174,7 +187,7 @@ def run(
     for i, call in enumerate(calls):
         outcome.codes[i] = call.code or LATE
         outcome.done[i] = call.done
-    return summarise(
+    result = summarise(
         (scenario.name, mode, fraction, rep, seed),
         scenario.slo_ms * ts,
         outcome,
@@ -182,6 +195,10 @@ def run(
         settings.measure_s,
         gateway.repacks,
     )
+    if senders is not None:
+        slo_s = scenario.slo_ms * ts / 1000
+        result.tenants = tenant_rows(calls, slo_s, settings.warmup_s, settings.measure_s)
+    return result
 
 
 def _devices(scenario: sc.Scenario, ts: float, *, explicit: bool) -> dict[str, SimDevice]:

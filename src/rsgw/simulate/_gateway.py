@@ -6,7 +6,8 @@ the mode (`RoundRobinScheduler`, `LeastOutstandingScheduler`, `LptScheduler` wit
 deadline-aware admission (`rsgw.scheduling.calls._forecast`: the same forecast and rule
 refuse at arrival what would not finish in time), the `RoutingMetaTracker` and
 `summarize_poll` the prober feeds; under `--eviction`, the cold path and the placer
-(`_cold`). The engine (`_engine`) drives it through events.
+(`_cold`); with a `tenancy:` block, priority bands, fair shares and quotas
+(`_tenants`, issue 52). The engine (`_engine`) drives it through events.
 
 Pure: no Trio, no clock (the engine passes `now`).
 """
@@ -44,6 +45,7 @@ from rsgw.scheduling.placement._reports import summarize_poll
 from rsgw.simulate._cold import ColdPath, Hooks
 from rsgw.simulate._device import SimCall, SimDevice
 from rsgw.simulate._results import OK
+from rsgw.simulate._tenants import DEADLINE, SimTenancy
 
 SHED = "RESOURCE_EXHAUSTED"
 ADMITTED = "admitted"
@@ -104,6 +106,8 @@ class SimGateway:
         self.rule = AdmissionRule(config.grpc.max_queue_seconds)
         #: Seconds an admitted call holds its slot (`AdmissionQueue.service_seconds`).
         self.slot_seconds = INITIAL_SLOT_SECONDS
+        #: Tenants, priorities and quotas, when `tenancy:` asks for any (else None).
+        self.tenancy = SimTenancy(config.tenancy) if config.tenancy.enabled else None
 
     def attach(self, hooks: Hooks) -> None:
         """Under --eviction: the cold path, on the engine's events (`hooks`)."""
@@ -215,6 +219,8 @@ class SimGateway:
     def admit(self, call: SimCall, now: float) -> str:
         """ADMITTED (a slot now), WAITING (in the FIFO for one) or SHED (it would not
         finish in time: refused at arrival), as `Admission.queue_for_slot` decides."""
+        if self.tenancy is not None:
+            call.band = self.tenancy.band(call)
         if not self.waiting:
             ticket = self.ledger.admit()
             if ticket is not None:
@@ -232,10 +238,16 @@ class SimGateway:
     def route(
         self, call: SimCall, bodies: Mapping[tuple[str, int], bytes], now: float
     ) -> SimDevice | None:
-        """The worker an admitted call goes to, or None (shed at its replicas, or
-        refused there as it would not finish in time)."""
+        """The worker an admitted call goes to, or None (over its tenant's quota, shed at
+        its replicas, refused there as it would not finish in time or to keep places for
+        others: `call.refused` says which)."""
         ticket = call.ticket
         assert isinstance(ticket, Ticket)
+        tenancy = self.tenancy
+        if tenancy is not None and not call.seated:  # its tenant's quota, as `Tenancy.seat`
+            call.refused = tenancy.seat(call, now)
+            if call.refused:
+                return None
         free = self.ledger.with_room(self.replicas.get(call.model, ()))
         order: tuple[str, ...] = ()
         reservation = None
@@ -250,6 +262,12 @@ class SimGateway:
         if held:
             wait = held * per_call
             if self.rule.judge(wait, per_call, call.deadline - now) is not None:
+                call.refused = DEADLINE
+                return None
+        if tenancy is not None:  # who goes first at a full worker, as `_take_place`
+            held = self.ledger.held(order[0])
+            call.refused = tenancy.place(call, order[0], per_call, held, self.rule, now)
+            if call.refused:
                 return None
         call.routed, call.position = now, self.ledger.hold(ticket, order[0])
         if call.position == 1:
@@ -263,6 +281,8 @@ class SimGateway:
         if not isinstance(ticket, Ticket):
             return None
         call.ticket = None
+        if self.tenancy is not None:
+            self.tenancy.release(call)
         if self.cold is not None and call.worker:  # its reservation there is released
             self.cold.answered(call, now)
         if call.code == OK:

@@ -23,11 +23,13 @@ UNANSWERED = "UNANSWERED"  # still in flight when the drain gave up
 @dataclass
 class Schedule:
     """Arrival times (seconds from the start of the load), model indices (0-based) and,
-    from a trace, each call's rows (None: one each)."""
+    from a trace, each call's rows (None: one each) and sender (an index into the
+    scenario's `traffic`; None: drawn by share)."""
 
     times: list[float]
     models: list[int]
     rows: list[int] | None = None
+    tenants: list[int] | None = None
 
 
 @dataclass
@@ -120,6 +122,8 @@ class RunResult:
     repacks_in_window: int | None = None
     #: Calls that found their model loaded nowhere and waited for its load (issue 49).
     cold_starts: int | None = None
+    #: Issue 52: per tenant and band, what became of its calls (`_tenants.tenant_rows`).
+    tenants: list[dict[str, Any]] | None = None
     ok_latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:

@@ -9,6 +9,12 @@ popularity, max batch, launch and per-row cost, load time, weights as a fraction
 fleet's budget, optional dynamic batching), the SLO, and optional phases in which the
 popularity changes. The capacity it is offered a share of is derived from it, never
 tuned against a result (`_offered.py`).
+
+For issue 52 (`rsgw simulate` only) a scenario may also say who sends the calls:
+`traffic`, each tenant's share of the calls and the `priority` parameter they carry
+(Triton's: 1 the highest, 0 none), and the gateway's `tenancy:` block in gateway.yml's
+own shape (checked by the gateway's own parser, so its errors read the same);
+`deadline_ms` gives every call that deadline instead of `RunSettings.deadline`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from typing import Any
 import yaml
 
 from rsgw._proto import grpc_predict_v2_pb2 as pb
+from rsgw.base._errors import ConfigError
+from rsgw.base._values import show
+from rsgw.config._config import parse_config
+from rsgw.scheduling.calls._quotas import tenant_name
 from rsgw.simulate._results import Schedule
 
 DEFAULT_LOADS = (0.3, 0.5, 0.7, 0.9, 1.1)
@@ -58,7 +68,10 @@ class RunSettings:
     deadline_s: float = 5.0
 
     def deadline(self, scenario: Scenario, time_scale: float) -> float:
-        """Seconds a call gets: `deadline_s`, or three scaled SLOs when longer."""
+        """Seconds a call gets: the scenario's `deadline_ms` (scaled) when it sets one,
+        else `deadline_s`, or three scaled SLOs when longer."""
+        if scenario.deadline_ms:
+            return scenario.deadline_ms * time_scale / 1000
         return max(self.deadline_s, 3 * scenario.slo_ms * time_scale / 1000)
 
     def gateway_scheduling(self, mode: str) -> dict[str, Any]:
@@ -102,6 +115,17 @@ def _phase_spec(scenario: Scenario, phase: Phase) -> Mapping[str, Any]:
 
 
 @dataclass(frozen=True)
+class Traffic:
+    """One tenant's calls: its `share` of all the calls (relative to the others'), and
+    the `priority` parameter they carry (Triton's: 1 the highest; 0: none, so the
+    gateway's tenancy block decides)."""
+
+    tenant: str
+    share: float
+    priority: int = 0
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -130,6 +154,12 @@ class Scenario:
     #: The part of a load that does not grow with the weights: a model's load takes
     #: `load_ms` x (this + (1 - this) x its weight / the mean weight).
     load_fixed_fraction: float = 1.0
+    #: Who sends the calls (issue 52); (): nobody in particular.
+    traffic: tuple[Traffic, ...] = ()
+    #: gateway.yml's `tenancy:` block for the simulated gateway, as the file gives it.
+    tenancy: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: Every call's deadline in unscaled ms; 0: `RunSettings.deadline`'s.
+    deadline_ms: float = 0.0
 
     def weight_of(self, i: int) -> int:
         """Model i's (0-based, by popularity) weight in bytes."""
@@ -255,6 +285,59 @@ def _fraction(raw: object, where: str) -> float:
     return value
 
 
+def _traffic(raw: object, where: str) -> tuple[Traffic, ...]:
+    """`traffic`: tenant name -> {share, priority}."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping) or not raw:
+        raise ScenarioError(f"{where}: traffic must map tenant names to {{share, priority}}")
+    found = []
+    for name, entry in raw.items():
+        key = f"traffic.{name}"
+        try:
+            tenant_name(str(name), f"{where}: {key}")
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
+        if not isinstance(entry, Mapping) or set(entry) - {"share", "priority"}:
+            raise ScenarioError(f"{where}: {key} takes share and priority, got {show(entry)}")
+        share, priority = entry.get("share"), entry.get("priority", 0)
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, int | float)
+            or not 0 < share < math.inf
+        ):
+            raise ScenarioError(f"{where}: {key}.share must be a number above 0, got {show(share)}")
+        if type(priority) is not int or priority < 0:
+            raise ScenarioError(
+                f"{where}: {key}.priority must be a whole number >= 0 (1 the highest, 0 "
+                f"none), got {show(priority)}"
+            )
+        found.append(Traffic(str(name), float(share), priority))
+    return tuple(found)
+
+
+def _deadline_ms(raw: object, where: str) -> float:
+    value = float(raw) if isinstance(raw, int | float) else math.nan
+    if not 0 <= value < math.inf:
+        raise ScenarioError(f"{where}: deadline_ms must be a number of ms >= 0, got {show(raw)}")
+    return value
+
+
+def _tenancy(raw: object, where: str) -> dict[str, Any]:
+    """`tenancy`, checked by the gateway's own parser (a misspelt key is an error here:
+    a scenario has no log to warn in)."""
+    if raw is None:
+        return {}
+    try:
+        notes = parse_config({"endpoints": ["127.0.0.1:9000"], "tenancy": raw}).notes
+    except ConfigError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    if notes:
+        raise ScenarioError(f"{where}: {notes[0].replace(' ignored', '')}")
+    assert isinstance(raw, Mapping)
+    return dict(raw)
+
+
 def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
     """The scenario in the YAML file `path`; `known` names others, for the error."""
     try:
@@ -304,6 +387,9 @@ def load_scenario(path: Path, known: Sequence[str] = ()) -> Scenario:
             weight_fraction=float(models["weight_fraction"]),
             weight_classes=_weight_classes(models.get("weight_classes", ()), where),
             load_fixed_fraction=_fraction(models.get("load_fixed_fraction", 1.0), where),
+            traffic=_traffic(data.get("traffic"), where),
+            tenancy=_tenancy(data.get("tenancy"), where),
+            deadline_ms=_deadline_ms(data.get("deadline_ms", 0), where),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{where}: missing or bad key: {exc}") from None
@@ -334,3 +420,15 @@ def poisson_schedule(scenario: Scenario, rate: float, duration: float, seed: int
         models.append(pick)
         t += rng.expovariate(rate)
     return Schedule(times, models)
+
+
+def tenant_draws(scenario: Scenario, count: int, seed: int) -> list[int] | None:
+    """Each of `count` calls' tenant (an index into `scenario.traffic`), drawn by share
+    from its own stream of `seed`, so that the models and times drawn stay those of a
+    scenario without traffic; None when the scenario names no tenants."""
+    if not scenario.traffic:
+        return None
+    rng = random.Random(f"tenants {seed}")
+    names = range(len(scenario.traffic))
+    shares = [t.share for t in scenario.traffic]
+    return rng.choices(names, weights=shares, k=count)

@@ -13,5 +13,6 @@ The pure cores are `rsgw.scheduling.calls`'s.
 - `_broadcast` fan-outs: which workers are asked, and the rules that make one answer.
 - `_resolve` which workers may take a call for a model, or why none may.
 - `_admission` the inbound cap, its queue, and refusals at arrival.
+- `_tenancy` each call's tenant, priority band and quota, and the tenants' counts.
 - `_guard` authentication, authorisation and the audit log around every handler.
 """

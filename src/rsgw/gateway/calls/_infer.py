@@ -33,6 +33,7 @@ from rsgw.base._body import Body, Gathered
 from rsgw.base._errors import DecodeError, GrpcError, RsgwError
 from rsgw.base._methods import Method
 from rsgw.base._status import StatusCode
+from rsgw.gateway.calls._tenancy import ADMITTED, REFUSED_BY_REASON, REFUSED_DEADLINE
 from rsgw.gateway.observe._propagation import upstream_metadata
 from rsgw.grpc._metering import Meter, metered
 from rsgw.grpc.protocol._compression import Compressed, inflate_prefix
@@ -46,12 +47,14 @@ from rsgw.scheduling.calls._plan import (
     gateway_deadline,
     shed_at_replicas,
 )
+from rsgw.scheduling.calls._shares import depth_for, describe_share
 from rsgw.scheduling.calls._wire import head_length, peek_routing
 
 if TYPE_CHECKING:
     from rsgw.base._call import CallContext
     from rsgw.gateway.calls._admission import Admission
     from rsgw.gateway.calls._resolve import Resolver
+    from rsgw.gateway.calls._tenancy import Seat, Tenancy
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._access import AccessLog
@@ -98,6 +101,7 @@ class InferProxy:
         access: AccessLog | None = None,
         measured: MeasuredCounters | None = None,
         tracer: Tracer | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.pool = pool
         self.prober = prober
@@ -122,6 +126,8 @@ class InferProxy:
         self.measured = measured
         #: The gateway's spans, when `tracing:` has an exporter (else None: no cost).
         self.tracer = tracer
+        #: Tenants, priorities and quotas, when `tenancy:` asks for any (else None).
+        self.tenancy = tenancy
         #: What failover may add to the fleet's load (`rsgw.scheduling.calls._budget`).
         self.retries = RetryBudget()
         metrics.track_failovers(lambda: self.retries.spent, lambda: self.retries.refused)
@@ -147,9 +153,14 @@ class InferProxy:
             meter = metered(call, self._observe_infer)
         else:
             meter = metered(call, self.metrics.traced_observer(_RPC, ids, time.time))
+        tenancy = self.tenancy
+        seat: Seat | None = None
         try:
             with meter:
-                return await self._infer(body, call, ticket, meter, traced)
+                if tenancy is not None:  # who the call is for, its band, its quota
+                    meter.timed = False
+                    seat = self._seat(tenancy, body, call)
+                return await self._infer(body, call, ticket, meter, traced, seat)
         except BaseException as exc:
             if traced is not None:
                 traced.failed(exc)
@@ -161,6 +172,9 @@ class InferProxy:
             if logged:
                 assert access is not None
                 access.write(call, meter, _RPC, elapsed, ids)
+            if seat is not None:
+                assert tenancy is not None
+                tenancy.release(seat)
             if traced is not None and traced.recording:
                 traced.end(
                     meter.label,
@@ -188,6 +202,7 @@ class InferProxy:
         ticket: Ticket[AnyReservation],
         meter: Meter,
         traced: Traced | None,
+        seat: Seat | None = None,
     ) -> Body:
         meter.timed = False  # refused before routing: counted, but no latency observed
         try:
@@ -255,7 +270,11 @@ class InferProxy:
                 verdict = self.rule.judge(wait, per_call, deadline - now)
                 if verdict is not None:
                     where = f"at {self.pool.public_name(order[0])} ({held} calls ahead)"
+                    if seat is not None:
+                        self._counted(seat, REFUSED_DEADLINE)
                     self.admission.refuse(verdict, model, where)
+        if seat is not None:  # who goes first at a full worker (issue 52)
+            self._take_place(seat, order[0], per_call, deadline - now, model)
         meter.timed = True
         walk = RouteWalk(model, order, replicas, ledger.max_per_worker)
         # The client's request id and trace context go on to the worker
@@ -276,6 +295,37 @@ class InferProxy:
         if sequence is not None:
             self.sequences.routed(model, sequence, walk.answered, trio.current_time())
         return response
+
+    def _take_place(self, seat: Seat, url: str, per_call: float, left: float, model: str) -> None:
+        """Give `seat` a place at `url`, or refuse it to keep places for the higher
+        bands and the tenants within their shares (`rsgw.scheduling.calls._shares`)."""
+        assert self.tenancy is not None
+        shares = self.tenancy.shares
+        now = trio.current_time()
+        shares.arrived(url, seat.band, seat.key, now)
+        depth = depth_for(per_call, left, self.rule)
+        held = self.ledger.held(url)
+        verdict = shares.judge(url, seat.band, seat.key, held, depth, per_call, now)
+        if verdict is not None:
+            self._counted(seat, REFUSED_BY_REASON[verdict.reason])
+            self.metrics.shed.inc()
+            where = f"at {self.pool.public_name(url)}"
+            raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, describe_share(verdict, model, where))
+        shares.hold(url, seat.band, seat.key, now)
+        seat.url = url
+        self._counted(seat, ADMITTED)
+
+    def _seat(self, tenancy: Tenancy, body: Body, call: CallContext) -> Seat:
+        """The call's tenant, band and quota place (`Tenancy.seat`)."""
+        try:
+            head = body if type(body) is bytes else self._head_of(body)
+            return tenancy.seat(call, head, trio.current_time())
+        except DecodeError as exc:
+            raise _malformed(exc) from exc
+
+    def _counted(self, seat: Seat, outcome: str) -> None:
+        assert self.tenancy is not None
+        self.tenancy.counted(seat.tenant, seat.band, outcome)
 
     def _forecast_clock(self) -> Callable[[], float]:
         """The forecast's clock: the run's, which is `time.perf_counter` plus an offset

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from rsgw.base._call import PassThrough, TimeLimits, UnaryHandler
     from rsgw.config._config import ServerMetadataConfig
+    from rsgw.gateway.calls._tenancy import Tenancy
     from rsgw.gateway.fleet._pool import WorkerPool
     from rsgw.gateway.fleet._prober import Prober
     from rsgw.gateway.observe._tracing import Tracer
@@ -72,8 +73,12 @@ class GatewayService:
         cold: ColdPath | None = None,
         forecast: Forecast | None = None,
         tracer: Tracer | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.pool = pool
+        #: Priorities, fair shares and quotas per tenant (issue 52), when gateway.yml's
+        #: `tenancy:` block asks for them; None otherwise, so a call tests one attribute.
+        self.tenancy = tenancy
         self.prober = prober
         self.metrics = metrics
         #: The server cuts ModelInfer short at `request_timeout` from its start, when
@@ -106,6 +111,7 @@ class GatewayService:
             access=access,
             measured=measured,
             tracer=tracer,
+            tenancy=tenancy,
         )
         #: Which workers each fan-out asks, and the rules that merge their answers.
         self.targets = Targets(pool, prober, holders or (lambda model: pool.urls))

@@ -243,9 +243,16 @@ class PackingSeries(Collector):
 def by_model(
     name: str, doc: str, values: Mapping[str, float] | Mapping[str, int]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, doc, labels=["model"])
-    for model, value in sorted(values.items()):
-        family.add_metric([model], value)
+    return by_label(name, doc, "model", values)
+
+
+def by_label(
+    name: str, doc: str, label: str, values: Mapping[str, float] | Mapping[str, int]
+) -> GaugeMetricFamily:
+    """A gauge of one label, a sample per key of `values`, in key order."""
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
     return family
 
 

@@ -31,6 +31,7 @@ from rsgw.gateway.observe._collectors import (
     ScalarCounter,
     ScalarGauge,
     UploadSeries,
+    by_label,
     by_model,
 )
 from rsgw.runtime._exposition import LATENCY_BUCKETS, render_registry
@@ -249,6 +250,35 @@ class GatewayMetrics:
                 )
 
         self.registry.register(_Replicas())
+
+    def track_tenants(self, inflight: Callable[[], Mapping[str, int]]) -> CounterFamily:
+        """Export `gateway_tenant_inflight_calls{tenant}`, read at scrape time, and return
+        `gateway_tenant_calls_total{tenant,band,outcome}`, whose children the tenancy
+        caches by (tenant label, band, outcome) as `observe` caches its own (issue 52).
+
+        Tenant labels are bounded (`rsgw.scheduling.calls._quotas.TenantLabels`): a
+        client making up names grows neither memory nor series.
+        """
+
+        class _Inflight(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield by_label(
+                    "gateway_tenant_inflight_calls",
+                    "ModelInfer calls each tenant holds now (admitted within its quota).",
+                    "tenant",
+                    inflight(),
+                )
+
+        self.registry.register(_Inflight())
+        return CounterFamily(
+            "gateway_tenant_calls",
+            "ModelInfer calls by tenant, priority band (1 the highest) and outcome: "
+            "admitted; refused_share, refused_band or refused_deadline at a full worker "
+            "(its tenant's share taken, higher bands' places, its deadline); over_rate or "
+            "over_concurrency (its tenant's quota).",
+            ["tenant", "band", "outcome"],
+            self.registry,
+        )
 
     def track_inflight_work(
         self, basis: Callable[[], str], read: Callable[[], Mapping[str, float]]

@@ -12,6 +12,8 @@ shell.
 - `_budget` the retry budget failover spends.
 - `_ledger` the gateway's books: every call it holds, counted once.
 - `_forecast` deadline-aware admission: will a call finish in time?
+- `_shares` priority bands and fair shares per tenant at a full worker.
+- `_quotas` per-tenant quotas (rate, concurrency), and tenant names as labels.
 - `_sequences` sequence affinity for stateful models.
 - `_meta` routing metadata: batch locators, max batch, measured costs.
 - `_reported` work counters for workers without ReactantServer's control plane.

@@ -27,6 +27,7 @@ request comes near: it would need over a thousand inputs.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError as ProtobufDecodeError
@@ -220,6 +221,9 @@ class SequenceFlags:
 
 
 _SEQUENCE_KEYS = {b"sequence_id": "id", b"sequence_start": "start", b"sequence_end": "end"}
+#: A request parameter's value as read (a double only by `peek_priority`).
+ParameterValue = int | str | bool | float
+_Entry = tuple[str, ParameterValue]
 
 
 def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
@@ -236,7 +240,7 @@ def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
     end = len(buf)
     pos = 0
     name_at = (0, 0)
-    found: dict[str, int | str | bool] | None = None
+    found: dict[str, ParameterValue] | None = None
     walked = 0
     while pos < end:
         walked += 1
@@ -271,23 +275,23 @@ def peek_routing(body: bytes) -> tuple[str, SequenceFlags | None]:
 
 
 def _routing(
-    model: str, found: dict[str, int | str | bool] | None
+    model: str, found: dict[str, ParameterValue] | None
 ) -> tuple[str, SequenceFlags | None]:
     if found is None or not found.get("id"):
         return model, None
     sequence_id = found["id"]
-    if isinstance(sequence_id, bool):  # a bool_param under sequence_id: not an id
+    if isinstance(sequence_id, (bool, float)):  # a bool_param (or double) is not an id
         return model, None
     return model, SequenceFlags(
         sequence_id, bool(found.get("start", False)), bool(found.get("end", False))
     )
 
 
-def _parameter(buf: bytes, start: int, stop: int) -> tuple[str, int | str | bool] | None:
-    """One `parameters` map entry: (which flag, its value) if it is a sequence parameter."""
+def _parameter(buf: bytes, start: int, stop: int, priority: bool = False) -> _Entry | None:
+    """One `parameters` map entry: (which, its value) if a sequence (or `priority`) parameter."""
     pos = start
     key = b""
-    value: int | str | bool | None = None
+    value: ParameterValue | None = None
     while pos < stop:
         field, wire_type, pos = _tag(buf, pos, stop)
         if field == 1 and wire_type == _LENGTH:
@@ -295,21 +299,22 @@ def _parameter(buf: bytes, start: int, stop: int) -> tuple[str, int | str | bool
             key = buf[s:pos]
         elif field == 2 and wire_type == _LENGTH:
             s, pos = _length_delimited(buf, pos, stop)
-            value = _parameter_value(buf, s, pos)
+            value = _parameter_value(buf, s, pos, priority)
         elif wire_type == _END_GROUP:
             raise DecodeError("unexpected end of group")
         else:
             pos = _skip(buf, pos, stop, field, wire_type)
-    which = _SEQUENCE_KEYS.get(key)  # an exact ASCII match: no UTF-8 check needed
+    # An exact ASCII match: no UTF-8 check needed.
+    which = ("priority" if key == b"priority" else None) if priority else _SEQUENCE_KEYS.get(key)
     if which is None:
         return None
     return which, value if value is not None else 0
 
 
-def _parameter_value(buf: bytes, start: int, stop: int) -> int | str | bool | None:
-    """An InferParameter's value: bool (1), int64 (2), string (3), uint64 (5); the last set wins."""
+def _parameter_value(buf: bytes, start: int, stop: int, doubles: bool) -> ParameterValue | None:
+    """An InferParameter's value: bool, int64, string, uint64 (double if `doubles`); last wins."""
     pos = start
-    value: int | str | bool | None = None
+    value: ParameterValue | None = None
     while pos < stop:
         field, wire_type, pos = _tag(buf, pos, stop)
         if field == 1 and wire_type == _VARINT:
@@ -323,11 +328,41 @@ def _parameter_value(buf: bytes, start: int, stop: int) -> int | str | bool | No
         elif field == 3 and wire_type == _LENGTH:
             s, pos = _length_delimited(buf, pos, stop)
             value = _utf8(buf, s, pos)
+        elif field == 4 and wire_type == _FIXED64 and doubles and pos + 8 <= stop:
+            value, pos = struct.unpack_from("<d", buf, pos)[0], pos + 8
         elif wire_type == _END_GROUP:
             raise DecodeError("unexpected end of group")
         else:
             pos = _skip(buf, pos, stop, field, wire_type)
     return value
+
+
+def peek_priority(body: bytes) -> ParameterValue | None:
+    """The `priority` parameter as sent (0 if set to no value; the last wins, as in protobuf),
+    None without one; `_shares.band_of` judges it. Its own walk, for gateways with bands.
+
+    Raises:
+        DecodeError: the body is not a valid ModelInferRequest encoding.
+    """
+    end = len(body)
+    pos = walked = 0
+    found: ParameterValue | None = None
+    while pos < end:
+        walked += 1
+        if walked > WALK_LIMIT:  # protobuf's parser reads it: see the module docstring
+            parameter = _parsed(body).parameters.get("priority")
+            kind = None if parameter is None else parameter.WhichOneof("parameter_choice")
+            return None if parameter is None else getattr(parameter, kind or "int64_param")
+        field, wire_type, pos = _tag(body, pos, end)
+        if wire_type == _LENGTH:
+            start, pos = _length_delimited(body, pos, end)
+            entry = _parameter(body, start, pos, True) if field == 4 else None
+            found = entry[1] if entry is not None else found
+        elif wire_type == _END_GROUP:
+            raise DecodeError("unexpected end of group")
+        else:
+            pos = _skip(body, pos, end, field, wire_type)
+    return found
 
 
 def peek_batch_size(body: bytes, input_name: str, axis: int) -> int:
@@ -417,7 +452,7 @@ _PARAMETER_VALUES = {"bool_param", "int64_param", "string_param", "uint64_param"
 
 def _routing_parsed(body: bytes) -> tuple[str, SequenceFlags | None]:
     request = _parsed(body)
-    found: dict[str, int | str | bool] = {}
+    found: dict[str, ParameterValue] = {}
     for key, which in _SEQUENCE_KEYS.items():
         parameter = request.parameters.get(key.decode())
         if parameter is not None:
