@@ -501,3 +501,13 @@ def stream_simple(target: str, count: int) -> list[tuple[str, object]]:
         return got
     finally:
         client.close()
+
+
+def client_inputs(kind: Any) -> list[Any]:
+    """`simple`'s two inputs (0..15 each), as tritonclient's gRPC or HTTP `InferInput`s
+    (`kind`: `tritonclient.grpc.InferInput` or `tritonclient.http.InferInput`)."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [kind("INPUT0", [1, 16], "INT32"), kind("INPUT1", [1, 16], "INT32")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    return inputs

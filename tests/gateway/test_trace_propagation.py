@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
-from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -22,7 +20,7 @@ from rsgw.base._call import CallContext, Metadata
 from rsgw.grpc._streams import ServerStream
 from rsgw.worker._service import WorkerService
 from tests.gateway.fleet import open_fleet
-from tests.helpers import in_thread
+from tests.helpers import client_inputs, in_thread
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -62,15 +60,6 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[bytes, bytes]]]:
     yield calls
 
 
-def _inputs(kind: Any) -> list[Any]:
-    """`simple`'s two inputs, as tritonclient's gRPC or HTTP `InferInput`s."""
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [kind("INPUT0", [1, 16], "INT32"), kind("INPUT1", [1, 16], "INT32")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(a)
-    return inputs
-
-
 async def test_grpc_and_rest_calls_hand_the_callers_context_on(
     seen: list[dict[bytes, bytes]],
 ) -> None:
@@ -79,9 +68,9 @@ async def test_grpc_and_rest_calls_hand_the_callers_context_on(
         http_client = httpclient.InferenceServerClient(f"127.0.0.1:{fleet.gateway.http_port}")
 
         def calls() -> None:
-            grpc_client.infer("simple", _inputs(grpcclient.InferInput), headers=dict(HEADERS))
-            http_client.infer("simple", _inputs(httpclient.InferInput), headers=dict(HEADERS))
-            grpc_client.infer("simple", _inputs(grpcclient.InferInput), headers=UNTRACED)
+            grpc_client.infer("simple", client_inputs(grpcclient.InferInput), headers=dict(HEADERS))
+            http_client.infer("simple", client_inputs(httpclient.InferInput), headers=dict(HEADERS))
+            grpc_client.infer("simple", client_inputs(grpcclient.InferInput), headers=UNTRACED)
 
         try:
             await in_thread(calls)
@@ -108,7 +97,9 @@ async def test_a_malformed_context_is_dropped_and_the_call_goes_on(
         headers = {**HEADERS, "traceparent": traceparent}
         try:
             result = await in_thread(
-                lambda: client.infer("simple", _inputs(grpcclient.InferInput), headers=headers)
+                lambda: client.infer(
+                    "simple", client_inputs(grpcclient.InferInput), headers=headers
+                )
             )
         finally:
             client.close()
@@ -125,7 +116,7 @@ async def test_a_stream_hands_the_callers_context_on(seen: list[dict[bytes, byte
             client.start_stream(
                 callback=lambda result, error: answers.put(error), headers=dict(HEADERS)
             )
-            client.async_stream_infer("simple", _inputs(grpcclient.InferInput))
+            client.async_stream_infer("simple", client_inputs(grpcclient.InferInput))
             error = answers.get(timeout=10)
             client.stop_stream()
             return error

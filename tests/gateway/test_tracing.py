@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -27,7 +25,7 @@ from rsgw.base._trace_context import parse_traceparent
 from rsgw.config._tracing import TracingConfig
 from rsgw.worker._service import WorkerService
 from tests.gateway.fleet import Fleet, open_fleet
-from tests.helpers import in_thread, infer_request, simple_inputs, wait_until_async
+from tests.helpers import client_inputs, in_thread, infer_request, simple_inputs, wait_until_async
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 
 CALLER_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -54,14 +52,6 @@ def worker_parents(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(WorkerService, "model_infer", model_infer)
     yield seen
-
-
-def _inputs(kind: Any) -> list[Any]:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [kind("INPUT0", [1, 16], "INT32"), kind("INPUT1", [1, 16], "INT32")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(a)
-    return inputs
 
 
 def _trace(receiver: Receiver, trace_id: int, count: int) -> list[ReceivedSpan]:
@@ -99,14 +89,14 @@ async def test_grpc_and_rest_calls_are_children_of_the_callers_span(
             try:
                 await in_thread(
                     lambda: grpc_client.infer(
-                        "simple", _inputs(grpcclient.InferInput), headers=headers
+                        "simple", client_inputs(grpcclient.InferInput), headers=headers
                     )
                 )
                 spans = await in_thread(lambda: _trace(receiver, CALLER_TRACE, 2))
                 _check_nesting(spans, worker_parents[0], CALLER_SPAN)
                 await in_thread(
                     lambda: http_client.infer(
-                        "simple", _inputs(httpclient.InferInput), headers=dict(headers)
+                        "simple", client_inputs(httpclient.InferInput), headers=dict(headers)
                     )
                 )
                 spans = await in_thread(lambda: _trace(receiver, CALLER_TRACE, 4))
@@ -193,7 +183,7 @@ async def test_a_call_its_caller_did_not_sample_makes_no_span(worker_parents: li
                         partial(
                             client.infer,
                             "simple",
-                            _inputs(grpcclient.InferInput),
+                            client_inputs(grpcclient.InferInput),
                             headers={"traceparent": parent},
                         )
                     )

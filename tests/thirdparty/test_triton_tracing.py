@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.helpers import WorkerProcess, start_rsgw_process
+from tests.helpers import WorkerProcess, client_inputs, start_rsgw_process
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 from tests.thirdparty import triton
 from tests.thirdparty.servers import free_ports
@@ -80,14 +79,6 @@ def gateway(tritond: Any, receiver: Receiver) -> Iterator[tuple[WorkerProcess, i
         process.stop()
 
 
-def _inputs(kind: Any) -> list[Any]:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [kind("INPUT0", [1, 16], "INT32"), kind("INPUT1", [1, 16], "INT32")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(a)
-    return inputs
-
-
 def _joined(receiver: Receiver, trace_id: int) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
     """rsgw's server span of the trace, once a Triton span nested under rsgw is in."""
 
@@ -110,10 +101,10 @@ def test_a_callers_trace_goes_through_rsgw_into_triton(
     headers = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
     if door == "grpc":
         client: Any = grpcclient.InferenceServerClient(process.target)
-        client.infer("simple", _inputs(grpcclient.InferInput), headers=headers)
+        client.infer("simple", client_inputs(grpcclient.InferInput), headers=headers)
     else:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
-        client.infer("simple", _inputs(httpclient.InferInput), headers=dict(headers))
+        client.infer("simple", client_inputs(httpclient.InferInput), headers=dict(headers))
     client.close()
     server, tritons = _joined(receiver, trace_id)
     assert server.parent_id == span_id  # rsgw's span is the caller's child
@@ -127,7 +118,7 @@ def test_a_call_without_a_context_starts_a_trace_triton_joins(
     process, _ = gateway
     before = {s.trace_id for s in receiver.spans}
     client = grpcclient.InferenceServerClient(process.target)
-    client.infer("simple", _inputs(grpcclient.InferInput))
+    client.infer("simple", client_inputs(grpcclient.InferInput))
     client.close()
 
     def started(spans: list[ReceivedSpan]) -> bool:
@@ -153,7 +144,7 @@ def test_prometheus_reads_tritons_series_through_the_gateway_as_openmetrics(
     exposition converted: valid OpenMetrics, Triton's series under their own names."""
     process, _ = gateway
     client = grpcclient.InferenceServerClient(process.target)
-    client.infer("simple", _inputs(grpcclient.InferInput))
+    client.infer("simple", client_inputs(grpcclient.InferInput))
     client.close()
     accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
     answer = httpx.get(
