@@ -157,17 +157,15 @@ class Tracer:
             current = trace.get_current_span().get_span_context()
             if not current.is_valid:
                 return UNTRACED, metadata
-            kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
             unsampled = TraceParent(current.trace_id, current.span_id, 0)
-            return UNTRACED, kept + TraceContext(unsampled).headers()
+            return UNTRACED, _naming(metadata, TraceContext(unsampled).headers())
         span = self._tracer.start_span(
             "worker call", kind=SpanKind.CLIENT, attributes={"rsgw.worker": worker}
         )
         own = span.get_span_context()
-        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
         parent = TraceParent(own.trace_id, own.span_id, int(own.trace_flags))
         state = tuple(own.trace_state.items())
-        return Attempt(span), kept + TraceContext(parent, state).headers()
+        return Attempt(span), _naming(metadata, TraceContext(parent, state).headers())
 
     def _own_span(self, rpc: str, call: CallContext) -> trace.Span:
         """A SERVER span for a call, or a span that records nothing (but names its
@@ -246,14 +244,13 @@ class CallSpan:
             attributes={"rsgw.worker": worker, "rsgw.attempt": self._attempts},
         )
         own = span.get_span_context()
-        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
         caller = self._caller
         if caller is not None:
             headers = caller.headers(own.span_id, own.trace_flags.sampled)
         else:
             parent = TraceParent(own.trace_id, own.span_id, int(own.trace_flags))
             headers = TraceContext(parent).headers()
-        return Attempt(span), kept + headers
+        return Attempt(span), _naming(metadata, headers)
 
     def failed(self, exc: BaseException) -> None:
         """Why the call failed, when it says (a refusal names its reason)."""
@@ -350,8 +347,7 @@ class UnsampledCall:
         return contextlib.nullcontext()
 
     def attempt(self, worker: str, metadata: HeaderBlock) -> tuple[Untraced, HeaderBlock]:
-        kept = tuple(h for h in metadata if h[0] not in _TRACE_HEADERS)
-        return UNTRACED, kept + self._headers
+        return UNTRACED, _naming(metadata, self._headers)
 
     def failed(self, exc: BaseException) -> None:
         pass
@@ -361,6 +357,12 @@ class UnsampledCall:
 
 
 _SPAN_BITS = (1 << 64) - 1
+
+
+def _naming(metadata: HeaderBlock, headers: HeaderBlock) -> HeaderBlock:
+    """`metadata` for a worker, its trace headers replaced by `headers` (the span that
+    is to be the worker's parent, or the call's context handed on unsampled)."""
+    return tuple(h for h in metadata if h[0] not in _TRACE_HEADERS) + headers
 
 
 def _random_id() -> int:
